@@ -1,0 +1,163 @@
+"""Audio in: decode any container to 16 kHz mono float32, and the log-mel spectrogram.
+
+The spectrogram matches openai-whisper's `log_mel_spectrogram` (same STFT, Slaney mel
+filters, log10 clamp and dynamic-range squeeze), computed with torch on the model's device.
+"""
+
+from __future__ import annotations
+
+import io
+from functools import lru_cache
+from pathlib import Path
+from typing import BinaryIO, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import AudioError
+
+SAMPLE_RATE = 16000
+N_FFT = 400
+HOP_LENGTH = 160
+CHUNK_LENGTH = 30  # seconds per window
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a window
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
+FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100
+
+AudioInput = Union[str, Path, bytes, bytearray, BinaryIO, np.ndarray, torch.Tensor]
+
+
+def decode_audio(source: str | Path | bytes | bytearray | BinaryIO) -> np.ndarray:
+    """Decode a file, bytes or file object (any container FFmpeg reads) to 16 kHz mono float32."""
+    import av  # imported here: PyAV is optional where audio comes in as arrays
+
+    name = str(source) if isinstance(source, (str, Path)) else "<bytes>"
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise AudioError(f"{name}: no such file; check the path")
+        if path.stat().st_size == 0:
+            raise AudioError(f"{name}: the file is empty (0 bytes)")
+    elif isinstance(source, (bytes, bytearray)):
+        if len(source) == 0:
+            raise AudioError("the audio bytes are empty")
+        source = io.BytesIO(source)
+
+    # s16 like the ffmpeg command line that openai-whisper runs, so the samples agree with it.
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+    chunks: list[np.ndarray] = []
+    try:
+        with av.open(source, mode="r", metadata_errors="ignore") as container:
+            if not container.streams.audio:
+                raise AudioError(f"{name}: the file has no audio stream")
+            stream = container.streams.audio[0]
+            for frame in container.decode(stream):
+                for out in resampler.resample(frame):
+                    chunks.append(out.to_ndarray().reshape(-1))
+            for out in resampler.resample(None):  # flush the resampler's tail
+                chunks.append(out.to_ndarray().reshape(-1))
+    except AudioError:
+        raise
+    except (av.error.FFmpegError, UnicodeDecodeError, ValueError) as error:
+        raise AudioError(f"{name}: not a readable audio file ({error})") from None
+    if not chunks:
+        raise AudioError(f"{name}: the file decodes to no audio samples")
+    return np.concatenate(chunks).astype(np.float32) / 32768.0
+
+
+def load_audio(audio: AudioInput) -> np.ndarray:
+    """Any accepted input as a 1-D float32 array at 16 kHz. Arrays are taken to be 16 kHz mono."""
+    if isinstance(audio, torch.Tensor):
+        audio = audio.detach().cpu().numpy()
+    if isinstance(audio, np.ndarray):
+        if audio.ndim != 1:
+            raise AudioError(
+                f"audio arrays must be 1-D mono at {SAMPLE_RATE} Hz, got shape {audio.shape}; "
+                "mix the channels down (e.g. audio.mean(axis=1)) first"
+            )
+        samples = audio.astype(np.float32, copy=False)
+    else:
+        samples = decode_audio(audio)
+    if samples.size == 0:
+        raise AudioError("the audio holds no samples (zero length)")
+    if not np.isfinite(samples).all():
+        raise AudioError("the audio holds NaN or infinite samples")
+    return samples
+
+
+def pad_or_trim(array: torch.Tensor, length: int = N_SAMPLES, *, axis: int = -1) -> torch.Tensor:
+    """Zero-pad or cut `array` along `axis` to exactly `length`, as the encoder expects."""
+    size = array.shape[axis]
+    if size > length:
+        return array.narrow(axis, 0, length)
+    if size < length:
+        pad = [0, 0] * array.ndim
+        pad[-2 * (axis % array.ndim) - 1] = length - size
+        return F.pad(array, pad)
+    return array
+
+
+# Slaney's mel scale: linear below 1 kHz, logarithmic above.
+_MEL_F_SP, _MEL_MIN_LOG_HZ, _MEL_LOGSTEP = 200.0 / 3, 1000.0, np.log(6.4) / 27.0
+_MEL_MIN_LOG_MEL = _MEL_MIN_LOG_HZ / _MEL_F_SP
+
+
+def _hz_to_mel(freq: float) -> float:
+    if freq < _MEL_MIN_LOG_HZ:
+        return freq / _MEL_F_SP
+    return _MEL_MIN_LOG_MEL + np.log(freq / _MEL_MIN_LOG_HZ) / _MEL_LOGSTEP
+
+
+def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
+    freqs = _MEL_F_SP * mels
+    log_region = mels >= _MEL_MIN_LOG_MEL
+    freqs[log_region] = _MEL_MIN_LOG_HZ * np.exp(_MEL_LOGSTEP * (mels[log_region] - _MEL_MIN_LOG_MEL))
+    return freqs
+
+
+@lru_cache(maxsize=None)
+def mel_filters_numpy(n_mels: int) -> np.ndarray:
+    """Slaney-normalised triangular mel filterbank [n_mels, N_FFT // 2 + 1] (librosa's defaults)."""
+    fft_freqs = np.linspace(0, SAMPLE_RATE / 2, 1 + N_FFT // 2)
+    edges = _mel_to_hz(np.linspace(_hz_to_mel(0.0), _hz_to_mel(SAMPLE_RATE / 2), n_mels + 2))
+    widths = np.diff(edges)
+    ramps = edges[:, None] - fft_freqs[None, :]
+    lower = -ramps[:-2] / widths[:-1, None]
+    upper = ramps[2:] / widths[1:, None]
+    weights = np.maximum(0.0, np.minimum(lower, upper))
+    weights *= (2.0 / (edges[2:] - edges[:-2]))[:, None]  # equal area per filter
+    return weights.astype(np.float32)
+
+
+@lru_cache(maxsize=None)
+def _mel_filters(n_mels: int, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(mel_filters_numpy(n_mels)).to(device)
+
+
+@lru_cache(maxsize=None)
+def _hann_window(device: torch.device) -> torch.Tensor:
+    return torch.hann_window(N_FFT, device=device)
+
+
+def log_mel_spectrogram(
+    audio: np.ndarray | torch.Tensor,
+    n_mels: int = 80,
+    padding: int = 0,
+    device: str | torch.device | None = None,
+) -> torch.Tensor:
+    """Log-mel spectrogram [..., n_mels, n_frames] of 16 kHz audio, `padding` zero samples appended."""
+    audio = torch.as_tensor(audio, dtype=torch.float32)
+    if device is not None:
+        audio = audio.to(device)
+    if padding > 0:
+        audio = F.pad(audio, (0, padding))
+    stft = torch.stft(
+        audio, N_FFT, HOP_LENGTH, window=_hann_window(audio.device), return_complex=True
+    )
+    power = stft[..., :-1].abs() ** 2  # the last frame is dropped, as in the reference
+    mel = _mel_filters(n_mels, audio.device) @ power
+    log_spec = torch.clamp(mel, min=1e-10).log10()
+    floor = log_spec.amax(dim=(-2, -1), keepdim=True) - 8.0  # keep an 80 dB dynamic range
+    log_spec = torch.maximum(log_spec, floor)
+    return (log_spec + 4.0) / 4.0

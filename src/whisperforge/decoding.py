@@ -1,0 +1,426 @@
+"""Decoding one 30 s window, with the reference's semantics (openai-whisper `decoding.py`).
+
+A decode composes small pieces: an `Inference` that runs the decoder with its KV cache, logit
+filters (suppression, timestamp rules), a search (greedy/sampling or beam), and a ranker that
+picks one candidate per audio. The transcription loops in `transcribe.py` call `decode` per
+window and add temperature fallback around it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .audio import CHUNK_LENGTH
+from .errors import InvalidOptionError
+from .model import KVCache, Whisper
+from .tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    task: str = "transcribe"
+    language: str | None = None  # None: detect from the audio
+    temperature: float = 0.0
+    sample_len: int | None = None  # most tokens to sample; default n_text_ctx // 2
+    best_of: int | None = None  # independent samples when temperature > 0
+    beam_size: int | None = None  # beams when temperature == 0; None is greedy
+    patience: float | None = None  # beam search patience (arXiv:2204.05424)
+    length_penalty: float | None = None  # None: divide by length; else the Google NMT alpha
+    prompt: str | list[int] | None = None  # previous text, for context
+    prefix: str | list[int] | None = None  # forced start of this window's text
+    suppress_tokens: str | Sequence[int] | None = "-1"  # -1: the non-speech symbols
+    suppress_blank: bool = True  # no blank or EOT as the first sampled token
+    without_timestamps: bool = False
+    max_initial_timestamp: float | None = 1.0
+
+
+@dataclass
+class DecodingResult:
+    tokens: list[int]
+    text: str
+    avg_logprob: float
+    no_speech_prob: float
+    temperature: float
+    compression_ratio: float
+    language: str | None = None
+
+
+def compression_ratio(text: str) -> float:
+    """Bytes over zlib-compressed bytes: high for repetitive (looping) text."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+# --- inference: the decoder with its cache ---------------------------------------------------
+
+
+class Inference:
+    """Runs the decoder over growing token sequences with a KV cache.
+
+    `logits(tokens)` feeds only the tokens not yet in the cache (the whole prompt on the
+    first call, one token after that) and returns the scores of the last position, plus, on
+    the first call, the scores at the start-of-transcript position for the no-speech figure.
+    """
+
+    def __init__(self, model: Whisper, audio_features: Tensor, n_group: int = 1):
+        self.model = model
+        self.cache: KVCache = model.decoder.new_cache(audio_features, repeats=n_group)
+
+    def logits(self, tokens: Tensor, sot_index: int | None = None) -> tuple[Tensor, Tensor | None]:
+        new_tokens = tokens[:, self.cache.length :]
+        hidden = self.model.decoder(new_tokens, self.cache)
+        sot_logits = None
+        if sot_index is not None:
+            sot_logits = self.model.decoder.logits(hidden[:, sot_index])
+        return self.model.decoder.logits(hidden[:, -1]), sot_logits
+
+    def reorder(self, source: Tensor) -> None:
+        self.cache.reorder(source)
+
+
+# --- logit filters ---------------------------------------------------------------------------
+
+
+class LogitFilter:
+    def apply(self, logits: Tensor, tokens: Tensor) -> None:
+        """Edit `logits` [B, V] in place, given the tokens so far [B, T]."""
+        raise NotImplementedError
+
+
+@dataclass
+class SuppressBlank(LogitFilter):
+    """No leading space-only token and no immediate EOT as the first sampled token."""
+
+    tokenizer: Tokenizer
+    sample_begin: int
+
+    def apply(self, logits: Tensor, tokens: Tensor) -> None:
+        if tokens.shape[1] == self.sample_begin:
+            logits[:, self.tokenizer.encode(" ") + [self.tokenizer.eot]] = -np.inf
+
+
+@dataclass
+class SuppressTokens(LogitFilter):
+    suppress: list[int]
+
+    def apply(self, logits: Tensor, tokens: Tensor) -> None:
+        logits[:, self.suppress] = -np.inf
+
+
+@dataclass
+class ApplyTimestampRules(LogitFilter):
+    """Timestamp tokens come in pairs (start, end) around text, never go back in time, and win
+    the step whenever their total probability beats the best text token."""
+
+    tokenizer: Tokenizer
+    sample_begin: int
+    max_initial_timestamp_index: int | None
+
+    def apply(self, logits: Tensor, tokens: Tensor) -> None:
+        tb, eot = self.tokenizer.timestamp_begin, self.tokenizer.eot
+        logits[:, self.tokenizer.no_timestamps] = -np.inf
+        sampled = tokens[:, self.sample_begin :].tolist()
+        for k, seq in enumerate(sampled):
+            last_was_timestamp = len(seq) >= 1 and seq[-1] >= tb
+            penultimate_was_timestamp = len(seq) < 2 or seq[-2] >= tb
+            if last_was_timestamp:
+                if penultimate_was_timestamp:  # a pair just closed: text must follow
+                    logits[k, tb:] = -np.inf
+                else:  # a segment just ended: the next one starts with a timestamp or EOT
+                    logits[k, :eot] = -np.inf
+            timestamps = [t for t in seq if t >= tb]
+            if timestamps:
+                # Never go back in time; a segment that just opened must have nonzero length.
+                last = timestamps[-1] if last_was_timestamp and not penultimate_was_timestamp else timestamps[-1] + 1
+                logits[k, tb:last] = -np.inf
+
+        if tokens.shape[1] == self.sample_begin:
+            logits[:, :tb] = -np.inf  # the first sampled token is a timestamp
+            if self.max_initial_timestamp_index is not None:
+                logits[:, tb + self.max_initial_timestamp_index + 1 :] = -np.inf
+
+        logprobs = F.log_softmax(logits.float(), dim=-1)
+        timestamp_logprob = logprobs[:, tb:].logsumexp(dim=-1)
+        max_text_logprob = logprobs[:, :tb].max(dim=-1).values
+        logits[timestamp_logprob > max_text_logprob, :tb] = -np.inf
+
+
+# --- searches --------------------------------------------------------------------------------
+
+
+class TokenSearch:
+    def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> tuple[Tensor, bool]:
+        """Append one token per sequence; returns the tokens and whether all are complete."""
+        raise NotImplementedError
+
+    def finalize(self, tokens: Tensor, sum_logprobs: Tensor) -> tuple[list[list[Tensor]], list[list[float]]]:
+        """Candidates per audio [n_audio][n_candidates], each ending with EOT."""
+        raise NotImplementedError
+
+
+@dataclass
+class GreedySearch(TokenSearch):
+    """Argmax at temperature 0, else sampling from the tempered distribution."""
+
+    temperature: float
+    eot: int
+
+    def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> tuple[Tensor, bool]:
+        if self.temperature == 0:
+            next_tokens = logits.argmax(dim=-1)
+        else:
+            next_tokens = torch.distributions.Categorical(logits=logits / self.temperature).sample()
+        logprobs = F.log_softmax(logits.float(), dim=-1)
+        current = logprobs[torch.arange(logprobs.shape[0]), next_tokens]
+        finished = tokens[:, -1] == self.eot
+        sum_logprobs += current * ~finished
+        next_tokens[finished] = self.eot
+        tokens = torch.cat([tokens, next_tokens[:, None]], dim=-1)
+        return tokens, bool((tokens[:, -1] == self.eot).all())
+
+    def finalize(self, tokens: Tensor, sum_logprobs: Tensor) -> tuple[list[list[Tensor]], list[list[float]]]:
+        tokens = F.pad(tokens, (0, 1), value=self.eot)  # make sure each sequence has an EOT
+        return [list(group) for group in tokens], sum_logprobs.tolist()
+
+
+@dataclass
+class BeamSearch(TokenSearch):
+    """Beam search over `beam_size` beams per audio, run as one batch of n_audio * beam_size.
+
+    Each step expands every beam by its top beam_size + 1 tokens, keeps the best beam_size
+    unfinished continuations per audio, and collects finished ones until `patience *
+    beam_size` candidates exist.
+    """
+
+    beam_size: int
+    eot: int
+    inference: Inference
+    patience: float = 1.0
+    finished: list[dict[tuple[int, ...], float]] | None = field(default=None, init=False)
+
+    @property
+    def max_candidates(self) -> int:
+        return round(self.beam_size * self.patience)
+
+    def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> tuple[Tensor, bool]:
+        n_audio = tokens.shape[0] // self.beam_size
+        if self.finished is None:
+            self.finished = [{} for _ in range(n_audio)]
+        logprobs = F.log_softmax(logits.float(), dim=-1)
+        top_logprobs, top_tokens = logprobs.topk(self.beam_size + 1)
+        scores_all = (sum_logprobs[:, None] + top_logprobs).tolist()
+        top_tokens_all = top_tokens.tolist()
+        prefixes = tokens.tolist()
+
+        next_tokens, sources, new_sums = [], [], []
+        for i in range(n_audio):
+            scores: dict[tuple[int, ...], float] = {}
+            source: dict[tuple[int, ...], int] = {}
+            for row in range(i * self.beam_size, (i + 1) * self.beam_size):
+                for score, token in zip(scores_all[row], top_tokens_all[row]):
+                    sequence = (*prefixes[row], token)
+                    scores[sequence] = score
+                    source[sequence] = row
+            newly_finished: dict[tuple[int, ...], float] = {}
+            kept = 0
+            for sequence in sorted(scores, key=scores.__getitem__, reverse=True):
+                if sequence[-1] == self.eot:
+                    newly_finished[sequence] = scores[sequence]
+                    continue
+                next_tokens.append(sequence)
+                sources.append(source[sequence])
+                new_sums.append(scores[sequence])
+                kept += 1
+                if kept == self.beam_size:
+                    break
+            previously = self.finished[i]
+            for sequence in sorted(newly_finished, key=newly_finished.__getitem__, reverse=True):
+                if len(previously) >= self.max_candidates:
+                    break
+                previously[sequence] = newly_finished[sequence]
+
+        sum_logprobs.copy_(torch.tensor(new_sums, device=sum_logprobs.device))
+        self.inference.reorder(torch.tensor(sources, device=tokens.device))
+        tokens = torch.tensor(next_tokens, device=tokens.device)
+        completed = all(len(f) >= self.max_candidates for f in self.finished)
+        return tokens, completed
+
+    def finalize(self, tokens: Tensor, sum_logprobs: Tensor) -> tuple[list[list[Tensor]], list[list[float]]]:
+        # tokens [n_audio, beam_size, T]: if too few beams finished, take the best unfinished.
+        assert self.finished is not None
+        sums = sum_logprobs.cpu()
+        for i, candidates in enumerate(self.finished):
+            for j in np.argsort(sums[i].numpy())[::-1].tolist():
+                if len(candidates) >= self.beam_size:
+                    break
+                candidates[(*tokens[i, j].tolist(), self.eot)] = sums[i, j].item()
+        return (
+            [[torch.tensor(seq) for seq in candidates] for candidates in self.finished],
+            [list(candidates.values()) for candidates in self.finished],
+        )
+
+
+def rank_by_likelihood(
+    tokens: list[list[Tensor]], sum_logprobs: list[list[float]], length_penalty: float | None
+) -> list[int]:
+    """Index of the best candidate per audio: log-probability over a length penalty."""
+
+    def score(logprob: float, length: int) -> float:
+        penalty = length if length_penalty is None else ((5 + length) / 6) ** length_penalty
+        return logprob / penalty
+
+    return [
+        int(np.argmax([score(lp, len(t)) for t, lp in zip(candidates, logprobs)]))
+        for candidates, logprobs in zip(tokens, sum_logprobs)
+    ]
+
+
+# --- the decode ------------------------------------------------------------------------------
+
+
+def suppress_token_list(tokenizer: Tokenizer, suppress_tokens: str | Sequence[int] | None) -> list[int]:
+    """The tokens never sampled: the user's list (-1: non-speech symbols) plus task tokens."""
+    if isinstance(suppress_tokens, str):
+        suppress_tokens = [int(t) for t in suppress_tokens.split(",") if t.strip()]
+    tokens = list(suppress_tokens or [])
+    if -1 in tokens:
+        tokens = [t for t in tokens if t >= 0] + list(tokenizer.non_speech_tokens)
+    tokens += [tokenizer.transcribe, tokenizer.translate, tokenizer.sot, tokenizer.sot_prev, tokenizer.sot_lm]
+    tokens.append(tokenizer.no_speech)  # its probability is read separately
+    return sorted(set(tokens))
+
+
+def initial_tokens(tokenizer: Tokenizer, options: DecodingOptions, n_text_ctx: int, sample_len: int) -> list[int]:
+    """[<|startofprev|> prompt...] <|startoftranscript|> [lang task] [<|notimestamps|>] [prefix...]"""
+    sot_sequence = (
+        tokenizer.sot_sequence_including_notimestamps if options.without_timestamps else tokenizer.sot_sequence
+    )
+    tokens = list(sot_sequence)
+    if options.prefix:
+        prefix = options.prefix
+        prefix_tokens = tokenizer.encode(" " + prefix.strip()) if isinstance(prefix, str) else list(prefix)
+        max_prefix_len = n_text_ctx // 2 - sample_len
+        tokens += prefix_tokens[-max_prefix_len:] if max_prefix_len > 0 else prefix_tokens
+    if options.prompt:
+        prompt = options.prompt
+        prompt_tokens = tokenizer.encode(" " + prompt.strip()) if isinstance(prompt, str) else list(prompt)
+        tokens = [tokenizer.sot_prev] + prompt_tokens[-(n_text_ctx // 2 - 1) :] + tokens
+    return tokens
+
+
+def validate_options(options: DecodingOptions) -> None:
+    if options.beam_size is not None and options.best_of is not None:
+        raise InvalidOptionError("beam_size and best_of can't be given together")
+    if options.temperature == 0 and options.best_of is not None:
+        raise InvalidOptionError("best_of with greedy sampling (temperature 0) is not compatible")
+    if options.patience is not None and options.beam_size is None:
+        raise InvalidOptionError("patience requires beam_size to be given")
+    if options.length_penalty is not None and not 0 <= options.length_penalty <= 1:
+        raise InvalidOptionError("length_penalty (alpha) should be a value between 0 and 1")
+
+
+@torch.inference_mode()
+def detect_language(
+    model: Whisper, tokenizer: Tokenizer, audio_features: Tensor
+) -> tuple[list[str], list[dict[str, float]]]:
+    """The most likely language per window and the probability of each language."""
+    if not model.config.is_multilingual:
+        return ["en"] * audio_features.shape[0], [{"en": 1.0} for _ in range(audio_features.shape[0])]
+    sot = torch.full((audio_features.shape[0], 1), tokenizer.sot, device=audio_features.device)
+    hidden = model.decoder(sot, audio_features=audio_features)
+    logits = model.decoder.logits(hidden[:, 0])
+    language_tokens = torch.tensor(tokenizer.all_language_tokens, device=logits.device)
+    probs = logits[:, language_tokens].softmax(dim=-1).cpu()
+    codes = tokenizer.all_language_codes
+    all_probs = [dict(zip(codes, row.tolist())) for row in probs]
+    return [codes[int(row.argmax())] for row in probs], all_probs
+
+
+@torch.inference_mode()
+def decode(
+    model: Whisper, tokenizer: Tokenizer, audio_features: Tensor, options: DecodingOptions
+) -> list[DecodingResult]:
+    """Decode each window of `audio_features` [n_audio, n_audio_ctx, D] with one set of options."""
+    validate_options(options)
+    if options.language is None:
+        languages, _ = detect_language(model, tokenizer, audio_features)
+        if len(set(languages)) > 1:  # one tokenizer per call: decode each language apart
+            return [
+                decode(model, tokenizer, audio_features[i : i + 1], replace(options, language=language))[0]
+                for i, language in enumerate(languages)
+            ]
+        options = replace(options, language=languages[0])
+    tokenizer = tokenizer.with_options(options.language, options.task)
+
+    n_ctx = model.config.n_text_ctx
+    sample_len = options.sample_len or n_ctx // 2
+    prompt = initial_tokens(tokenizer, options, n_ctx, sample_len)
+    sample_begin = len(prompt)
+    sot_index = prompt.index(tokenizer.sot)
+    n_group = options.beam_size or options.best_of or 1
+    n_audio = audio_features.shape[0]
+
+    filters: list[LogitFilter] = []
+    if options.suppress_blank:
+        filters.append(SuppressBlank(tokenizer, sample_begin))
+    if options.suppress_tokens:
+        filters.append(SuppressTokens(suppress_token_list(tokenizer, options.suppress_tokens)))
+    if not options.without_timestamps:
+        precision = CHUNK_LENGTH / model.config.n_audio_ctx  # 0.02 s per timestamp token
+        max_index = None
+        if options.max_initial_timestamp:
+            max_index = round(options.max_initial_timestamp / precision)
+        filters.append(ApplyTimestampRules(tokenizer, sample_begin, max_index))
+
+    inference = Inference(model, audio_features, n_group)
+    search: TokenSearch
+    if options.beam_size is not None:
+        search = BeamSearch(options.beam_size, tokenizer.eot, inference, options.patience or 1.0)
+    else:
+        search = GreedySearch(options.temperature, tokenizer.eot)
+
+    tokens = torch.tensor([prompt], device=audio_features.device).repeat(n_audio * n_group, 1)
+    sum_logprobs = torch.zeros(n_audio * n_group, device=audio_features.device)
+    no_speech_probs = [float("nan")] * n_audio
+    for step in range(sample_len):
+        logits, sot_logits = inference.logits(tokens, sot_index if step == 0 else None)
+        if sot_logits is not None:
+            no_speech = sot_logits.softmax(dim=-1)[:, tokenizer.no_speech]
+            no_speech_probs = no_speech[::n_group].tolist()
+        for logit_filter in filters:
+            logit_filter.apply(logits, tokens)
+        tokens, completed = search.update(tokens, logits, sum_logprobs)
+        if completed or tokens.shape[-1] > n_ctx:
+            break
+
+    candidates, candidate_logprobs = search.finalize(
+        tokens.reshape(n_audio, n_group, -1), sum_logprobs.reshape(n_audio, n_group)
+    )
+    sampled = [
+        [seq[sample_begin : int((seq == tokenizer.eot).nonzero()[0, 0])] for seq in group]
+        for group in candidates
+    ]
+    chosen = rank_by_likelihood(sampled, candidate_logprobs, options.length_penalty)
+    results = []
+    for i, best in enumerate(chosen):
+        result_tokens = sampled[i][best].tolist()
+        text = tokenizer.decode(result_tokens).strip()
+        results.append(
+            DecodingResult(
+                tokens=result_tokens,
+                text=text,
+                avg_logprob=candidate_logprobs[i][best] / (len(result_tokens) + 1),
+                no_speech_prob=no_speech_probs[i],
+                temperature=options.temperature,
+                compression_ratio=compression_ratio(text),
+                language=options.language,
+            )
+        )
+    return results

@@ -1,0 +1,41 @@
+"""What transcription returns: segments with optional words, and facts about the audio."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Word:
+    start: float
+    end: float
+    word: str
+    probability: float
+
+
+@dataclass
+class Segment:
+    """One transcribed segment (faster-whisper's fields and order)."""
+
+    id: int
+    seek: int  # mel frame where the segment's window started
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    temperature: float
+    words: list[Word] | None = field(default=None)
+
+
+@dataclass
+class TranscriptionInfo:
+    language: str
+    language_probability: float
+    duration: float
+    duration_after_vad: float
+    all_language_probs: list[tuple[str, float]] | None
+    transcription_options: object
+    vad_options: object = None

@@ -1,0 +1,294 @@
+"""Whisper's tokenizer: byte-level BPE text tokens plus the special tokens that steer decoding.
+
+Text comes from the checkpoint's `tokenizer.json` (Hugging Face `tokenizers`) or, for an
+OpenAI `.pt` checkpoint without one, from openai-whisper's tiktoken vocabulary files.
+Special token ids are looked up by name, so English-only and multilingual (and 100-language
+v3) vocabularies all work.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Protocol
+
+from .errors import InvalidOptionError, ModelFormatError
+
+# Whisper's languages, in token order (code, name). The first `num_languages` of a model apply.
+_LANGUAGE_TABLE = """
+en english|zh chinese|de german|es spanish|ru russian|ko korean|fr french|ja japanese|
+pt portuguese|tr turkish|pl polish|ca catalan|nl dutch|ar arabic|sv swedish|it italian|
+id indonesian|hi hindi|fi finnish|vi vietnamese|he hebrew|uk ukrainian|el greek|ms malay|
+cs czech|ro romanian|da danish|hu hungarian|ta tamil|no norwegian|th thai|ur urdu|hr croatian|
+bg bulgarian|lt lithuanian|la latin|mi maori|ml malayalam|cy welsh|sk slovak|te telugu|
+fa persian|lv latvian|bn bengali|sr serbian|az azerbaijani|sl slovenian|kn kannada|
+et estonian|mk macedonian|br breton|eu basque|is icelandic|hy armenian|ne nepali|
+mn mongolian|bs bosnian|kk kazakh|sq albanian|sw swahili|gl galician|mr marathi|pa punjabi|
+si sinhala|km khmer|sn shona|yo yoruba|so somali|af afrikaans|oc occitan|ka georgian|
+be belarusian|tg tajik|sd sindhi|gu gujarati|am amharic|yi yiddish|lo lao|uz uzbek|
+fo faroese|ht haitian creole|ps pashto|tk turkmen|nn nynorsk|mt maltese|sa sanskrit|
+lb luxembourgish|my myanmar|bo tibetan|tl tagalog|mg malagasy|as assamese|tt tatar|
+haw hawaiian|ln lingala|ha hausa|ba bashkir|jw javanese|su sundanese|yue cantonese
+"""
+LANGUAGES: dict[str, str] = dict(
+    entry.strip().split(" ", 1) for entry in _LANGUAGE_TABLE.replace("\n", "").split("|")
+)
+# Names and a few aliases to codes, so `language="German"` works too.
+TO_LANGUAGE_CODE: dict[str, str] = {
+    **{name: code for code, name in LANGUAGES.items()},
+    "burmese": "my", "valencian": "ca", "flemish": "nl", "haitian": "ht",
+    "letzeburgesch": "lb", "pushto": "ps", "panjabi": "pa", "moldavian": "ro",
+    "moldovan": "ro", "sinhalese": "si", "castilian": "es", "mandarin": "zh",
+}  # fmt: skip
+
+TASKS = ("transcribe", "translate")
+
+
+class TextCodec(Protocol):
+    """What the tokenizer needs from a BPE implementation."""
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+    def token_to_id(self, token: str) -> int | None: ...
+
+
+class HuggingFaceCodec:
+    """A `tokenizer.json` read with the `tokenizers` library."""
+
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            self._tokenizer = HFTokenizer.from_file(str(path))
+        except Exception as error:  # tokenizers raises a bare Exception on bad files
+            raise ModelFormatError(f"{path}: not a readable tokenizer.json ({error})") from None
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
+
+class TiktokenCodec:
+    """openai-whisper's own vocabulary files, for `.pt` checkpoints that come without tokenizer.json."""
+
+    def __init__(self, multilingual: bool, num_languages: int):
+        import base64
+        import importlib.util
+
+        import tiktoken
+
+        spec = importlib.util.find_spec("whisper")
+        name = "multilingual" if multilingual else "gpt2"
+        if spec is None or spec.origin is None:
+            raise ModelFormatError(
+                "an OpenAI .pt checkpoint needs a tokenizer.json beside it, "
+                "or `pip install openai-whisper tiktoken` for its vocabulary"
+            )
+        vocab_path = Path(spec.origin).parent / "assets" / f"{name}.tiktoken"
+        ranks = {
+            base64.b64decode(token): int(rank)
+            for token, rank in (line.split() for line in vocab_path.read_text().splitlines() if line)
+        }
+        specials = ["<|endoftext|>", "<|startoftranscript|>"]
+        specials += [f"<|{code}|>" for code in list(LANGUAGES)[:num_languages]]
+        specials += ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>"]
+        specials += ["<|nospeech|>", "<|notimestamps|>"]
+        specials += [f"<|{i * 0.02:.2f}|>" for i in range(1501)]
+        self._special = {token: len(ranks) + i for i, token in enumerate(specials)}
+        self._encoding = tiktoken.Encoding(
+            name=name,
+            explicit_n_vocab=len(ranks) + len(specials),
+            pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+            mergeable_ranks=ranks,
+            special_tokens=self._special,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self._encoding.encode(text, disallowed_special=())
+
+    def decode(self, ids: list[int]) -> str:
+        return self._encoding.decode(ids)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._special.get(token)
+
+
+@dataclass
+class Tokenizer:
+    """Special tokens and the start-of-transcript sequence for one model, language and task."""
+
+    codec: TextCodec
+    multilingual: bool
+    num_languages: int
+    language: str | None = None
+    task: str = "transcribe"
+    sot_sequence: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise InvalidOptionError(f"unknown task {self.task!r}; use one of {TASKS}")
+        sequence = [self.sot]
+        if self.multilingual:
+            if self.language is not None:
+                sequence.append(self.language_token(self.language))
+            sequence.append(self.transcribe if self.task == "transcribe" else self.translate)
+        self.sot_sequence = tuple(sequence)
+
+    def with_options(self, language: str | None, task: str) -> Tokenizer:
+        return Tokenizer(self.codec, self.multilingual, self.num_languages, language, task)
+
+    def _special(self, *names: str) -> int:
+        for name in names:
+            token_id = self.codec.token_to_id(name)
+            if token_id is not None:
+                return token_id
+        raise ModelFormatError(f"the tokenizer lacks the special token {names[0]}")
+
+    @cached_property
+    def eot(self) -> int:
+        return self._special("<|endoftext|>")
+
+    @cached_property
+    def sot(self) -> int:
+        return self._special("<|startoftranscript|>")
+
+    @cached_property
+    def transcribe(self) -> int:
+        return self._special("<|transcribe|>")
+
+    @cached_property
+    def translate(self) -> int:
+        return self._special("<|translate|>")
+
+    @cached_property
+    def sot_lm(self) -> int:
+        return self._special("<|startoflm|>")
+
+    @cached_property
+    def sot_prev(self) -> int:
+        return self._special("<|startofprev|>")
+
+    @cached_property
+    def no_speech(self) -> int:
+        return self._special("<|nospeech|>", "<|nocaptions|>")
+
+    @cached_property
+    def no_timestamps(self) -> int:
+        return self._special("<|notimestamps|>")
+
+    @cached_property
+    def timestamp_begin(self) -> int:
+        # Timestamp tokens follow <|notimestamps|> whether or not the vocabulary names them.
+        return self.no_timestamps + 1
+
+    @cached_property
+    def all_language_codes(self) -> tuple[str, ...]:
+        return tuple(list(LANGUAGES)[: self.num_languages])
+
+    @cached_property
+    def all_language_tokens(self) -> tuple[int, ...]:
+        return tuple(self.sot + 1 + i for i in range(self.num_languages))
+
+    def language_token(self, language: str) -> int:
+        code = normalize_language(language, self.all_language_codes)
+        return self.sot + 1 + self.all_language_codes.index(code)
+
+    @property
+    def sot_sequence_including_notimestamps(self) -> tuple[int, ...]:
+        return (*self.sot_sequence, self.no_timestamps)
+
+    def encode(self, text: str) -> list[int]:
+        return self.codec.encode(text)
+
+    def decode(self, tokens: list[int]) -> str:
+        """Text of the text tokens; timestamps and other special tokens are dropped."""
+        return self.codec.decode([t for t in tokens if t < self.eot])
+
+    def decode_with_timestamps(self, tokens: list[int]) -> str:
+        """Text with timestamp tokens shown as <|1.08|>."""
+        pieces: list[str] = []
+        run: list[int] = []
+        for token in tokens:
+            if token >= self.timestamp_begin:
+                pieces.append(self.codec.decode(run))
+                run = []
+                pieces.append(f"<|{(token - self.timestamp_begin) * 0.02:.2f}|>")
+            elif token < self.eot:
+                run.append(token)
+        pieces.append(self.codec.decode(run))
+        return "".join(pieces)
+
+    @cached_property
+    def non_speech_tokens(self) -> tuple[int, ...]:
+        """Tokens of symbols that are not spoken (the `suppress_tokens=[-1]` set of the reference).
+
+        Speaker tags and sound annotations like "(laughs)" or "♪" would otherwise be
+        transcribed; tokens that are a lone symbol, with or without a leading space, are
+        suppressed, while symbols inside longer tokens stay possible.
+        """
+        symbols = list('"#()*+/:;<=>@[\\]^_`{|}~「」『』')
+        symbols += "<< >> <<< >>> -- --- -( -[ (' (\" (( )) ((( ))) [[ ]] {{ }} ♪♪ ♪♪♪".split()
+        # Musical notes are three bytes in UTF-8: suppress their first byte's token too.
+        miscellaneous = set("♩♪♫♬♭♮♯")
+        assert all(0x2640 <= ord(c) <= 0x267F for c in miscellaneous)
+        result = {self.encode(" -")[0], self.encode(" '")[0]}
+        for symbol in symbols + sorted(miscellaneous):
+            for tokens in (self.encode(symbol), self.encode(" " + symbol)):
+                if len(tokens) == 1 or symbol in miscellaneous:
+                    result.add(tokens[0])
+        return tuple(sorted(result))
+
+    def split_to_word_tokens(self, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
+        """Words and their tokens: split on spaces, or on characters for unspaced scripts."""
+        if self.language in {"zh", "ja", "th", "lo", "my", "yue"}:
+            return self._split_on_unicode(tokens)
+        words, word_tokens = self._split_on_unicode(tokens)
+        merged_words: list[str] = []
+        merged_tokens: list[list[int]] = []
+        for word, subtokens in zip(words, word_tokens):
+            starts_word = subtokens[0] >= self.eot or word.startswith(" ")
+            is_punctuation = word.strip() in string.punctuation
+            if starts_word or is_punctuation or not merged_words:
+                merged_words.append(word)
+                merged_tokens.append(list(subtokens))
+            else:
+                merged_words[-1] += word
+                merged_tokens[-1].extend(subtokens)
+        return merged_words, merged_tokens
+
+    def _split_on_unicode(self, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
+        """Group tokens so that each group decodes to whole characters (no U+FFFD halves)."""
+        full_text = self.decode_with_timestamps(tokens)
+        words: list[str] = []
+        word_tokens: list[list[int]] = []
+        current: list[int] = []
+        offset = 0
+        for token in tokens:
+            current.append(token)
+            decoded = self.decode_with_timestamps(current)
+            position = offset + decoded.find("\ufffd")
+            if "\ufffd" not in decoded or full_text[position : position + 1] == "\ufffd":
+                words.append(decoded)
+                word_tokens.append(current)
+                current = []
+                offset += len(decoded)
+        return words, word_tokens
+
+
+def normalize_language(language: str, codes: tuple[str, ...]) -> str:
+    """A language code from a code or a name; a clear error for anything else."""
+    key = language.lower().strip()
+    code = key if key in LANGUAGES else TO_LANGUAGE_CODE.get(key)
+    if code is None or code not in codes:
+        supported = ", ".join(codes) if len(codes) > 1 else codes[0]
+        raise InvalidOptionError(
+            f"unsupported language {language!r}; this model knows: {supported}"
+        )
+    return code

@@ -1,0 +1,558 @@
+"""The user-facing API: `WhisperModel(...).transcribe(audio) -> (segments, info)`.
+
+Signatures follow faster-whisper, so switching is one import; the semantics of the
+long-form loop follow openai-whisper's `transcribe()`: a seek pointer over 30 s windows,
+segments cut at timestamp tokens, temperature fallback per window, the no-speech skip,
+conditioning on previous text, clip timestamps and hallucination-silence skipping.
+`segments` is a lazy generator: each window's segments are yielded as soon as they are final.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .audio import (
+    FRAMES_PER_SECOND,
+    HOP_LENGTH,
+    N_FRAMES,
+    N_SAMPLES,
+    SAMPLE_RATE,
+    AudioInput,
+    load_audio,
+    log_mel_spectrogram,
+    pad_or_trim,
+)
+from .checkpoints import Checkpoint, resolve_checkpoint
+from .decoding import DecodingOptions, DecodingResult, decode, detect_language
+from .errors import InvalidOptionError
+from .model import Whisper, fuse_state_dict
+from .results import Segment, TranscriptionInfo, Word
+from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
+from .tokenizer import HuggingFaceCodec, TiktokenCodec, Tokenizer, normalize_language
+
+COMPUTE_TYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class TranscriptionOptions:
+    beam_size: int = 5
+    best_of: int = 5
+    patience: float = 1.0
+    length_penalty: float | None = None
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    compression_ratio_threshold: float | None = 2.4
+    log_prob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    condition_on_previous_text: bool = True
+    prompt_reset_on_temperature: float = 0.5
+    initial_prompt: str | list[int] | None = None
+    carry_initial_prompt: bool = False
+    prefix: str | None = None
+    suppress_blank: bool = True
+    suppress_tokens: tuple[int, ...] | None = (-1,)
+    without_timestamps: bool = False
+    max_initial_timestamp: float = 1.0
+    word_timestamps: bool = False
+    prepend_punctuations: str = PREPEND_PUNCTUATIONS
+    append_punctuations: str = APPEND_PUNCTUATIONS
+    clip_timestamps: tuple[float, ...] = ()
+    hallucination_silence_threshold: float | None = None
+
+    def decoding_options(self, temperature: float, language: str, task: str, prompt: list[int]) -> DecodingOptions:
+        """One window's decode at one temperature: beams at 0, best-of sampling above."""
+        return DecodingOptions(
+            task=task,
+            language=language,
+            temperature=temperature,
+            beam_size=self.beam_size if temperature == 0 and self.beam_size > 1 else None,
+            patience=self.patience if temperature == 0 and self.beam_size > 1 else None,
+            best_of=self.best_of if temperature > 0 else None,
+            length_penalty=self.length_penalty,
+            prompt=prompt or None,
+            prefix=self.prefix,
+            suppress_tokens=list(self.suppress_tokens) if self.suppress_tokens else None,
+            suppress_blank=self.suppress_blank,
+            without_timestamps=self.without_timestamps,
+            max_initial_timestamp=self.max_initial_timestamp,
+        )
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise InvalidOptionError(f"unknown device {device!r}; use auto, cpu or cuda") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidOptionError("device='cuda' but no CUDA GPU is visible; use device='cpu'")
+    return resolved
+
+
+def resolve_compute_type(compute_type: str, device: torch.device) -> torch.dtype:
+    if compute_type == "default":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if compute_type not in COMPUTE_TYPES:
+        raise InvalidOptionError(
+            f"unsupported compute_type {compute_type!r}; use one of default, {', '.join(COMPUTE_TYPES)}"
+        )
+    dtype = COMPUTE_TYPES[compute_type]
+    if device.type == "cpu" and dtype != torch.float32:
+        warnings.warn(f"{compute_type} is slow or unsupported on the CPU; using float32", stacklevel=3)
+        return torch.float32
+    return dtype
+
+
+def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Whisper:
+    model = Whisper(checkpoint.config)
+    state = {name: tensor.to(torch.float32) for name, tensor in checkpoint.state_dict.items()}
+    model.load_state_dict(fuse_state_dict(state), strict=True)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def build_tokenizer(checkpoint: Checkpoint) -> Tokenizer:
+    config = checkpoint.config
+    if checkpoint.tokenizer_file is not None:
+        codec = HuggingFaceCodec(checkpoint.tokenizer_file)
+    else:
+        codec = TiktokenCodec(config.is_multilingual, config.num_languages)
+    return Tokenizer(codec, config.is_multilingual, config.num_languages)
+
+
+class WhisperModel:
+    """A Whisper model ready to transcribe.
+
+    model_size_or_path: a model name ("tiny.en", "base", "large-v3", ...), a model folder
+    (CTranslate2 or transformers) or an OpenAI `.pt` file.
+    device: "auto" (CUDA when present), "cpu" or "cuda[:N]".
+    compute_type: "default" (float16 on CUDA, float32 on CPU), "float32", "float16", "bfloat16".
+    """
+
+    def __init__(
+        self,
+        model_size_or_path: str | os.PathLike = "tiny.en",
+        device: str = "auto",
+        device_index: int = 0,
+        compute_type: str = "default",
+        cpu_threads: int = 0,
+        download_root: str | None = None,
+        local_files_only: bool = False,
+    ):
+        self.device = resolve_device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", device_index)
+        self.dtype = resolve_compute_type(compute_type, self.device)
+        if cpu_threads > 0:
+            torch.set_num_threads(cpu_threads)
+        self.checkpoint = resolve_checkpoint(model_size_or_path, local_files_only, download_root)
+        self.model = build_model(self.checkpoint, self.device, self.dtype)
+        self.tokenizer = build_tokenizer(self.checkpoint)
+        heads = self.checkpoint.alignment_heads
+        if heads is None:  # unknown heads: the reference's fallback, the upper half of the layers
+            config = self.checkpoint.config
+            heads = torch.tensor(
+                [(layer, head) for layer in range(config.n_text_layer // 2, config.n_text_layer)
+                 for head in range(config.n_text_head)]
+            )  # fmt: skip
+        self.alignment_heads = heads
+
+    @property
+    def is_multilingual(self) -> bool:
+        return self.checkpoint.config.is_multilingual
+
+    @property
+    def supported_languages(self) -> tuple[str, ...]:
+        return self.tokenizer.all_language_codes
+
+    def encode(self, mel: Tensor) -> Tensor:
+        """Audio features [B, n_audio_ctx, D] of mel windows [B, n_mels, 3000]."""
+        with torch.inference_mode():
+            return self.model.encoder(mel.to(device=self.device, dtype=self.dtype))
+
+    def detect_language(self, audio: AudioInput) -> tuple[str, float, list[tuple[str, float]]]:
+        """Language of the first 30 s: (code, probability, all (code, probability) best first)."""
+        mel = log_mel_spectrogram(load_audio(audio), self.checkpoint.config.n_mels, N_SAMPLES, self.device)
+        features = self.encode(pad_or_trim(mel, N_FRAMES)[None])
+        _, all_probs = detect_language(self.model, self.tokenizer, features)
+        ranked = sorted(all_probs[0].items(), key=lambda item: item[1], reverse=True)
+        return ranked[0][0], ranked[0][1], ranked
+
+    def transcribe(
+        self,
+        audio: AudioInput,
+        language: str | None = None,
+        task: str = "transcribe",
+        beam_size: int = 5,
+        best_of: int = 5,
+        patience: float = 1.0,
+        length_penalty: float | None = None,
+        temperature: float | Iterable[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        compression_ratio_threshold: float | None = 2.4,
+        log_prob_threshold: float | None = -1.0,
+        no_speech_threshold: float | None = 0.6,
+        condition_on_previous_text: bool = True,
+        prompt_reset_on_temperature: float = 0.5,
+        initial_prompt: str | Iterable[int] | None = None,
+        carry_initial_prompt: bool = False,
+        prefix: str | None = None,
+        suppress_blank: bool = True,
+        suppress_tokens: Iterable[int] | None = (-1,),
+        without_timestamps: bool = False,
+        max_initial_timestamp: float = 1.0,
+        word_timestamps: bool = False,
+        prepend_punctuations: str = PREPEND_PUNCTUATIONS,
+        append_punctuations: str = APPEND_PUNCTUATIONS,
+        clip_timestamps: str | Iterable[float] = "0",
+        hallucination_silence_threshold: float | None = None,
+        vad_filter: bool = False,
+    ) -> tuple[Iterator[Segment], TranscriptionInfo]:
+        """Transcribe audio (a path, bytes, a file object or a 16 kHz mono float array).
+
+        Returns a lazy generator of segments and the `TranscriptionInfo` (language, duration).
+        Long-form semantics are openai-whisper's; `beam_size=1` is greedy decoding.
+        """
+        if vad_filter:
+            raise InvalidOptionError("vad_filter is not available yet; transcribe without it")
+        if task not in ("transcribe", "translate"):
+            raise InvalidOptionError(f"unknown task {task!r}; use transcribe or translate")
+        if not self.is_multilingual and (task == "translate" or (language or "en") != "en"):
+            what = "translation" if task == "translate" else f"language {language!r}"
+            raise InvalidOptionError(
+                f"this model is English-only and cannot do {what}; use a multilingual model such as base"
+            )
+        if language is not None:
+            language = normalize_language(language, self.supported_languages)
+        temperatures = (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
+        if not temperatures:
+            raise InvalidOptionError("temperature needs at least one value")
+        if beam_size < 1 or best_of < 1:
+            raise InvalidOptionError("beam_size and best_of must be at least 1")
+        if isinstance(clip_timestamps, str):
+            try:
+                clips = tuple(float(t) for t in clip_timestamps.split(",") if t.strip())
+            except ValueError:
+                raise InvalidOptionError(
+                    f"clip_timestamps {clip_timestamps!r} must be comma-separated seconds, e.g. '0,10,20'"
+                ) from None
+        else:
+            clips = tuple(clip_timestamps)
+        options = TranscriptionOptions(
+            beam_size=beam_size,
+            best_of=best_of,
+            patience=patience,
+            length_penalty=length_penalty,
+            temperatures=temperatures,
+            compression_ratio_threshold=compression_ratio_threshold,
+            log_prob_threshold=log_prob_threshold,
+            no_speech_threshold=no_speech_threshold,
+            condition_on_previous_text=condition_on_previous_text,
+            prompt_reset_on_temperature=prompt_reset_on_temperature,
+            initial_prompt=initial_prompt if isinstance(initial_prompt, (str, type(None))) else list(initial_prompt),
+            carry_initial_prompt=carry_initial_prompt,
+            prefix=prefix,
+            suppress_blank=suppress_blank,
+            suppress_tokens=tuple(suppress_tokens) if suppress_tokens else None,
+            without_timestamps=without_timestamps,
+            max_initial_timestamp=max_initial_timestamp,
+            word_timestamps=word_timestamps,
+            prepend_punctuations=prepend_punctuations,
+            append_punctuations=append_punctuations,
+            clip_timestamps=clips,
+            hallucination_silence_threshold=hallucination_silence_threshold,
+        )
+
+        samples = load_audio(audio)
+        duration = len(samples) / SAMPLE_RATE
+        # The whole file's mel with 30 s of zeros after it, sliced per window like the reference.
+        mel = log_mel_spectrogram(samples, self.checkpoint.config.n_mels, N_SAMPLES, self.device)
+
+        all_language_probs = None
+        language_probability = 1.0
+        if language is None:
+            if self.is_multilingual:
+                features = self.encode(pad_or_trim(mel, N_FRAMES)[None])
+                languages, probs = detect_language(self.model, self.tokenizer, features)
+                language = languages[0]
+                all_language_probs = sorted(probs[0].items(), key=lambda item: item[1], reverse=True)
+                language_probability = probs[0][language]
+            else:
+                language = "en"
+        info = TranscriptionInfo(
+            language=language,
+            language_probability=language_probability,
+            duration=duration,
+            duration_after_vad=duration,
+            all_language_probs=all_language_probs,
+            transcription_options=options,
+        )
+        tokenizer = self.tokenizer.with_options(language, task)
+        return self.generate_segments(mel, tokenizer, options), info
+
+    def decode_with_fallback(
+        self, audio_features: Tensor, tokenizer: Tokenizer, options: TranscriptionOptions, prompt: list[int]
+    ) -> DecodingResult:
+        """Decode one window at rising temperatures until the result passes the thresholds."""
+        result = None
+        for t in options.temperatures:
+            decode_options = options.decoding_options(t, tokenizer.language or "en", tokenizer.task, prompt)
+            result = decode(self.model, tokenizer, audio_features, decode_options)[0]
+            too_repetitive = (
+                options.compression_ratio_threshold is not None
+                and result.compression_ratio > options.compression_ratio_threshold
+            )
+            too_improbable = (
+                options.log_prob_threshold is not None and result.avg_logprob < options.log_prob_threshold
+            )
+            silent = (
+                options.no_speech_threshold is not None
+                and result.no_speech_prob > options.no_speech_threshold
+                and too_improbable
+            )
+            if silent or not (too_repetitive or too_improbable):
+                break
+        assert result is not None
+        return result
+
+    def generate_segments(self, mel: Tensor, tokenizer: Tokenizer, options: TranscriptionOptions) -> Iterator[Segment]:
+        """The sequential long-form loop over 30 s windows; yields each window's final segments."""
+        eot, timestamp_begin = tokenizer.eot, tokenizer.timestamp_begin
+        content_frames = mel.shape[-1] - N_FRAMES
+        content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
+        input_stride = N_FRAMES // self.checkpoint.config.n_audio_ctx  # mel frames per token: 2
+        time_precision = input_stride * HOP_LENGTH / SAMPLE_RATE  # seconds per token: 0.02
+
+        seek_points = [round(t * FRAMES_PER_SECOND) for t in options.clip_timestamps] or [0]
+        if len(seek_points) % 2 == 1:
+            seek_points.append(content_frames)
+        seek_clips = list(zip(seek_points[::2], seek_points[1::2]))
+
+        all_tokens: list[int] = []
+        prompt_reset_since = 0
+        remaining_prompt_length = self.checkpoint.config.n_text_ctx // 2 - 1
+        initial_prompt_tokens: list[int] = []
+        if options.initial_prompt is not None:
+            prompt = options.initial_prompt
+            initial_prompt_tokens = (
+                tokenizer.encode(" " + prompt.strip()) if isinstance(prompt, str) else list(prompt)
+            )
+            all_tokens.extend(initial_prompt_tokens)
+            remaining_prompt_length -= len(initial_prompt_tokens)
+
+        segment_id = 0
+        last_speech_timestamp = 0.0
+        clip_index = 0
+        seek = seek_clips[0][0]
+        while clip_index < len(seek_clips):
+            clip_start, clip_end = seek_clips[clip_index]
+            seek = max(seek, clip_start)
+            if seek >= clip_end:
+                clip_index += 1
+                if clip_index < len(seek_clips):
+                    seek = seek_clips[clip_index][0]
+                continue
+            time_offset = seek * HOP_LENGTH / SAMPLE_RATE
+            window_end_time = (seek + N_FRAMES) * HOP_LENGTH / SAMPLE_RATE
+            segment_size = min(N_FRAMES, content_frames - seek, clip_end - seek)
+            segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
+            audio_features = self.encode(pad_or_trim(mel[:, seek : seek + segment_size], N_FRAMES)[None])
+
+            if options.carry_initial_prompt:
+                ignored = max(len(initial_prompt_tokens), prompt_reset_since)
+                prompt = initial_prompt_tokens + all_tokens[ignored:][-remaining_prompt_length:]
+            else:
+                prompt = all_tokens[prompt_reset_since:]
+            result = self.decode_with_fallback(audio_features, tokenizer, options, prompt)
+            tokens = result.tokens
+
+            if options.no_speech_threshold is not None:
+                should_skip = result.no_speech_prob > options.no_speech_threshold
+                if options.log_prob_threshold is not None and result.avg_logprob > options.log_prob_threshold:
+                    should_skip = False  # confident text despite the no-speech probability
+                if should_skip:
+                    seek += segment_size
+                    continue
+
+            previous_seek = seek
+
+            def new_segment(start: float, end: float, segment_tokens: list[int]) -> Segment:
+                return Segment(
+                    id=0,
+                    seek=previous_seek,
+                    start=start,
+                    end=end,
+                    text=tokenizer.decode([t for t in segment_tokens if t < eot]),
+                    tokens=segment_tokens,
+                    avg_logprob=result.avg_logprob,
+                    compression_ratio=result.compression_ratio,
+                    no_speech_prob=result.no_speech_prob,
+                    temperature=result.temperature,
+                )
+
+            current: list[Segment] = []
+            is_timestamp = [t >= timestamp_begin for t in tokens]
+            single_timestamp_ending = is_timestamp[-2:] == [False, True]
+            # Segment boundaries: the second of two consecutive timestamp tokens.
+            consecutive = [i + 1 for i in range(len(tokens) - 1) if is_timestamp[i] and is_timestamp[i + 1]]
+            if consecutive:
+                slices = consecutive + ([len(tokens)] if single_timestamp_ending else [])
+                last_slice = 0
+                for current_slice in slices:
+                    sliced = tokens[last_slice:current_slice]
+                    start = time_offset + (sliced[0] - timestamp_begin) * time_precision
+                    end = time_offset + (sliced[-1] - timestamp_begin) * time_precision
+                    current.append(new_segment(start, end, sliced))
+                    last_slice = current_slice
+                if single_timestamp_ending:  # no speech after the last timestamp
+                    seek += segment_size
+                else:  # resume at the start of the unfinished segment
+                    seek += (tokens[last_slice - 1] - timestamp_begin) * input_stride
+            else:
+                duration = segment_duration
+                timestamps = [t for t in tokens if t >= timestamp_begin]
+                if timestamps and timestamps[-1] != timestamp_begin:
+                    duration = (timestamps[-1] - timestamp_begin) * time_precision
+                current.append(new_segment(time_offset, time_offset + duration, tokens))
+                seek += segment_size
+
+            if options.word_timestamps:
+                add_word_timestamps(
+                    current,
+                    self.model,
+                    tokenizer,
+                    audio_features[0],
+                    segment_size,
+                    self.alignment_heads,
+                    options.prepend_punctuations,
+                    options.append_punctuations,
+                    last_speech_timestamp,
+                )
+                if not single_timestamp_ending:
+                    last_word_end = _last_word_end(current)
+                    if last_word_end is not None and last_word_end > time_offset:
+                        seek = round(last_word_end * FRAMES_PER_SECOND)
+                threshold = options.hallucination_silence_threshold
+                if threshold is not None:
+                    skip_to = _skip_hallucinations(
+                        current, threshold, time_offset, window_end_time, segment_duration,
+                        content_duration, content_frames, last_speech_timestamp,
+                        previous_seek, segment_size, single_timestamp_ending,
+                    )  # fmt: skip
+                    if skip_to is not None:
+                        seek, restart = skip_to
+                        if restart:
+                            continue
+                last_word_end = _last_word_end(current)
+                if last_word_end is not None:
+                    last_speech_timestamp = last_word_end
+
+            for segment in current:  # instantaneous or empty segments carry no tokens
+                if segment.start == segment.end or not segment.text.strip():
+                    segment.text, segment.tokens, segment.words = "", [], []
+            all_tokens.extend(t for segment in current for t in segment.tokens)
+            if not options.condition_on_previous_text or result.temperature > options.prompt_reset_on_temperature:
+                prompt_reset_since = len(all_tokens)  # a high-temperature window is no good context
+            for segment in current:
+                if segment.text:
+                    segment.id = segment_id
+                    segment_id += 1
+                    yield segment
+
+
+def _last_word_end(segments: list[Segment]) -> float | None:
+    words = [w for s in segments for w in (s.words or [])]
+    return words[-1].end if words else None
+
+
+_ANOMALY_PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
+
+
+def _word_anomaly_score(word: Word) -> float:
+    """High for words that are very short, very long or improbable: hallucination signs."""
+    duration = word.end - word.start
+    score = 1.0 if word.probability < 0.15 else 0.0
+    if duration < 0.133:
+        score += (0.133 - duration) * 15
+    if duration > 2.0:
+        score += duration - 2.0
+    return score
+
+
+def _is_segment_anomaly(segment: Segment | None) -> bool:
+    if segment is None or not segment.words:
+        return False
+    words = [w for w in segment.words if w.word not in _ANOMALY_PUNCTUATION][:8]
+    score = sum(_word_anomaly_score(w) for w in words)
+    return score >= 3 or score + 0.01 >= len(words)
+
+
+def _next_words_segment(segments: list[Segment]) -> Segment | None:
+    return next((s for s in segments if s.words), None)
+
+
+def _skip_hallucinations(
+    current: list[Segment],
+    threshold: float,
+    time_offset: float,
+    window_end_time: float,
+    segment_duration: float,
+    content_duration: float,
+    content_frames: int,
+    last_speech_timestamp: float,
+    previous_seek: int,
+    segment_size: int,
+    single_timestamp_ending: bool,
+) -> tuple[int, bool] | None:
+    """openai-whisper's `hallucination_silence_threshold`: skip silence around likely
+    hallucinations. Returns (new seek, whether to redo the window from there), or None.
+    Drops the hallucinated segments from `current` in place."""
+    seek: int | None = None
+    if not single_timestamp_ending:
+        last_word_end = _last_word_end(current)
+        if last_word_end is not None and last_word_end > time_offset:
+            remaining = window_end_time - last_word_end
+            seek = round(last_word_end * FRAMES_PER_SECOND) if remaining > threshold else previous_seek + segment_size
+
+    first = _next_words_segment(current)
+    if first is not None and _is_segment_anomaly(first):
+        gap = first.start - time_offset
+        if gap > threshold:  # leading silence before a likely hallucination: skip it, redo
+            return previous_seek + round(gap * FRAMES_PER_SECOND), True
+
+    hal_last_end = last_speech_timestamp
+    for i, segment in enumerate(current):
+        if not segment.words:
+            continue
+        if _is_segment_anomaly(segment):
+            following = _next_words_segment(current[i + 1 :])
+            next_start = following.words[0].start if following else time_offset + segment_duration
+            silence_before = (
+                segment.start - hal_last_end > threshold
+                or segment.start < threshold
+                or segment.start - time_offset < 2.0
+            )
+            silence_after = (
+                next_start - segment.end > threshold
+                or _is_segment_anomaly(following)
+                or window_end_time - segment.end < 2.0
+            )
+            if silence_before and silence_after:
+                seek = round(max(time_offset + 1, segment.start) * FRAMES_PER_SECOND)
+                if content_duration - segment.end < threshold:
+                    seek = content_frames
+                del current[i:]
+                break
+        hal_last_end = segment.end
+    return (seek, False) if seek is not None else None
+
+
+def transcribe_text(model: WhisperModel, audio: AudioInput, **options) -> str:
+    """The whole transcript as one string (a convenience for tests and scripts)."""
+    segments, _ = model.transcribe(audio, **options)
+    return "".join(segment.text for segment in segments).strip()
+
