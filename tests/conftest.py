@@ -1,0 +1,35 @@
+"""Shared fixtures: the dev audio set and the real models, loaded once per session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
+JFK = DEV_DIR / "openai-whisper__jfk.flac"
+
+
+def manifest() -> list[dict]:
+    with open(DEV_DIR / "manifest.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def short_english_clips() -> list[dict]:
+    """Every English dev clip of at most 30 s (one window)."""
+    return [r for r in manifest() if r["language"] == "en" and r["duration_s"] <= 30]
+
+
+@pytest.fixture(scope="session")
+def tiny_en():
+    from whisperforge import WhisperModel
+
+    return WhisperModel("tiny.en", device="cpu", compute_type="float32")
+
+
+@pytest.fixture(scope="session")
+def base():
+    from whisperforge import WhisperModel
+
+    return WhisperModel("base", device="cpu", compute_type="float32")
