@@ -1,0 +1,91 @@
+"""whisperforge against openai-whisper on the same real weights and the real dev audio.
+
+openai-whisper is a test-only dependency; its model is loaded from the `.pt` that our own
+converter writes, so both sides run the identical tiny.en / base weights in fp32.
+"""
+
+from __future__ import annotations
+
+import jiwer
+import pytest
+import torch
+
+from whisperforge import load_audio
+from whisperforge.checkpoints import save_openai
+
+from conftest import DEV_DIR, manifest, short_english_clips
+
+whisper = pytest.importorskip("whisper")
+
+
+def reference_model(model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("openai") / "model.pt"
+    save_openai(model.checkpoint, path)
+    return whisper.load_model(str(path), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_en_reference(tiny_en, tmp_path_factory):
+    return reference_model(tiny_en, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def base_reference(base, tmp_path_factory):
+    return reference_model(base, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def greedy_pairs(tiny_en, tiny_en_reference):
+    """(clip, openai tokens, openai text, our tokens, our text) for every short English clip."""
+    pairs = []
+    for clip in short_english_clips():
+        audio = load_audio(DEV_DIR / clip["audio"])
+        expected = whisper.transcribe(tiny_en_reference, audio, fp16=False, temperature=0.0)
+        segments, _ = tiny_en.transcribe(audio, beam_size=1, temperature=0.0)
+        segments = list(segments)
+        pairs.append(
+            (
+                clip,
+                [t for s in expected["segments"] for t in s["tokens"]],
+                expected["text"],
+                [t for s in segments for t in s.tokens],
+                "".join(s.text for s in segments),
+            )
+        )
+    return pairs
+
+
+def test_greedy_tokens_identical_to_openai_whisper(greedy_pairs):
+    assert len(greedy_pairs) >= 40
+    differing = [clip["audio"] for clip, ref, _, ours, _ in greedy_pairs if ref != ours]
+    assert not differing, f"token sequences differ on {differing}"
+
+
+def test_wer_equal_to_openai_whisper(greedy_pairs):
+    from whisper.normalizers import EnglishTextNormalizer
+
+    normalize = EnglishTextNormalizer()
+    exact = [p for p in greedy_pairs if p[0]["ref_kind"] == "exact"]
+    references = [normalize(clip["text"]) for clip, *_ in exact]
+    ours = jiwer.wer(references, [normalize(text) for *_, text in exact])
+    theirs = jiwer.wer(references, [normalize(text) for _, _, text, _, _ in exact])
+    assert ours == theirs
+    assert ours < 0.15  # tiny.en on clean read speech; a broken decoder lands far above
+
+
+def test_beam_search_matches_openai_whisper(tiny_en, tiny_en_reference):
+    audio = load_audio(DEV_DIR / "openai-whisper__jfk.flac")
+    expected = whisper.transcribe(tiny_en_reference, audio, fp16=False, temperature=0.0, beam_size=5)
+    segments, _ = tiny_en.transcribe(audio, beam_size=5, temperature=0.0)
+    assert [t for s in segments for t in s.tokens] == [t for s in expected["segments"] for t in s["tokens"]]
+
+
+@pytest.mark.parametrize("language", ["de", "es", "fr", "it", "ja", "ko", "pt"])
+def test_language_detection_matches_openai_whisper(base, base_reference, language):
+    clip = next(r for r in manifest() if r["language"] == language and r["ref_kind"] == "exact")
+    audio = load_audio(DEV_DIR / clip["audio"])
+    code, probability, _ = base.detect_language(audio)
+    mel = whisper.log_mel_spectrogram(torch.from_numpy(whisper.pad_or_trim(audio)))
+    _, reference_probs = base_reference.detect_language(mel)
+    assert code == language == max(reference_probs, key=reference_probs.get)
+    assert probability == pytest.approx(reference_probs[language], abs=0.01)
