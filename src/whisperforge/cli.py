@@ -1,0 +1,483 @@
+"""The `whisperforge` command: `transcribe` audio files, list the `models` available here.
+
+Options follow openai-whisper's `whisper` command (with dashes instead of underscores).
+User errors print one `error: ...` line on stderr and exit 1; usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+import traceback
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidOptionError, WhisperforgeError
+from .writers import FORMATS, WriterOptions, format_timestamp, output_paths, write_result
+
+if TYPE_CHECKING:
+    from .results import Segment
+    from .transcribe import WhisperModel
+
+DESCRIPTION = "Transcribe speech with OpenAI Whisper models."
+TRANSCRIBE_EPILOG = """\
+where the transcript goes:
+  no --output-format and no --output-dir: the transcript is printed to stdout, one segment
+    per line (nothing is written to disk).
+  --output-dir DIR: files named after each input (jfk.flac -> DIR/jfk.srt) in the formats of
+    --output-format, which defaults to all of them, as openai-whisper does.
+  --output-format without --output-dir: files in the current folder, as openai-whisper does.
+  An input file is never overwritten.
+
+examples:
+  whisperforge transcribe talk.flac
+  whisperforge transcribe talk.flac --word-timestamps -f srt --max-line-width 42 -o subs/
+  whisperforge transcribe *.wav --model base --language de --output-dir out/
+"""
+
+
+def _optional_float(text: str) -> float | None:
+    """A float, or None for "none" (openai-whisper's way to switch a threshold off)."""
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or none, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="whisperforge", description=DESCRIPTION)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    t = commands.add_parser(
+        "transcribe",
+        help="transcribe (or translate) audio files",
+        description="Transcribe audio files (any format FFmpeg reads).",
+        epilog=TRANSCRIBE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    t.add_argument("files", nargs="+", metavar="FILE", help="audio file(s) to transcribe")
+    model = t.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        default="tiny.en",
+        metavar="NAME",
+        help="model name (see `whisperforge models`), model folder or OpenAI .pt "
+        "file (default: %(default)s)",
+    )
+    model.add_argument(
+        "--device",
+        default="auto",
+        help="auto (CUDA when present), cpu or cuda[:N] (default: %(default)s)",
+    )
+    model.add_argument(
+        "--compute-type",
+        default="default",
+        choices=["default", "float32", "float16", "bfloat16"],
+        help="default: float16 on CUDA, float32 on CPU",
+    )
+    model.add_argument(
+        "--threads",
+        metavar="N",
+        type=int,
+        default=0,
+        help="CPU threads for torch (default: 0, torch's choice)",
+    )
+
+    decode = t.add_argument_group("decoding")
+    decode.add_argument(
+        "--language",
+        metavar="LANG",
+        default=None,
+        help="spoken language as a code or name (en, German, ...); detected when omitted",
+    )
+    decode.add_argument(
+        "--task",
+        default="transcribe",
+        choices=["transcribe", "translate"],
+        help="transcribe, or translate to English (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--beam-size",
+        metavar="N",
+        type=_positive_int,
+        default=5,
+        help="beams at temperature 0; 1 is greedy (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--best-of",
+        metavar="N",
+        type=_positive_int,
+        default=5,
+        help="samples per window above temperature 0 (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--temperature",
+        metavar="T",
+        type=float,
+        default=0.0,
+        help="first sampling temperature (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--temperature-increment-on-fallback",
+        metavar="STEP",
+        type=_optional_float,
+        default=0.2,
+        help="step up to 1.0 when a window fails the quality thresholds; "
+        "none: no fallback (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--initial-prompt",
+        metavar="TEXT",
+        default=None,
+        help="text that conditions the first window (names, spelling, style)",
+    )
+    decode.add_argument(
+        "--condition-on-previous-text",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="prompt each window with the previous text (default: on)",
+    )
+    decode.add_argument(
+        "--word-timestamps",
+        action="store_true",
+        help="time every word (implied by the subtitle options below and "
+        "--hallucination-silence-threshold)",
+    )
+    decode.add_argument(
+        "--clip-timestamps",
+        metavar="LIST",
+        default="0",
+        help="start,end,start,end,... seconds to transcribe; the last end "
+        "defaults to the end of the file (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--hallucination-silence-threshold",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="skip silences longer than this around likely hallucinations",
+    )
+
+    out = t.add_argument_group("output")
+    out.add_argument(
+        "--output-format",
+        "-f",
+        choices=[*FORMATS, "all"],
+        default=None,
+        help="file format (default: text on stdout, or all with --output-dir); "
+        "see 'where the transcript goes' below",
+    )
+    out.add_argument(
+        "--output-dir",
+        "-o",
+        default=None,
+        metavar="DIR",
+        help="folder for the output files (created if needed)",
+    )
+    out.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print each segment as `[00:00.000 --> 00:07.740] text` as it is "
+        "transcribed (instead of the plain text on stdout)",
+    )
+    out.add_argument(
+        "--highlight-words",
+        action="store_true",
+        help="srt/vtt: underline each word as it is spoken",
+    )
+    out.add_argument(
+        "--max-line-width",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="srt/vtt: characters per line before a line break",
+    )
+    out.add_argument(
+        "--max-line-count",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="srt/vtt: lines per subtitle (needs --max-line-width)",
+    )
+    out.add_argument(
+        "--max-words-per-line",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="srt/vtt: words per subtitle (no effect with --max-line-width)",
+    )
+    t.set_defaults(run=run_transcribe)
+
+    m = commands.add_parser(
+        "models",
+        help="list the models that load on this machine",
+        description="List the model names that load here and where from.",
+    )
+    m.set_defaults(run=run_models)
+    return parser
+
+
+# --- transcribe ------------------------------------------------------------------------------
+
+
+def temperature_ladder(temperature: float, increment: float | None) -> tuple[float, ...]:
+    """openai-whisper's fallback temperatures: from `temperature` up to 1.0 by `increment`."""
+    if increment is None or increment <= 0 or temperature >= 1.0:
+        return (temperature,)
+    steps = int((1.0 - temperature) / increment + 1e-6)
+    return tuple(round(temperature + i * increment, 6) for i in range(steps + 1))
+
+
+def load_model(args: argparse.Namespace) -> WhisperModel:
+    """The model for this run (a seam: tests swap in an already loaded one)."""
+    from .transcribe import WhisperModel  # torch is slow to import: only when needed
+
+    return WhisperModel(args.model, device=args.device, compute_type=args.compute_type,
+                        cpu_threads=args.threads)  # fmt: skip
+
+
+def _writer_options(args: argparse.Namespace) -> WriterOptions:
+    options = WriterOptions(
+        max_line_width=args.max_line_width,
+        max_line_count=args.max_line_count,
+        highlight_words=args.highlight_words,
+        max_words_per_line=args.max_words_per_line,
+    )
+    if options.max_line_count and not options.max_line_width:
+        _warn("--max-line-count has no effect without --max-line-width")
+    if options.max_words_per_line and options.max_line_width:
+        _warn("--max-words-per-line has no effect with --max-line-width")
+    return options
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _error(message: str) -> None:
+    """One `error:` line on stderr: scripts and people read it the same way."""
+    print("error: " + " ".join(message.split()), file=sys.stderr)
+
+
+def _file_error(path: str, error: BaseException) -> None:
+    message = str(error) or type(error).__name__
+    if message.startswith(f"{path}: "):  # audio errors already name the file
+        message = message[len(path) + 2 :]
+    _error(f"{path}: {message}")
+
+
+def _transcribe_one(
+    model: WhisperModel, path: str, args: argparse.Namespace, stdout_text: bool, header: bool
+) -> tuple[list[Segment], dict[str, Any]]:
+    """Transcribe one file, showing progress and (when asked) the text as it arrives."""
+    from tqdm import tqdm
+
+    segments_iter, info = model.transcribe(
+        path,
+        language=args.language,
+        task=args.task,
+        beam_size=args.beam_size,
+        best_of=args.best_of,
+        temperature=temperature_ladder(args.temperature, args.temperature_increment_on_fallback),
+        initial_prompt=args.initial_prompt,
+        condition_on_previous_text=args.condition_on_previous_text,
+        word_timestamps=args.word_timestamps,
+        clip_timestamps=args.clip_timestamps,
+        hallucination_silence_threshold=args.hallucination_silence_threshold,
+    )
+    total = round(info.duration, 2)
+    segments = []
+    with tqdm(
+        total=total,
+        desc=Path(path).name,
+        file=sys.stderr,
+        disable=not sys.stderr.isatty(),  # a bar in a log file is noise
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s [{elapsed}<{remaining}]",
+        leave=True,
+    ) as bar:
+        if header and (stdout_text or args.verbose):
+            tqdm.write(f"==> {path} <==", file=sys.stdout)
+        for segment in segments_iter:
+            segments.append(segment)
+            if args.verbose:
+                start, end = format_timestamp(segment.start), format_timestamp(segment.end)
+                tqdm.write(f"[{start} --> {end}] {segment.text.strip()}", file=sys.stdout)
+            elif stdout_text:
+                tqdm.write(segment.text.strip(), file=sys.stdout)  # the txt layout, streamed
+            bar.update(max(0.0, min(segment.end, total) - bar.n))
+        bar.update(total - bar.n)
+    sys.stdout.flush()
+    return segments, {"language": info.language, "duration": info.duration}
+
+
+def run_transcribe(args: argparse.Namespace) -> int:
+    word_options = (
+        args.highlight_words,
+        args.max_line_width,
+        args.max_line_count,
+        args.max_words_per_line,
+        args.hallucination_silence_threshold is not None,
+    )
+    if any(word_options):
+        args.word_timestamps = True  # these work on word timings; openai-whisper makes you ask
+    options = _writer_options(args)
+    write_files = args.output_dir is not None or args.output_format is not None
+    formats = args.output_format or "all"
+    output_dir = args.output_dir if args.output_dir is not None else "."
+
+    failed = False
+    # A typo in a path should not cost a model load: report missing files first.
+    files = []
+    for path in args.files:
+        if not os.path.isfile(path):
+            what = "is a folder, not an audio file" if os.path.isdir(path) else "no such file"
+            _error(f"{path}: {what}; check the path")
+            failed = True
+        else:
+            files.append(path)
+    if not files:
+        return 1
+
+    if write_files:  # a bad --output-dir should fail now, not after the first transcription
+        try:
+            Path(output_dir).expanduser().mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise WhisperforgeError(f"--output-dir {output_dir} is not a folder") from None
+
+    model = load_model(args)
+    written: set[Path] = set()
+    for path in files:
+        try:
+            if write_files:  # check the targets before spending time on the audio
+                targets = output_paths(path, output_dir, formats)
+                clash = next((p for p in targets if p.resolve() in written), None)
+                if clash is not None:
+                    raise WhisperforgeError(
+                        f"{clash} was already written for an earlier input with the same name; "
+                        "transcribe it with another --output-dir"
+                    )
+            segments, info = _transcribe_one(
+                model, path, args, stdout_text=not write_files, header=len(args.files) > 1
+            )
+            if write_files:
+                paths = write_result(segments, info, path, output_dir, formats, options)
+                written.update(p.resolve() for p in paths)
+        except InvalidOptionError:
+            raise  # an option no file can satisfy: stop here, one error line from main()
+        except (WhisperforgeError, OSError) as error:
+            _file_error(path, error)
+            failed = True
+        except Exception as error:  # noqa: BLE001 -- a bug, not the user's fault: say so, go on
+            if args.verbose:
+                traceback.print_exc()
+            hint = "" if args.verbose else "; rerun with --verbose for the traceback"
+            _error(f"{path}: internal error {type(error).__name__}: {error}{hint}")
+            failed = True
+    return 1 if failed else 0
+
+
+# --- models ----------------------------------------------------------------------------------
+
+
+def run_models(args: argparse.Namespace) -> int:
+    from .checkpoints import (
+        HUB_REPOS,
+        PACKAGE_INSTALL_HINT,
+        PACKAGED_MODELS,
+        packaged_model_folders,
+    )
+
+    print("Installed model packages (load offline):")
+    missing = []
+    for name in sorted(PACKAGED_MODELS):
+        folders = packaged_model_folders(name)
+        if folders:
+            where = ", ".join(str(folder) for folder in folders)
+            print(f"  {name:<16} {where}")
+        else:
+            missing.append(name)
+    if missing:
+        print("Installable as packages (not installed):")
+        for name in missing:
+            print(f"  {name:<16} {PACKAGE_INSTALL_HINT.get(name, '')}")
+
+    cached = _hub_cached(HUB_REPOS)
+    print("In the Hugging Face hub cache (load offline):")
+    for name, repo in cached:
+        print(f"  {name:<16} {repo}")
+    if not cached:
+        print("  (none)")
+    others = sorted(set(HUB_REPOS) - set(PACKAGED_MODELS) - {name for name, _ in cached})
+    note = (
+        f"Other names ({', '.join(others)}) load from the Hugging Face hub cache, downloaded "
+        "once when online. --model also takes a local model folder (CTranslate2 or "
+        "transformers) or an OpenAI .pt file."
+    )
+    print(textwrap.fill(note, width=88))
+    return 0
+
+
+def _hub_cached(repos: dict[str, str]) -> list[tuple[str, str]]:
+    """Names whose converted weights are already in the local hub cache (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return []
+    found = []
+    for name, repo in sorted(repos.items()):
+        try:
+            hit = try_to_load_from_cache(repo, "model.bin")
+        except (OSError, ValueError):  # a damaged cache is not worth failing a listing for
+            hit = None
+        if isinstance(hit, str):
+            found.append((name, repo))
+    return found
+
+
+# --- entry point -----------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # usage errors (2) and --help (0) as a return value
+        return exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 2
+    if hasattr(sys.stdout, "reconfigure"):
+        # A transcript may hold characters the terminal's encoding lacks: show "?", not a crash.
+        sys.stdout.reconfigure(errors="replace")
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            return args.run(args)
+        except KeyboardInterrupt:
+            return 130
+        except (WhisperforgeError, OSError) as error:
+            _error(str(error) or type(error).__name__)
+            return 1
+
+
+def _show_warning(
+    message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any
+) -> None:
+    _warn(str(message))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

