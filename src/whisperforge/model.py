@@ -202,9 +202,9 @@ class KVCache:
 
     def reorder(self, source: Tensor) -> None:
         """Keep row `source[i]` as row i (beam search); cross K,V stay, beams share the audio."""
-        for layer in range(len(self.self_k)):
-            self.self_k[layer] = self.self_k[layer].index_select(0, source)
-            self.self_v[layer] = self.self_v[layer].index_select(0, source)
+        n = self.length  # only the filled positions need to move
+        for cache in (*self.self_k, *self.self_v):
+            cache[:, :n] = cache[source, :n]
 
 
 class TextDecoder(nn.Module):

@@ -286,9 +286,13 @@ def normalize_language(language: str, codes: tuple[str, ...]) -> str:
     """A language code from a code or a name; a clear error for anything else."""
     key = language.lower().strip()
     code = key if key in LANGUAGES else TO_LANGUAGE_CODE.get(key)
-    if code is None or code not in codes:
-        supported = ", ".join(codes) if len(codes) > 1 else codes[0]
-        raise InvalidOptionError(
-            f"unsupported language {language!r}; this model knows: {supported}"
-        )
+    if code is None:
+        raise InvalidOptionError(f"unknown language {language!r}; use a code such as en, de, fr")
+    if code not in codes:
+        if codes == ("en",):
+            raise InvalidOptionError(
+                f"this model is English-only and cannot transcribe {LANGUAGES[code]}; "
+                "use a multilingual model such as base"
+            )
+        raise InvalidOptionError(f"this model does not know {LANGUAGES[code]}; it knows {', '.join(codes)}")
     return code

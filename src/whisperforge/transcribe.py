@@ -221,10 +221,9 @@ class WhisperModel:
             raise InvalidOptionError("vad_filter is not available yet; transcribe without it")
         if task not in ("transcribe", "translate"):
             raise InvalidOptionError(f"unknown task {task!r}; use transcribe or translate")
-        if not self.is_multilingual and (task == "translate" or (language or "en") != "en"):
-            what = "translation" if task == "translate" else f"language {language!r}"
+        if not self.is_multilingual and task == "translate":
             raise InvalidOptionError(
-                f"this model is English-only and cannot do {what}; use a multilingual model such as base"
+                "this model is English-only and cannot translate; use a multilingual model such as base"
             )
         if language is not None:
             language = normalize_language(language, self.supported_languages)

