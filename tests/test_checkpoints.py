@@ -303,12 +303,6 @@ def test_real_model_path_gives_the_same_tokens(
     assert jfk_tokens(model) == tiny_en_jfk_tokens
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="transcribe.build_tokenizer passes ModelConfig.num_languages (1 for .en) to "
-    "TiktokenCodec, which then numbers the special tokens as if the vocabulary held one "
-    "language; openai's .en vocabulary holds 99 (n_vocab - 51765 - multilingual)",
-)
 def test_lone_pt_uses_openai_vocabulary_with_the_same_ids(
     tiny_en: WhisperModel, openai_pt: Path
 ) -> None:

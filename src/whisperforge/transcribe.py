@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -35,6 +36,9 @@ from .model import Whisper, fuse_state_dict
 from .results import Segment, TranscriptionInfo, Word
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
 from .tokenizer import HuggingFaceCodec, TiktokenCodec, Tokenizer, normalize_language
+
+# Windows whose samples never exceed this (-60 dBFS) are silence: skipped without decoding.
+SILENCE_PEAK = 10 ** (-60 / 20)
 
 COMPUTE_TYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -83,6 +87,14 @@ class TranscriptionOptions:
         )
 
 
+def frame_peaks(samples: np.ndarray) -> np.ndarray:
+    """Largest absolute sample per mel frame (10 ms hop), to find silent windows cheaply."""
+    n_frames = -(-len(samples) // HOP_LENGTH)
+    padded = np.zeros(n_frames * HOP_LENGTH, dtype=np.float32)
+    padded[: len(samples)] = np.abs(samples)
+    return padded.reshape(n_frames, HOP_LENGTH).max(axis=1)
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -121,7 +133,9 @@ def build_tokenizer(checkpoint: Checkpoint) -> Tokenizer:
     if checkpoint.tokenizer_file is not None:
         codec = HuggingFaceCodec(checkpoint.tokenizer_file)
     else:
-        codec = TiktokenCodec(config.is_multilingual, config.num_languages)
+        # openai's vocabulary lists every language token even for .en models, so ids line up.
+        vocabulary_languages = config.n_vocab - 51765 - int(config.is_multilingual)
+        codec = TiktokenCodec(config.is_multilingual, vocabulary_languages)
     return Tokenizer(codec, config.is_multilingual, config.num_languages)
 
 
@@ -291,7 +305,7 @@ class WhisperModel:
             transcription_options=options,
         )
         tokenizer = self.tokenizer.with_options(language, task)
-        return self.generate_segments(mel, tokenizer, options), info
+        return self.generate_segments(mel, tokenizer, options, frame_peaks(samples)), info
 
     def decode_with_fallback(
         self, audio_features: Tensor, tokenizer: Tokenizer, options: TranscriptionOptions, prompt: list[int]
@@ -318,8 +332,17 @@ class WhisperModel:
         assert result is not None
         return result
 
-    def generate_segments(self, mel: Tensor, tokenizer: Tokenizer, options: TranscriptionOptions) -> Iterator[Segment]:
-        """The sequential long-form loop over 30 s windows; yields each window's final segments."""
+    def generate_segments(
+        self,
+        mel: Tensor,
+        tokenizer: Tokenizer,
+        options: TranscriptionOptions,
+        peaks: np.ndarray | None = None,
+    ) -> Iterator[Segment]:
+        """The sequential long-form loop over 30 s windows; yields each window's final segments.
+
+        `peaks` (see `frame_peaks`) lets windows of digital silence be skipped undecoded.
+        """
         eot, timestamp_begin = tokenizer.eot, tokenizer.timestamp_begin
         content_frames = mel.shape[-1] - N_FRAMES
         content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
@@ -359,6 +382,10 @@ class WhisperModel:
             window_end_time = (seek + N_FRAMES) * HOP_LENGTH / SAMPLE_RATE
             segment_size = min(N_FRAMES, content_frames - seek, clip_end - seek)
             segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
+            if peaks is not None and peaks[seek : seek + segment_size].max(initial=0.0) < SILENCE_PEAK:
+                # A deliberate departure from the reference, which hallucinates ("You") here.
+                seek += segment_size
+                continue
             audio_features = self.encode(pad_or_trim(mel[:, seek : seek + segment_size], N_FRAMES)[None])
 
             if options.carry_initial_prompt:

