@@ -24,7 +24,8 @@ DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 
 
 def short_english_clips() -> list[str]:
-    rows = [json.loads(line) for line in open(DEV_DIR / "manifest.jsonl")]
+    lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines if line.strip()]
     return [r["audio"] for r in rows if r["language"] == "en" and r["duration_s"] <= 30]
 
 

@@ -9,6 +9,7 @@ starts where the path first reaches its first token. Semantics follow openai-whi
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,7 +122,7 @@ def find_alignment(
     start_times = jump_times[word_boundaries[:-1]]
     end_times = jump_times[word_boundaries[1:]]
     probabilities = [
-        float(np.mean(text_token_probs[i:j])) for i, j in zip(word_boundaries[:-1], word_boundaries[1:])
+        float(np.mean(text_token_probs[i:j])) for i, j in itertools.pairwise(word_boundaries)
     ]
     return [
         WordTiming(word, tokens, float(start), float(end), probability)

@@ -62,7 +62,7 @@ class HuggingFaceCodec:
 
         try:
             self._tokenizer = HFTokenizer.from_file(str(path))
-        except Exception as error:  # tokenizers raises a bare Exception on bad files
+        except Exception as error:  # noqa: BLE001 (tokenizers raises a bare Exception)
             raise ModelFormatError(f"{path}: not a readable tokenizer.json ({error})") from None
 
     def encode(self, text: str) -> list[int]:
@@ -234,7 +234,7 @@ class Tokenizer:
         suppressed, while symbols inside longer tokens stay possible.
         """
         symbols = list('"#()*+/:;<=>@[\\]^_`{|}~「」『』')
-        symbols += "<< >> <<< >>> -- --- -( -[ (' (\" (( )) ((( ))) [[ ]] {{ }} ♪♪ ♪♪♪".split()
+        symbols += ["<<", ">>", "<<<", ">>>", "--", "---", "-(", "-[", "('", '("', "((", "))", "(((", ")))", "[[", "]]", "{{", "}}", "♪♪", "♪♪♪"]
         # Musical notes are three bytes in UTF-8: suppress their first byte's token too.
         miscellaneous = set("♩♪♫♬♭♮♯")
         assert all(0x2640 <= ord(c) <= 0x267F for c in miscellaneous)

@@ -343,7 +343,7 @@ class WhisperModel:
 
         `peaks` (see `frame_peaks`) lets windows of digital silence be skipped undecoded.
         """
-        eot, timestamp_begin = tokenizer.eot, tokenizer.timestamp_begin
+        timestamp_begin = tokenizer.timestamp_begin
         content_frames = mel.shape[-1] - N_FRAMES
         content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
         input_stride = N_FRAMES // self.checkpoint.config.n_audio_ctx  # mel frames per token: 2
@@ -406,20 +406,6 @@ class WhisperModel:
 
             previous_seek = seek
 
-            def new_segment(start: float, end: float, segment_tokens: list[int]) -> Segment:
-                return Segment(
-                    id=0,
-                    seek=previous_seek,
-                    start=start,
-                    end=end,
-                    text=tokenizer.decode([t for t in segment_tokens if t < eot]),
-                    tokens=segment_tokens,
-                    avg_logprob=result.avg_logprob,
-                    compression_ratio=result.compression_ratio,
-                    no_speech_prob=result.no_speech_prob,
-                    temperature=result.temperature,
-                )
-
             current: list[Segment] = []
             is_timestamp = [t >= timestamp_begin for t in tokens]
             single_timestamp_ending = is_timestamp[-2:] == [False, True]
@@ -432,7 +418,7 @@ class WhisperModel:
                     sliced = tokens[last_slice:current_slice]
                     start = time_offset + (sliced[0] - timestamp_begin) * time_precision
                     end = time_offset + (sliced[-1] - timestamp_begin) * time_precision
-                    current.append(new_segment(start, end, sliced))
+                    current.append(_new_segment(tokenizer, previous_seek, start, end, sliced, result))
                     last_slice = current_slice
                 if single_timestamp_ending:  # no speech after the last timestamp
                     seek += segment_size
@@ -443,7 +429,9 @@ class WhisperModel:
                 timestamps = [t for t in tokens if t >= timestamp_begin]
                 if timestamps and timestamps[-1] != timestamp_begin:
                     duration = (timestamps[-1] - timestamp_begin) * time_precision
-                current.append(new_segment(time_offset, time_offset + duration, tokens))
+                current.append(
+                    _new_segment(tokenizer, previous_seek, time_offset, time_offset + duration, tokens, result)
+                )
                 seek += segment_size
 
             if options.word_timestamps:
@@ -488,6 +476,23 @@ class WhisperModel:
                     segment.id = segment_id
                     segment_id += 1
                     yield segment
+
+
+def _new_segment(
+    tokenizer: Tokenizer, seek: int, start: float, end: float, tokens: list[int], result: DecodingResult
+) -> Segment:
+    return Segment(
+        id=0,
+        seek=seek,
+        start=start,
+        end=end,
+        text=tokenizer.decode([t for t in tokens if t < tokenizer.eot]),
+        tokens=tokens,
+        avg_logprob=result.avg_logprob,
+        compression_ratio=result.compression_ratio,
+        no_speech_prob=result.no_speech_prob,
+        temperature=result.temperature,
+    )
 
 
 def _last_word_end(segments: list[Segment]) -> float | None:
