@@ -1,0 +1,502 @@
+"""The fast path: the plain network's weights driven through static buffers and CUDA graphs.
+
+A decode step of Whisper is tiny work (one token per sequence), so in plain PyTorch it is bound by
+kernel launches and host syncs, not by the GPU. The runtime removes both:
+
+- Cross-attention K,V are projected once per window into a static buffer (`encode`/`cross`).
+- Self-attention K,V live in static per-row caches; a step writes one position per row and
+  attends over `cache[:bucket]` with a mask beyond each row's own length, so rows may have
+  different prompt lengths, and the shapes come from a short ladder of (windows, bucket).
+- Each (windows, beams per window, bucket) step is captured once as a CUDA graph and replayed.
+- The greedy loop state (last tokens, lengths, finished flags, sums of log-probs, the tokens
+  so far) stays on the GPU; `greedy` runs a whole decode with no host sync per step.
+- Beams (or best-of samples) of one window are rows of one batch that share the window's cross
+  K,V: cross-attention takes them as `group` queries of that window, so it reads K,V once.
+
+The API that batching, streaming and serving build on:
+
+    rt = Runtime(model, "float16")
+    cross = rt.encode(mels)                      # [W, n_mels, 3000] -> cross K,V of W windows
+    batch = rt.prefill(cross, prompts, group=1)  # W * group prompts, rows grouped by window
+    logits = rt.step(batch, next_tokens)         # one token per row -> logits [rows, n_vocab]
+    rt.reorder(batch, source)                    # beam search: row i continues row source[i]
+    result = rt.greedy(batch, 128, eot, suppress)  # or the whole greedy loop on the device
+
+The buffers belong to the runtime: one batch is decoded at a time. On the CPU (tests) the same
+step code runs eagerly. `RuntimeWhisper` lets `decoding.decode` use the runtime unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .model import CrossAttention, SelfAttention, Whisper, merge_heads, split_heads
+
+COMPUTE_TYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+BUCKETS = (64, 128, 256)  # past lengths a step graph covers; n_text_ctx is always the last
+WINDOW_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # windows per step graph; more run eagerly
+
+
+def resolve_dtype(compute_type: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(compute_type, torch.dtype):
+        return compute_type
+    if compute_type in (None, "default"):
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if compute_type not in COMPUTE_TYPES:
+        raise ValueError(f"compute_type {compute_type!r}: use default, {', '.join(COMPUTE_TYPES)}")
+    return COMPUTE_TYPES[compute_type]
+
+
+def layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
+    # In the compute dtype: the kernel accumulates in fp32 anyway, and the reference's casts to
+    # fp32 and back would cost two extra passes over the activations.
+    return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+
+
+@dataclass
+class Cross:
+    """Cross-attention K,V of `windows` audio windows, held in the runtime's static buffer."""
+
+    windows: int
+    features: Tensor  # the encoder output [windows, n_audio_ctx, D]
+
+
+@dataclass
+class Batch:
+    """Rows being decoded: `group` rows per window, grouped by window. The per-row state lives on
+    the device in the runtime's buffers; the host keeps only the longest row's length, which is
+    all it needs to pick a bucket."""
+
+    windows: int
+    group: int
+    prompt_lengths: list[int]
+    max_length: int  # tokens in the longest row's cache
+    hidden: Tensor  # final hidden states of the prompt [rows, P, D] (no-speech, word timing)
+
+    @property
+    def rows(self) -> int:
+        return self.windows * self.group
+
+
+@dataclass
+class GreedyResult:
+    tokens: Tensor  # [rows, n] sampled tokens; EOT repeats after a row finished
+    finished: Tensor  # [rows] bool
+    sum_logprobs: Tensor  # [rows] fp32, over the tokens up to and including EOT
+
+
+class Runtime:
+    """See the module docstring. `graphs=None` uses CUDA graphs on a CUDA device."""
+
+    def __init__(
+        self,
+        model: Whisper,
+        compute_type: str | torch.dtype | None = None,
+        *,
+        max_windows: int = 16,
+        max_rows: int | None = None,
+        buckets: Sequence[int] = BUCKETS,
+        graphs: bool | None = None,
+        encoder_graphs: bool = True,
+    ):
+        dtype = resolve_dtype(compute_type, model.device)
+        if model.dtype != dtype:  # a copy: the reference model keeps its weights
+            model = copy.deepcopy(model).to(dtype)
+        self.model = model.eval()
+        self.config = model.config
+        self.device, self.dtype = model.device, dtype
+        self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        self.encoder_graphs = encoder_graphs and self.graphs
+        n_ctx = self.config.n_text_ctx
+        self.buckets = sorted({b for b in buckets if b < n_ctx} | {n_ctx})
+        self.n_head = self.config.n_text_head
+        self.d_head = self.config.n_text_state // self.n_head
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self.max_windows = self.max_rows = 0
+        self._allocate(max_windows, max_rows or max_windows)
+
+    # --- static buffers --------------------------------------------------------------------
+
+    def _allocate(self, windows: int, rows: int) -> None:
+        """(Re)allocate every static buffer; graphs captured over the old ones are dropped."""
+        cfg, dev, dt = self.config, self.device, self.dtype
+        D, H, T, A = cfg.n_text_state, self.n_head, cfg.n_text_ctx, cfg.n_audio_ctx
+        layers = range(cfg.n_text_layer)
+        self._graphs.clear()
+        self.max_windows, self.max_rows = windows, rows
+        # Per layer: the cross K,V of each window side by side, as the kv projection writes them.
+        self.cross_kv = [torch.zeros(windows, A, 2 * D, device=dev, dtype=dt) for _ in layers]
+        # Per layer: self K (heads 0..H-1) and V (heads H..2H-1) of each row at each position.
+        self.self_kv = [torch.zeros(rows, 2 * H, T, self.d_head, device=dev, dtype=dt) for _ in layers]
+        self.features = torch.zeros(windows, A, cfg.n_audio_state, device=dev, dtype=dt)
+        self.mel = torch.zeros(windows, cfg.n_mels, 2 * A, device=dev, dtype=dt)
+        # Loop state, one entry per row.
+        self.token = torch.zeros(rows, dtype=torch.long, device=dev)  # the token to feed next
+        self.pos = torch.zeros(rows, dtype=torch.long, device=dev)  # its position = row length
+        self.finished = torch.zeros(rows, dtype=torch.bool, device=dev)
+        self.sum_logprobs = torch.zeros(rows, dtype=torch.float32, device=dev)
+        self.history = torch.zeros(rows, T + 1, dtype=torch.long, device=dev)  # tokens so far
+        self.hidden = torch.zeros(rows, D, device=dev, dtype=dt)
+        self.logits = torch.zeros(rows, cfg.n_vocab, device=dev)
+        self.bias = torch.zeros(cfg.n_vocab, device=dev)  # added to the logits: -inf suppresses
+        self.eot = torch.zeros((), dtype=torch.long, device=dev)
+        self.row_index = torch.arange(rows, device=dev)
+        self.head_index = torch.arange(2 * H, device=dev)
+        self.key_index = torch.arange(T, device=dev)
+
+    def _reserve(self, windows: int, rows: int) -> None:
+        if windows > self.max_windows or rows > self.max_rows:
+            self._allocate(max(windows, self.max_windows), max(rows, self.max_rows))
+
+    def _loop_state(self) -> list[Tensor]:
+        return [self.token, self.pos, self.finished, self.sum_logprobs, self.history, self.logits]
+
+    # --- graphs ----------------------------------------------------------------------------
+
+    def _replay(self, key: tuple, fn: Callable[[], None]) -> None:
+        """Run `fn` (which reads and writes only static buffers) through a CUDA graph captured on
+        first use. The warm-up runs must not disturb a decode in flight: the loop state is saved
+        around them, and the cache writes they make are the ones the real run makes."""
+        if not self.graphs:
+            fn()
+            return
+        graph = self._graphs.get(key)
+        if graph is None:
+            saved = [t.clone() for t in self._loop_state()]
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # once: cuBLAS handles, workspaces, lazy kernels
+                fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            for t, s in zip(self._loop_state(), saved):
+                t.copy_(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                fn()
+            self._graphs[key] = graph
+        graph.replay()
+
+    def _padded_windows(self, windows: int) -> int:
+        """The ladder size a step graph runs for `windows`; the extra rows compute garbage that
+        nothing reads. Eager (exact) beyond the ladder."""
+        if not self.graphs:
+            return windows
+        return next((w for w in WINDOW_LADDER if w >= windows), windows)
+
+    def _bucket(self, length: int) -> int:
+        return next(b for b in self.buckets if b >= length)
+
+    # --- encoder and cross K,V -------------------------------------------------------------
+
+    def _encoder(self, mel: Tensor) -> Tensor:
+        """The plain encoder, with layer norms in the compute dtype; attention is SDPA (flash)."""
+        enc = self.model.encoder
+        x = F.gelu(enc.conv1(mel))
+        x = F.gelu(enc.conv2(x)).transpose(1, 2)
+        x = x + enc.positional_embedding
+        for block in enc.blocks:
+            q, k, v = block.attn.qkv(layer_norm(block.attn_ln, x)).chunk(3, dim=-1)
+            H = block.attn.n_head
+            a = F.scaled_dot_product_attention(split_heads(q, H), split_heads(k, H), split_heads(v, H))
+            x = x + block.attn.out(merge_heads(a))
+            x = x + block.mlp(layer_norm(block.mlp_ln, x))
+        return layer_norm(enc.ln_post, x)
+
+    @torch.inference_mode()
+    def encoder(self, mel: Tensor) -> Tensor:
+        """Audio features [W, n_audio_ctx, D] of mel windows [W, n_mels, 3000] (a view of a static
+        buffer: copy it to keep it past the next call)."""
+        W = mel.shape[0]
+        mel = mel.to(self.device, self.dtype)
+        if not self.encoder_graphs:
+            return self._encoder(mel)
+        self._reserve(W, self.max_rows)
+        self.mel[:W].copy_(mel)
+
+        def run() -> None:
+            self.features[:W].copy_(self._encoder(self.mel[:W]))
+
+        self._replay(("encoder", W), run)
+        return self.features[:W]
+
+    @torch.inference_mode()
+    def cross(self, features: Tensor) -> Cross:
+        """Project each decoder layer's cross K,V of these windows into the static buffer: once per
+        window, however many tokens are decoded."""
+        W, A, _ = features.shape
+        self._reserve(W, self.max_rows)
+        flat = features.to(self.dtype).reshape(W * A, -1)
+        for block, kv in zip(self.model.decoder.blocks, self.cross_kv):
+            proj = block.cross_attn.kv
+            torch.addmm(proj.bias, flat, proj.weight.T, out=kv[:W].view(W * A, -1))
+        return Cross(W, features)
+
+    def encode(self, mel: Tensor) -> Cross:
+        """Mel windows [W, n_mels, 3000] -> the cross K,V of W windows, ready to `prefill`."""
+        return self.cross(self.encoder(mel))
+
+    # --- the decoder -----------------------------------------------------------------------
+
+    def _cross_attention(self, attn: CrossAttention, x: Tensor, layer: int, windows: int) -> Tensor:
+        """x [rows, T, D], rows grouped by window: all queries of a window's rows attend to its
+        K,V in one call, so beams read their shared K,V once."""
+        H, dh, D = self.n_head, self.d_head, self.config.n_text_state
+        q = attn.query(x).reshape(windows, -1, H, dh).transpose(1, 2)  # [W, H, group * T, dh]
+        kv = self.cross_kv[layer][:windows]
+        k = kv[..., :D].unflatten(-1, (H, dh)).transpose(1, 2)  # [W, H, A, dh]
+        v = kv[..., D:].unflatten(-1, (H, dh)).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return attn.out(out.transpose(1, 2).reshape(x.shape))
+
+    def _self_attention_step(
+        self, attn: SelfAttention, x: Tensor, layer: int, write: tuple[Tensor, ...], mask: Tensor, bucket: int
+    ) -> Tensor:
+        """x [rows, 1, D]: write this token's K,V at each row's own position, attend over the
+        bucket; `mask` hides the positions past each row's length."""
+        R, H, dh, D = x.shape[0], self.n_head, self.d_head, self.config.n_text_state
+        qkv = attn.qkv(x[:, 0])  # [R, 3D]
+        cache = self.self_kv[layer]
+        cache.index_put_(write, qkv[:, D:].view(R, 2 * H, dh))
+        q = qkv[:, :D].view(R, H, 1, dh)
+        out = F.scaled_dot_product_attention(
+            q, cache[:R, :H, :bucket], cache[:R, H:, :bucket], attn_mask=mask
+        )
+        return attn.out(out.reshape(R, 1, D))
+
+    def _forward(self, rows: int, windows: int, bucket: int) -> None:
+        """One decode step of rows [0, rows): feeds self.token at self.pos, writes the K,V there,
+        the final hidden state and the logits; then every row's length grows by one."""
+        dec = self.model.decoder
+        token, pos = self.token[:rows], self.pos[:rows]
+        x = (dec.token_embedding(token) + dec.positional_embedding[pos])[:, None]  # [R, 1, D]
+        visible = self.key_index[:bucket] <= pos[:, None]  # the past and the token itself
+        mask = torch.zeros(rows, 1, 1, bucket, device=x.device, dtype=x.dtype)
+        mask.masked_fill_(~visible[:, None, None], float("-inf"))
+        write = (self.row_index[:rows, None], self.head_index[None, :], pos[:, None])
+        for i, block in enumerate(dec.blocks):
+            x = x + self._self_attention_step(block.attn, layer_norm(block.attn_ln, x), i, write, mask, bucket)
+            x = x + self._cross_attention(block.cross_attn, layer_norm(block.cross_attn_ln, x), i, windows)
+            x = x + block.mlp(layer_norm(block.mlp_ln, x))
+        hidden = layer_norm(dec.ln, x[:, 0])
+        self.hidden[:rows].copy_(hidden)
+        self.logits[:rows].copy_(dec.logits(hidden))
+        pos += 1
+
+    def _select(self, rows: int) -> None:
+        """Greedy choice from self.logits + self.bias, as `decoding.GreedySearch` at temperature 0:
+        finished rows repeat EOT and stop adding log-probabilities."""
+        logits = self.logits[:rows] + self.bias
+        token = logits.argmax(dim=-1)
+        logprob = logits.gather(1, token[:, None])[:, 0] - logits.logsumexp(dim=-1)
+        finished = self.finished[:rows]
+        self.sum_logprobs[:rows] += torch.where(finished, 0.0, logprob)
+        token = torch.where(finished, self.eot, token)
+        self.history[:rows].scatter_(1, self.pos[:rows, None], token[:, None])
+        finished |= token == self.eot
+        self.token[:rows].copy_(token)
+
+    def _run_step(self, batch: Batch, select: bool) -> None:
+        if batch.max_length >= self.config.n_text_ctx:
+            raise ValueError(f"the rows are full: {self.config.n_text_ctx} tokens is the context")
+        windows = self._padded_windows(batch.windows)
+        rows = windows * batch.group
+        bucket = self._bucket(batch.max_length + 1)
+        self._reserve(windows, rows)
+
+        def run() -> None:
+            self._forward(rows, windows, bucket)
+            if select:
+                self._select(rows)
+
+        self._replay(("step", select, windows, batch.group, bucket), run)
+        batch.max_length += 1
+
+    @torch.inference_mode()
+    def prefill(
+        self, cross: Cross, prompts: Sequence[Sequence[int]] | Tensor, group: int = 1
+    ) -> Batch:
+        """Start `group` rows per window of `cross` with their prompts (lengths may differ),
+        filling their self K,V caches; self.logits[:rows] then scores each row's next token.
+        Eager: it runs once per window, and its shapes vary."""
+        W, dec = cross.windows, self.model.decoder
+        R, H, dh, D = W * group, self.n_head, self.d_head, self.config.n_text_state
+        if len(prompts) != R:
+            raise ValueError(f"{len(prompts)} prompts for {W} windows x {group} rows each")
+        if isinstance(prompts, Tensor):
+            tokens = prompts.to(self.device, torch.long)
+            lengths = [tokens.shape[1]] * R
+        else:  # right-padded: a row's padding sits past its length, where the mask hides it
+            lengths = [len(p) for p in prompts]
+            tokens = torch.zeros(R, max(lengths), dtype=torch.long)
+            for r, p in enumerate(prompts):
+                tokens[r, : lengths[r]] = torch.as_tensor(p, dtype=torch.long)
+            tokens = tokens.to(self.device)
+        P = max(lengths)
+        if min(lengths) < 1 or P >= self.config.n_text_ctx:
+            raise ValueError(f"prompts need 1 to {self.config.n_text_ctx - 1} tokens")
+        self._reserve(W, R)
+        length = torch.tensor(lengths, device=self.device)
+
+        x = dec.token_embedding(tokens) + dec.positional_embedding[:P]
+        for i, block in enumerate(dec.blocks):
+            qkv = block.attn.qkv(layer_norm(block.attn_ln, x))  # [R, P, 3D]
+            cache = self.self_kv[i]
+            cache[:R, :, :P] = qkv[..., D:].unflatten(-1, (2 * H, dh)).transpose(1, 2)
+            q = qkv[..., :D].unflatten(-1, (H, dh)).transpose(1, 2)
+            a = F.scaled_dot_product_attention(
+                q, cache[:R, :H, :P], cache[:R, H:, :P], is_causal=P > 1
+            )  # causal: padding sits after a row's tokens, so no real token sees it
+            x = x + block.attn.out(merge_heads(a))
+            x = x + self._cross_attention(block.cross_attn, layer_norm(block.cross_attn_ln, x), i, W)
+            x = x + block.mlp(layer_norm(block.mlp_ln, x))
+        hidden = layer_norm(dec.ln, x)
+        last = hidden[torch.arange(R, device=self.device), length - 1]
+        self.hidden[:R].copy_(last)
+        self.logits[:R].copy_(dec.logits(last))
+        self.pos.zero_()  # rows past R (graph padding) write at 0, which nothing reads
+        self.pos[:R].copy_(length)
+        self.token.zero_()
+        self.history[:R, :P].copy_(tokens)
+        self.finished.zero_()
+        self.sum_logprobs.zero_()
+        return Batch(W, group, lengths, P, hidden)
+
+    @torch.inference_mode()
+    def step(self, batch: Batch, tokens: Tensor) -> Tensor:
+        """Feed one token per row [rows]; returns the logits of the next [rows, n_vocab] (a view
+        of a static buffer, valid until the next step)."""
+        self.token[: batch.rows].copy_(tokens.reshape(-1))
+        self._run_step(batch, select=False)
+        return self.logits[: batch.rows]
+
+    @torch.inference_mode()
+    def reorder(self, batch: Batch, source: Tensor) -> None:
+        """Beam search: row i continues row source[i] (rows of the same window)."""
+        R, n = batch.rows, batch.max_length
+        source = source.to(self.device)
+        for cache in self.self_kv:
+            cache[:R, :, :n] = cache[source, :, :n]
+        for state in self._loop_state():
+            state[:R] = state[source]
+
+    @torch.inference_mode()
+    def greedy(
+        self,
+        batch: Batch,
+        max_new_tokens: int,
+        eot: int,
+        suppress: Sequence[int] = (),
+        suppress_first: Sequence[int] = (),
+        check_every: int = 8,
+    ) -> GreedyResult:
+        """Greedy decoding of every row from the prefill's logits, all on the device.
+
+        `suppress` tokens are never chosen; `suppress_first` adds to them for the first token
+        (decoding's SuppressBlank). Every `check_every` steps one bool comes to the host to stop
+        once all rows finished; 0 never checks (a forced length, for benchmarks).
+        """
+        R, V = batch.rows, self.config.n_vocab
+        first = torch.zeros(V)
+        first[list(suppress) + list(suppress_first)] = float("-inf")
+        self.bias.copy_(first)
+        self.eot.fill_(eot)
+        self._select(R)  # the first token, from the prefill's logits
+        self.bias.zero_()
+        self.bias[list(suppress)] = float("-inf")
+        n = min(max_new_tokens, self.config.n_text_ctx - batch.max_length)
+        for i in range(1, n):
+            self._run_step(batch, select=True)
+            if check_every and i % check_every == 0 and bool(self.finished[:R].all()):
+                n = i + 1
+                break
+        start = torch.tensor(batch.prompt_lengths, device=self.device)[:, None]
+        index = start + torch.arange(n, device=self.device)
+        return GreedyResult(
+            self.history[:R].gather(1, index), self.finished[:R].clone(), self.sum_logprobs[:R].clone()
+        )
+
+
+# --- decoding.decode on the runtime ---------------------------------------------------------
+
+
+class RuntimeCache:
+    """What `decoding.Inference` holds as its cache, backed by the runtime's buffers."""
+
+    def __init__(self, runtime: Runtime, cross: Cross, group: int):
+        self.runtime, self.cross, self.group = runtime, cross, group
+        self.batch: Batch | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.batch is None else self.batch.max_length
+
+    def reorder(self, source: Tensor) -> None:
+        assert self.batch is not None
+        self.runtime.reorder(self.batch, source)
+
+
+class RuntimeDecoder(nn.Module):
+    """The `TextDecoder` interface that `decoding` uses, with cached calls going to the runtime.
+    Uncached calls (language detection, word timestamps) use the plain decoder."""
+
+    def __init__(self, runtime: Runtime):
+        super().__init__()
+        self.runtime = runtime
+        self.plain = runtime.model.decoder
+
+    def new_cache(self, audio_features: Tensor, repeats: int = 1, max_length: int | None = None) -> RuntimeCache:
+        return RuntimeCache(self.runtime, self.runtime.cross(audio_features), repeats)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        cache: RuntimeCache | None = None,
+        audio_features: Tensor | None = None,
+        cross_weights: list[Tensor] | None = None,
+    ) -> Tensor:
+        if cache is None:
+            return self.plain(tokens, audio_features=audio_features, cross_weights=cross_weights)
+        if cache.batch is None:
+            cache.batch = self.runtime.prefill(cache.cross, tokens, cache.group)
+            return cache.batch.hidden
+        assert tokens.shape[1] == 1, "one token per row after the prompt"
+        self.runtime.step(cache.batch, tokens[:, 0])
+        return self.runtime.hidden[: tokens.shape[0], None]
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        static = self.runtime.hidden
+        if hidden.data_ptr() == static.data_ptr() and hidden.dim() == 2:  # the step's: computed
+            return self.runtime.logits[: hidden.shape[0]].clone()
+        return self.plain.logits(hidden)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.plain, name)
+
+
+class RuntimeWhisper(nn.Module):
+    """A `Whisper` for `decoding.decode` whose cached decoder is the runtime."""
+
+    def __init__(self, runtime: Runtime):
+        super().__init__()
+        self.runtime = runtime
+        self.config = runtime.config
+        self.encoder = runtime.model.encoder
+        self.decoder = RuntimeDecoder(runtime)
+
+    @property
+    def device(self) -> torch.device:
+        return self.runtime.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.runtime.dtype

@@ -1,0 +1,185 @@
+"""The runtime's batched, bucketed step (run eagerly on the CPU in fp32) against the plain model:
+same logits row by row with different prompt lengths, across bucket boundaries, with rows
+finishing at different steps; and the same tokens as `decode` on the real tiny.en."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import JFK
+
+from whisperforge.audio import N_FRAMES, load_audio, log_mel_spectrogram, pad_or_trim
+from whisperforge.decoding import DecodingOptions, decode, suppress_token_list
+from whisperforge.model import ModelConfig, Whisper
+from whisperforge.presets import PRESETS, random_model, unfuse_state_dict
+from whisperforge.runtime import Runtime, RuntimeWhisper
+
+CONFIG = ModelConfig(
+    n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_head=4, n_audio_layer=2,
+    n_vocab=51865, n_text_ctx=448, n_text_state=64, n_text_head=4, n_text_layer=3,
+)  # fmt: skip
+BUCKETS = (8, 16)  # small, so a short decode crosses two boundaries
+TOL = {"atol": 1e-4, "rtol": 1e-4}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These are many small ops: on a busy 2-core machine, thread hand-offs cost 50x the math."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = random_model(CONFIG, seed=0)
+    torch.manual_seed(1)
+    with torch.inference_mode():
+        features = model.encoder(torch.randn(2, CONFIG.n_mels, 3000))
+    return model, features
+
+
+def plain_last_logits(model: Whisper, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+    """The reference: the plain full-sequence forward of one row, scores after its last token."""
+    with torch.inference_mode():
+        hidden = model.decoder(torch.tensor([tokens]), audio_features=features[None])
+        return model.decoder.logits(hidden[:, -1])[0]
+
+
+def test_presets_and_unfuse_round_trip():
+    from whisperforge.model import fuse_state_dict
+
+    assert PRESETS["large-v3"].n_mels == 128 and PRESETS["large-v3"].n_vocab == 51866
+    assert PRESETS["large-v3-turbo"].n_text_layer == 4 and PRESETS["distil-large-v3"].n_text_layer == 2
+    state = random_model(CONFIG).state_dict()
+    again = fuse_state_dict(unfuse_state_dict(state))
+    assert again.keys() == state.keys()
+    assert all(torch.equal(again[k], state[k]) for k in state)
+
+
+def test_encoder_and_cross_match_plain(setup):
+    model, features = setup
+    runtime = Runtime(model, "float32", max_windows=2)
+    torch.manual_seed(2)
+    mel = torch.randn(2, CONFIG.n_mels, 3000)
+    with torch.inference_mode():
+        torch.testing.assert_close(runtime.encoder(mel), model.encoder(mel), **TOL)
+        runtime.cross(features)
+        keys, values = model.decoder.cross_kv(features)
+    D = CONFIG.n_text_state
+    for i, (k, v) in enumerate(zip(keys, values)):
+        torch.testing.assert_close(runtime.cross_kv[i][:2, :, :D], k, **TOL)
+        torch.testing.assert_close(runtime.cross_kv[i][:2, :, D:], v, **TOL)
+
+
+def test_batched_bucketed_step_equals_plain_model(setup):
+    """Two windows x two rows each, prompts of 3..6 tokens; 14 steps take the longest row from 6
+    to 20 tokens, across the buckets at 8 and 16. Rows 'finish' at different steps (from then
+    on they are fed EOT, as decode does), and every row's logits match the plain model's."""
+    model, features = setup
+    group, eot = 2, 50256
+    runtime = Runtime(model, "float32", max_windows=2, max_rows=4, buckets=BUCKETS)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 50000, (n,), generator=g).tolist() for n in (3, 6, 5, 4)]
+    finish_at = [4, 9, 100, 2]  # step at which each row is fed EOT from then on
+    cross = runtime.cross(features)
+    batch = runtime.prefill(cross, prompts, group=group)
+    assert batch.max_length == 6
+    rows = [list(p) for p in prompts]
+    for r in range(4):
+        torch.testing.assert_close(runtime.logits[r], plain_last_logits(model, rows[r], features[r // group]), **TOL)
+    for step in range(14):
+        fed = [eot if step >= finish_at[r] else int(torch.randint(0, 50000, (1,), generator=g)) for r in range(4)]
+        logits = runtime.step(batch, torch.tensor(fed))
+        for r in range(4):
+            rows[r].append(fed[r])
+            expected = plain_last_logits(model, rows[r], features[r // group])
+            torch.testing.assert_close(logits[r], expected, **TOL, msg=f"row {r} step {step}")
+    assert batch.max_length == 20 and runtime.pos[:4].tolist() == [len(r) for r in rows]
+
+
+def test_reorder_follows_beams(setup):
+    model, features = setup
+    runtime = Runtime(model, "float32", max_windows=1, max_rows=3, buckets=BUCKETS)
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.randint(0, 50000, (3, 10), generator=g)
+    batch = runtime.prefill(runtime.cross(features[:1]), tokens[:, :9], group=3)
+    source = torch.tensor([2, 2, 0])
+    runtime.reorder(batch, source)
+    logits = runtime.step(batch, tokens[source, 9])
+    for r in range(3):
+        expected = plain_last_logits(model, tokens[source[r]].tolist(), features[0])
+        torch.testing.assert_close(logits[r], expected, **TOL)
+
+
+def plain_greedy(model: Whisper, prompt: list[int], features: torch.Tensor, n: int, suppress: list[int]):
+    """Greedy tokens and their log-probabilities from full forwards (no EOT: the caller cuts)."""
+    tokens, logprobs = list(prompt), []
+    for _ in range(n):
+        logits = plain_last_logits(model, tokens, features).clone()
+        logits[suppress] = float("-inf")
+        token = int(logits.argmax())
+        logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+        tokens.append(token)
+    return tokens[len(prompt) :], logprobs
+
+
+def test_greedy_loop_matches_plain_greedy_with_rows_finishing_apart(setup):
+    model, features = setup
+    n, suppress = 12, [220, 50257]
+    runtime = Runtime(model, "float32", max_windows=2, buckets=BUCKETS)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 50000, (k,), generator=g).tolist() for k in (4, 7)]
+    plain = [plain_greedy(model, p, features[i], n, suppress) for i, p in enumerate(prompts)]
+    # EOT := a token that row 0 first emits at some step while row 1 emits it later or never:
+    # the rows then finish at different steps.
+    def first(seq: list[int], t: int) -> int:
+        return seq.index(t) if t in seq else n
+
+    eot = next(
+        t for t in plain[0][0][1:] if first(plain[0][0], t) < n - 2 and first(plain[1][0], t) != first(plain[0][0], t)
+    )
+    batch = runtime.prefill(runtime.cross(features), prompts)
+    result = runtime.greedy(batch, n, eot, suppress=suppress, check_every=0)
+    for r, (seq, logprobs) in enumerate(plain):
+        end = first(seq, eot)
+        expected = seq[: end + 1] + [eot] * (n - end - 1)
+        assert result.tokens[r].tolist() == expected[:n], f"row {r}"
+        assert bool(result.finished[r]) == (end < n)
+        assert result.sum_logprobs[r].item() == pytest.approx(sum(logprobs[: end + 1]), abs=1e-3)
+    assert first(plain[0][0], eot) != first(plain[1][0], eot)
+
+
+@pytest.fixture(scope="module")
+def jfk_features(tiny_en):
+    mel = log_mel_spectrogram(load_audio(str(JFK)), tiny_en.checkpoint.config.n_mels, 0)
+    return tiny_en.encode(pad_or_trim(mel, N_FRAMES)[None])
+
+
+@pytest.mark.parametrize("beam_size", [None, 5])
+def test_decode_on_runtime_equals_plain_decode(tiny_en, jfk_features, beam_size):
+    runtime = Runtime(tiny_en.model, "float32", max_windows=1, max_rows=5)
+    options = DecodingOptions(language="en", beam_size=beam_size)
+    ours = decode(RuntimeWhisper(runtime), tiny_en.tokenizer, jfk_features, options)[0]
+    reference = decode(tiny_en.model, tiny_en.tokenizer, jfk_features, options)[0]
+    assert ours.tokens == reference.tokens
+    assert ours.avg_logprob == pytest.approx(reference.avg_logprob, abs=1e-4)
+    assert ours.no_speech_prob == pytest.approx(reference.no_speech_prob, abs=1e-4)
+    assert "ask not what your country can do for you" in ours.text
+
+
+def test_greedy_loop_on_tiny_en_equals_decode(tiny_en, jfk_features):
+    """The device-side greedy loop (no timestamps) gives decode()'s tokens on real weights."""
+    tokenizer = tiny_en.tokenizer.with_options("en", "transcribe")
+    options = DecodingOptions(language="en", without_timestamps=True)
+    reference = decode(tiny_en.model, tiny_en.tokenizer, jfk_features, options)[0]
+    runtime = Runtime(tiny_en.model, "float32", max_windows=1)
+    batch = runtime.prefill(runtime.cross(jfk_features), [list(tokenizer.sot_sequence_including_notimestamps)])
+    result = runtime.greedy(
+        batch, 224, tokenizer.eot,
+        suppress=suppress_token_list(tokenizer, "-1"),
+        suppress_first=tokenizer.encode(" ") + [tokenizer.eot],
+    )  # fmt: skip
+    tokens = result.tokens[0].tolist()
+    assert result.finished[0] and tokens[: tokens.index(tokenizer.eot)] == reference.tokens
