@@ -34,6 +34,7 @@ from .decoding import DecodingOptions, DecodingResult, decode, detect_language
 from .errors import InvalidOptionError
 from .model import Whisper, fuse_state_dict
 from .results import Segment, TranscriptionInfo, Word
+from .runtime import Runtime, RuntimeWhisper
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
 from .tokenizer import HuggingFaceCodec, TiktokenCodec, Tokenizer, normalize_language
 
@@ -166,6 +167,10 @@ class WhisperModel:
             torch.set_num_threads(cpu_threads)
         self.checkpoint = resolve_checkpoint(model_size_or_path, local_files_only, download_root)
         self.model = build_model(self.checkpoint, self.device, self.dtype)
+        self.runtime = None  # on a GPU: encoder and decode loop on static caches, CUDA graphs
+        if self.device.type == "cuda":
+            self.runtime = Runtime(self.model, max_windows=1, max_rows=5)
+        self.decode_model = RuntimeWhisper(self.runtime) if self.runtime else self.model
         self.tokenizer = build_tokenizer(self.checkpoint)
         heads = self.checkpoint.alignment_heads
         if heads is None:  # unknown heads: the reference's fallback, the upper half of the layers
@@ -187,6 +192,8 @@ class WhisperModel:
     def encode(self, mel: Tensor) -> Tensor:
         """Audio features [B, n_audio_ctx, D] of mel windows [B, n_mels, 3000]."""
         with torch.inference_mode():
+            if self.runtime is not None:  # its output is a static buffer: keep a copy
+                return self.runtime.encoder(mel).clone()
             return self.model.encoder(mel.to(device=self.device, dtype=self.dtype))
 
     def detect_language(self, audio: AudioInput) -> tuple[str, float, list[tuple[str, float]]]:
@@ -314,7 +321,7 @@ class WhisperModel:
         result = None
         for t in options.temperatures:
             decode_options = options.decoding_options(t, tokenizer.language or "en", tokenizer.task, prompt)
-            result = decode(self.model, tokenizer, audio_features, decode_options)[0]
+            result = decode(self.decode_model, tokenizer, audio_features, decode_options)[0]
             too_repetitive = (
                 options.compression_ratio_threshold is not None
                 and result.compression_ratio > options.compression_ratio_threshold
