@@ -1,0 +1,460 @@
+"""GPU speed of the runtime against its peers, on the same random weights in one process.
+
+For a preset architecture with random fp16 weights and a forced decode length (EOT suppressed),
+prints the runtime's encode_ms, cross_ms, prefill_ms, decode_ms, decode_steps, per-step ms and
+RTFx, each with its floor (bytes over the copy bandwidth or FLOPs over the matmul rate, both
+measured in this job), then the decode step of the peers on the same weights:
+HF transformers (sdpa, eager generate), HF with a static cache (generate compiles it) and
+openai-whisper. A peer's step is the median gap between two calls of a logits processor.
+
+    python benchmarks/gpu.py --preset large-v3-turbo --batch 1 16 --tokens 128
+    python benchmarks/gpu.py --check MODEL_DIR --audio clips.npz --out check.json  # real weights
+
+--check transcribes int16 16 kHz clips on the GPU in float16 and float32 through WhisperModel
+(which runs on the runtime there) and writes texts and tokens, to compare with a CPU reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from whisperforge.model import ModelConfig, Whisper
+from whisperforge.presets import preset, random_model, unfuse_state_dict
+from whisperforge.runtime import Runtime
+
+
+def eot_for(config: ModelConfig) -> int:
+    return 50257 if config.is_multilingual else 50256
+
+
+def prompt_for(config: ModelConfig) -> list[int]:
+    """<|startoftranscript|><|en|><|transcribe|><|notimestamps|> (English-only: no language, task)."""
+    sot = eot_for(config) + 1
+    if config.is_multilingual:
+        return [sot, sot + 1, config.n_vocab - 1506, config.n_vocab - 1502]
+    return [sot, config.n_vocab - 1502]
+
+
+def events_ms(fn, reps: int = 10, warmup: int = 2) -> float:
+    """Median device time of fn() in ms, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def ceilings() -> tuple[float, float]:
+    """(copy GB/s counting read + write, fp16 matmul TFLOP/s), measured here."""
+    x = torch.randn(1 << 28, device="cuda", dtype=torch.float16)  # 512 MiB
+    y = torch.empty_like(x)
+    bw = 2 * x.numel() * 2 / events_ms(lambda: y.copy_(x)) / 1e6
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    tflops = 2 * 8192**3 / events_ms(lambda: a @ a) / 1e9
+    return bw, tflops
+
+
+# --- floors ----------------------------------------------------------------------------------
+
+
+def encoder_flops(c: ModelConfig, windows: int) -> float:
+    T, D, L = c.n_audio_ctx, c.n_audio_state, c.n_audio_layer
+    conv = 2 * (2 * T) * c.n_mels * D * 3 + 2 * T * D * D * 3
+    layers = L * (2 * T * 12 * D * D + 4 * T * T * D)
+    return windows * (conv + layers)
+
+
+def step_bytes(c: ModelConfig, windows: int, rows: int, length: int, itemsize: int = 2) -> float:
+    """A decode step must read the decoder's weights once, every window's cross K,V and each
+    row's self K,V so far."""
+    D, L = c.n_text_state, c.n_text_layer
+    weights = L * 14 * D * D + c.n_vocab * D
+    cross = windows * L * c.n_audio_ctx * 2 * D
+    cache = rows * L * length * 2 * D
+    return (weights + cross + cache) * itemsize
+
+
+# --- the runtime -----------------------------------------------------------------------------
+
+
+def bench_runtime(rt: Runtime, c: ModelConfig, batch: int, tokens: int, bw: float, tflops: float) -> dict:
+    torch.manual_seed(0)
+    mel = torch.randn(batch, c.n_mels, 3000, device="cuda", dtype=rt.dtype)
+    prompt = prompt_for(c)
+    encode_ms = events_ms(lambda: rt.encoder(mel))
+    features = rt.encoder(mel)
+    cross_ms = events_ms(lambda: rt.cross(features))
+    cross = rt.cross(features)
+    prefill_ms = events_ms(lambda: rt.prefill(cross, [prompt] * batch))
+
+    def decode() -> None:
+        b = rt.prefill(cross, [prompt] * batch)
+        rt.greedy(b, tokens, eot_for(c), suppress=[eot_for(c)], check_every=0)
+
+    total_ms = events_ms(decode, reps=5)
+    decode_ms = total_ms - prefill_ms
+    steps = tokens - 1
+    D = c.n_text_state
+    mean_length = len(prompt) + tokens / 2
+    step_floor = step_bytes(c, batch, batch, mean_length) / bw / 1e6
+    enc_floor = encoder_flops(c, batch) / tflops / 1e9
+    cross_floor = max(
+        2 * batch * c.n_audio_ctx * D * 2 * D * c.n_text_layer / tflops / 1e9,
+        batch * c.n_text_layer * c.n_audio_ctx * 2 * D * 2 / bw / 1e6,
+    )
+    work_ms = encode_ms + cross_ms + prefill_ms + decode_ms
+    return {
+        "batch": batch,
+        "encode_ms": encode_ms,
+        "encode_floor_ms": enc_floor,
+        "cross_ms": cross_ms,
+        "cross_floor_ms": cross_floor,
+        "prefill_ms": prefill_ms,
+        "decode_ms": decode_ms,
+        "decode_steps": steps,
+        "step_ms": decode_ms / steps,
+        "step_floor_ms": step_floor,
+        "rtfx": batch * 30 / (work_ms / 1000),
+    }
+
+
+def bench_window(rt: Runtime, c: ModelConfig, steps: int = 100) -> float:
+    """A whole 30 s window at batch 1: mel on the GPU, encoder, cross, prefill, `steps` steps."""
+    from whisperforge.audio import N_SAMPLES, log_mel_spectrogram
+
+    audio = torch.randn(N_SAMPLES, device="cuda") * 0.1
+    prompt = prompt_for(c)
+
+    def window() -> None:
+        mel = log_mel_spectrogram(audio, c.n_mels, 0, "cuda")[None, :, :3000]
+        cross = rt.encode(mel)
+        rt.greedy(rt.prefill(cross, [prompt]), steps + 1, eot_for(c), suppress=[eot_for(c)], check_every=0)
+
+    return events_ms(window, reps=5)
+
+
+# --- peers -----------------------------------------------------------------------------------
+
+_TO_HF = [
+    (r"^decoder\.token_embedding\.", "decoder.embed_tokens."),
+    (r"^encoder\.positional_embedding$", "encoder.embed_positions.weight"),
+    (r"^decoder\.positional_embedding$", "decoder.embed_positions.weight"),
+    (r"^encoder\.ln_post\.", "encoder.layer_norm."),
+    (r"^decoder\.ln\.", "decoder.layer_norm."),
+    (r"\.blocks\.", ".layers."),
+    (r"\.cross_attn_ln\.", ".encoder_attn_layer_norm."),
+    (r"\.attn_ln\.", ".self_attn_layer_norm."),
+    (r"\.mlp_ln\.", ".final_layer_norm."),
+    (r"\.cross_attn\.", ".encoder_attn."),
+    (r"\.attn\.", ".self_attn."),
+    (r"\.query\.", ".q_proj."),
+    (r"\.key\.", ".k_proj."),
+    (r"\.value\.", ".v_proj."),
+    (r"\.out\.", ".out_proj."),
+    (r"\.mlp\.0\.", ".fc1."),
+    (r"\.mlp\.2\.", ".fc2."),
+]
+
+
+def hf_model(c: ModelConfig, canonical: dict[str, torch.Tensor], device: str = "cuda"):
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    config = WhisperConfig(
+        vocab_size=c.n_vocab, num_mel_bins=c.n_mels, d_model=c.n_text_state,
+        encoder_layers=c.n_audio_layer, encoder_attention_heads=c.n_audio_head,
+        decoder_layers=c.n_text_layer, decoder_attention_heads=c.n_text_head,
+        encoder_ffn_dim=4 * c.n_audio_state, decoder_ffn_dim=4 * c.n_text_state,
+        max_source_positions=c.n_audio_ctx, max_target_positions=c.n_text_ctx,
+        decoder_start_token_id=eot_for(c) + 1, eos_token_id=eot_for(c), pad_token_id=eot_for(c),
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    with torch.device(device):
+        model = WhisperForConditionalGeneration(config).to(canonical["decoder.ln.weight"].dtype).eval()
+    state = {}
+    for name, tensor in canonical.items():
+        for pattern, replacement in _TO_HF:
+            name = re.sub(pattern, replacement, name)
+        state["model." + name] = tensor
+    state["proj_out.weight"] = canonical["decoder.token_embedding.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("k_proj.bias" in m for m in missing), (missing, unexpected)
+    return model
+
+
+class StepClock:
+    """A logits processor / filter that only records a CUDA event each step."""
+
+    def __init__(self):
+        self.events: list[torch.cuda.Event] = []
+
+    def __call__(self, input_ids, scores):  # transformers
+        self.tick()
+        return scores
+
+    def apply(self, logits, tokens):  # openai-whisper
+        self.tick()
+
+    def tick(self) -> None:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self.events.append(event)
+
+    def step_ms(self) -> float:
+        torch.cuda.synchronize()
+        gaps = [a.elapsed_time(b) for a, b in zip(self.events, self.events[1:])]
+        return statistics.median(gaps)
+
+
+def bench_hf(model, c: ModelConfig, batch: int, tokens: int, static: bool) -> float:
+    from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList
+
+    mel = torch.randn(batch, c.n_mels, 3000, device="cuda", dtype=torch.float16)
+    prompt = torch.tensor([prompt_for(c)] * batch, device="cuda")
+    eot = eot_for(c)
+    config = GenerationConfig(
+        max_new_tokens=tokens, do_sample=False, num_beams=1, eos_token_id=None, pad_token_id=eot,
+        decoder_start_token_id=eot + 1, suppress_tokens=[eot],
+        cache_implementation="static" if static else None,
+    )  # fmt: skip
+    clock = StepClock()
+
+    def run(clock: StepClock) -> None:
+        GenerationMixin.generate(
+            model, input_features=mel, decoder_input_ids=prompt, generation_config=config,
+            logits_processor=LogitsProcessorList([clock]),
+        )  # fmt: skip
+
+    with torch.inference_mode():
+        run(StepClock())  # warm-up: compiles the static-cache forward
+        run(StepClock())
+        run(clock)
+    return clock.step_ms()
+
+
+def bench_openai(model, c: ModelConfig, batch: int, tokens: int) -> float:
+    from whisper.decoding import DecodingOptions, DecodingTask
+
+    mel = torch.randn(batch, c.n_mels, 3000, device="cuda", dtype=torch.float16)
+    options = DecodingOptions(
+        language="en", sample_len=tokens, without_timestamps=True, suppress_tokens=[eot_for(c)],
+        suppress_blank=False, fp16=True,
+    )  # fmt: skip
+    clock = StepClock()
+    with torch.inference_mode():
+        for clk in (StepClock(), clock):
+            task = DecodingTask(model, options)
+            task.logit_filters.append(clk)
+            task.run(mel)
+    return clock.step_ms()
+
+
+def openai_model(c: ModelConfig, canonical: dict[str, torch.Tensor], device: str = "cuda"):
+    import whisper.model as ow
+
+    with torch.device(device):
+        model = ow.Whisper(ow.ModelDimensions(**asdict(c)))
+    model.load_state_dict(canonical)  # fp32 parameters, fp16 compute: openai-whisper's own way
+    return model.eval()
+
+
+# --- profile -------------------------------------------------------------------------------
+
+
+def profile_step(rt: Runtime, c: ModelConfig, batch: int, length: int = 64) -> str:
+    """Kernel times of one eager decode step (what the graph replays)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompt = prompt_for(c) + [1000] * (length - len(prompt_for(c)))
+    graphs, rt.graphs = rt.graphs, False
+    cross = rt.cross(rt.encoder(torch.randn(batch, c.n_mels, 3000, device="cuda", dtype=rt.dtype)))
+    b = rt.prefill(cross, [prompt] * batch)
+    for _ in range(3):
+        rt.step(b, rt.token[:batch])
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            rt.step(b, rt.token[:batch])
+        torch.cuda.synchronize()
+    rt.graphs = graphs
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+
+
+# --- correctness --------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
+    """The graphed runtime against the plain model on the GPU, random weights: 2 windows x 2 rows,
+    prompts of 3 to 9 tokens, `steps` teacher-forced steps across the bucket at 64, then a
+    greedy decode graphed vs eager."""
+    c = preset(preset_name)
+    plain = random_model(c, seed=1, device="cuda")
+    features = plain.encoder(torch.randn(2, c.n_mels, 3000, device="cuda"))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 50000, (n,), generator=g).tolist() for n in (3, 9, 5, 4)]
+    fed = torch.randint(0, 50000, (steps, 4), generator=g)
+
+    def reference(rows: list[list[int]]) -> torch.Tensor:
+        out = []
+        for r, row in enumerate(rows):
+            hidden = plain.decoder(torch.tensor([row], device="cuda"), audio_features=features[r // 2 : r // 2 + 1])
+            out.append(plain.decoder.logits(hidden[:, -1])[0])
+        return torch.stack(out)
+
+    for compute_type in ("float32", "float16"):
+        rt = Runtime(plain, compute_type, max_windows=2, max_rows=4)
+        batch = rt.prefill(rt.cross(features.to(rt.dtype)), prompts, group=2)
+        rows = [list(p) for p in prompts]
+        worst = (rt.logits[:4] - reference(rows)).norm() / reference(rows).norm()
+        for t in range(steps):
+            logits = rt.step(batch, fed[t].cuda())
+            for r in range(4):
+                rows[r].append(int(fed[t, r]))
+            ref = reference(rows)
+            worst = max(worst, (logits - ref).norm() / ref.norm())
+        print(f"selftest {preset_name} {compute_type}: graphed step vs plain fp32, worst relative error {worst:.2e}"
+              f" over {steps} steps (max length {batch.max_length}, {len(rt._graphs)} graphs)")
+    results = []
+    for graphs in (True, False):
+        rt = Runtime(plain, "float32", max_windows=2, graphs=graphs)
+        batch = rt.prefill(rt.cross(features), [prompts[0], prompts[1]])
+        results.append(rt.greedy(batch, 100, 50256, suppress=[50256]).tokens)
+    print(f"selftest greedy 100 tokens, graphed == eager: {torch.equal(*results)}")
+
+
+# --- correctness on real weights -----------------------------------------------------------
+
+
+def check(model_dir: str, audio_path: str, out: str) -> None:
+    import numpy as np
+
+    from whisperforge import WhisperModel
+
+    clips = dict(np.load(audio_path))
+    results: dict[str, dict] = {name: {} for name in clips}
+    for compute_type in ("float16", "float32"):
+        model = WhisperModel(model_dir, device="cuda", compute_type=compute_type)
+        assert model.runtime is not None
+        start = time.perf_counter()
+        for name, samples in clips.items():
+            segments, _ = model.transcribe(samples.astype(np.float32) / 32768)
+            segments = list(segments)
+            results[name][compute_type] = {
+                "text": "".join(s.text for s in segments).strip(),
+                "tokens": [t for s in segments for t in s.tokens],
+            }
+        print(f"{compute_type}: {len(clips)} clips in {time.perf_counter() - start:.1f} s", flush=True)
+    Path(out).write_text(json.dumps(results))
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", nargs="+", default=["large-v3-turbo"])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--peers", nargs="*", default=["hf-sdpa", "hf-static-compile", "openai-whisper"])
+    parser.add_argument("--window", action="store_true", help="time a whole 30 s window at batch 1")
+    parser.add_argument("--profile", action="store_true", help="kernel table of an eager step")
+    parser.add_argument("--check", metavar="MODEL_DIR")
+    parser.add_argument("--audio")
+    parser.add_argument("--out")
+    parser.add_argument("--selftest", action="store_true", help="runtime vs plain model on the GPU")
+    args = parser.parse_args()
+    if args.check:
+        check(args.check, args.audio, args.out)
+        return
+    if args.selftest:
+        selftest()
+        return
+
+    name = torch.cuda.get_device_name()
+    bw, tflops = ceilings()
+    print(f"device: {name}; copy {bw:.0f} GB/s, fp16 matmul {tflops:.0f} TFLOP/s; torch {torch.__version__}")
+    report: dict = {"device": name, "copy_GBps": bw, "matmul_TFLOPs": tflops, "presets": {}}
+    for preset_name in args.preset:
+        c = preset(preset_name)
+        model: Whisper = random_model(c, seed=0, device="cuda", dtype=torch.float16)
+        rt = Runtime(model, args.dtype, max_windows=max(args.batch))
+        rows = []
+        for batch in args.batch:
+            t0 = time.perf_counter()
+            row = bench_runtime(rt, c, batch, args.tokens, bw, tflops)
+            row["bench_s"] = time.perf_counter() - t0
+            rows.append(row)
+            print(
+                f"{preset_name} b{batch}: encode {row['encode_ms']:.2f} ms (floor {row['encode_floor_ms']:.2f})"
+                f" | cross {row['cross_ms']:.2f} (floor {row['cross_floor_ms']:.2f})"
+                f" | prefill {row['prefill_ms']:.2f} | decode {row['decode_ms']:.1f} ms / {row['decode_steps']}"
+                f" steps = {row['step_ms']:.3f} ms/step (floor {row['step_floor_ms']:.3f})"
+                f" | RTFx {row['rtfx']:.0f}",
+                flush=True,
+            )
+        entry: dict = {"runtime": rows}
+        if args.window:
+            entry["window_ms"] = bench_window(rt, c)
+            print(f"{preset_name}: whole 30 s window, batch 1, 100 steps: {entry['window_ms']:.1f} ms")
+        if args.profile:
+            for batch in args.batch:
+                print(f"--- eager step kernels, {preset_name} b{batch}\n" + profile_step(rt, c, batch))
+        canonical = unfuse_state_dict(model.state_dict())
+        peers: dict[str, dict[int, float | str]] = {}
+        for peer in args.peers:
+            peers[peer] = {}
+            try:
+                t0 = time.perf_counter()
+                if peer.startswith("hf"):
+                    other = hf_model(c, canonical)
+                else:
+                    other = openai_model(c, canonical)
+                for batch in args.batch:
+                    if peer == "openai-whisper":
+                        ms = bench_openai(other, c, batch, args.tokens)
+                    else:
+                        ms = bench_hf(other, c, batch, args.tokens, static=peer == "hf-static-compile")
+                    peers[peer][batch] = ms
+                    print(f"{preset_name} b{batch} {peer}: {ms:.3f} ms/step ({time.perf_counter() - t0:.0f} s)", flush=True)
+                del other
+            except Exception as error:  # noqa: BLE001 - a peer that fails is reported, not fatal
+                peers[peer]["error"] = f"{type(error).__name__}: {error}"[:500]
+                print(f"{preset_name} {peer} failed: {peers[peer]['error']}", flush=True)
+            torch.cuda.empty_cache()
+        entry["peers"] = peers
+        report["presets"][preset_name] = entry
+        print(f"\n{preset_name}: ms per decode step ({args.tokens} forced tokens)")
+        print("batch | whisperforge | " + " | ".join(peers) + " | floor | best peer / ours")
+        for row in rows:
+            b = row["batch"]
+            times = [peers[p].get(b) for p in peers]
+            numbers = [t for t in times if isinstance(t, float)]
+            ratio = f"{min(numbers) / row['step_ms']:.1f}x" if numbers else "-"
+            cells = " | ".join(f"{t:.3f}" if isinstance(t, float) else "-" for t in times)
+            print(f"{b} | {row['step_ms']:.3f} | {cells} | {row['step_floor_ms']:.3f} | {ratio}")
+        del model, rt
+        torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
