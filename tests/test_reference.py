@@ -9,11 +9,10 @@ from __future__ import annotations
 import jiwer
 import pytest
 import torch
+from conftest import DEV_DIR, manifest, short_english_clips
 
 from whisperforge import load_audio
 from whisperforge.checkpoints import save_openai
-
-from conftest import DEV_DIR, manifest, short_english_clips
 
 whisper = pytest.importorskip("whisper")
 

@@ -13,16 +13,16 @@ from .transcribe import TranscriptionOptions, WhisperModel
 
 __version__ = "0.1.0"
 __all__ = [
-    "WhisperModel",
-    "TranscriptionOptions",
+    "AudioError",
+    "InvalidOptionError",
+    "ModelFormatError",
+    "ModelNotFoundError",
     "Segment",
-    "Word",
     "TranscriptionInfo",
+    "TranscriptionOptions",
+    "WhisperModel",
+    "WhisperforgeError",
+    "Word",
     "decode_audio",
     "load_audio",
-    "WhisperforgeError",
-    "AudioError",
-    "ModelNotFoundError",
-    "ModelFormatError",
-    "InvalidOptionError",
 ]

@@ -9,8 +9,8 @@ window and add temperature fallback around it.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -138,7 +138,11 @@ class ApplyTimestampRules(LogitFilter):
             timestamps = [t for t in seq if t >= tb]
             if timestamps:
                 # Never go back in time; a segment that just opened must have nonzero length.
-                last = timestamps[-1] if last_was_timestamp and not penultimate_was_timestamp else timestamps[-1] + 1
+                last = (
+                    timestamps[-1]
+                    if last_was_timestamp and not penultimate_was_timestamp
+                    else timestamps[-1] + 1
+                )
                 logits[k, tb:last] = -np.inf
 
         if tokens.shape[1] == self.sample_begin:
@@ -160,7 +164,9 @@ class TokenSearch:
         """Append one token per sequence; returns the tokens and whether all are complete."""
         raise NotImplementedError
 
-    def finalize(self, tokens: Tensor, sum_logprobs: Tensor) -> tuple[list[list[Tensor]], list[list[float]]]:
+    def finalize(
+        self, tokens: Tensor, sum_logprobs: Tensor
+    ) -> tuple[list[list[Tensor]], list[list[float]]]:
         """Candidates per audio [n_audio][n_candidates], each ending with EOT."""
         raise NotImplementedError
 
@@ -185,7 +191,9 @@ class GreedySearch(TokenSearch):
         tokens = torch.cat([tokens, next_tokens[:, None]], dim=-1)
         return tokens, bool((tokens[:, -1] == self.eot).all())
 
-    def finalize(self, tokens: Tensor, sum_logprobs: Tensor) -> tuple[list[list[Tensor]], list[list[float]]]:
+    def finalize(
+        self, tokens: Tensor, sum_logprobs: Tensor
+    ) -> tuple[list[list[Tensor]], list[list[float]]]:
         tokens = F.pad(tokens, (0, 1), value=self.eot)  # make sure each sequence has an EOT
         return [list(group) for group in tokens], sum_logprobs.tolist()
 
@@ -252,7 +260,9 @@ class BeamSearch(TokenSearch):
         completed = all(len(f) >= self.max_candidates for f in self.finished)
         return tokens, completed
 
-    def finalize(self, tokens: Tensor, sum_logprobs: Tensor) -> tuple[list[list[Tensor]], list[list[float]]]:
+    def finalize(
+        self, tokens: Tensor, sum_logprobs: Tensor
+    ) -> tuple[list[list[Tensor]], list[list[float]]]:
         # tokens [n_audio, beam_size, T]: if too few beams finished, take the best unfinished.
         assert self.finished is not None
         sums = sum_logprobs.cpu()
@@ -285,32 +295,48 @@ def rank_by_likelihood(
 # --- the decode ------------------------------------------------------------------------------
 
 
-def suppress_token_list(tokenizer: Tokenizer, suppress_tokens: str | Sequence[int] | None) -> list[int]:
+def suppress_token_list(
+    tokenizer: Tokenizer, suppress_tokens: str | Sequence[int] | None
+) -> list[int]:
     """The tokens never sampled: the user's list (-1: non-speech symbols) plus task tokens."""
     if isinstance(suppress_tokens, str):
         suppress_tokens = [int(t) for t in suppress_tokens.split(",") if t.strip()]
     tokens = list(suppress_tokens or [])
     if -1 in tokens:
         tokens = [t for t in tokens if t >= 0] + list(tokenizer.non_speech_tokens)
-    tokens += [tokenizer.transcribe, tokenizer.translate, tokenizer.sot, tokenizer.sot_prev, tokenizer.sot_lm]
+    tokens += [
+        tokenizer.transcribe,
+        tokenizer.translate,
+        tokenizer.sot,
+        tokenizer.sot_prev,
+        tokenizer.sot_lm,
+    ]
     tokens.append(tokenizer.no_speech)  # its probability is read separately
     return sorted(set(tokens))
 
 
-def initial_tokens(tokenizer: Tokenizer, options: DecodingOptions, n_text_ctx: int, sample_len: int) -> list[int]:
+def initial_tokens(
+    tokenizer: Tokenizer, options: DecodingOptions, n_text_ctx: int, sample_len: int
+) -> list[int]:
     """[<|startofprev|> prompt...] <|startoftranscript|> [lang task] [<|notimestamps|>] [prefix...]"""
     sot_sequence = (
-        tokenizer.sot_sequence_including_notimestamps if options.without_timestamps else tokenizer.sot_sequence
+        tokenizer.sot_sequence_including_notimestamps
+        if options.without_timestamps
+        else tokenizer.sot_sequence
     )
     tokens = list(sot_sequence)
     if options.prefix:
         prefix = options.prefix
-        prefix_tokens = tokenizer.encode(" " + prefix.strip()) if isinstance(prefix, str) else list(prefix)
+        prefix_tokens = (
+            tokenizer.encode(" " + prefix.strip()) if isinstance(prefix, str) else list(prefix)
+        )
         max_prefix_len = n_text_ctx // 2 - sample_len
         tokens += prefix_tokens[-max_prefix_len:] if max_prefix_len > 0 else prefix_tokens
     if options.prompt:
         prompt = options.prompt
-        prompt_tokens = tokenizer.encode(" " + prompt.strip()) if isinstance(prompt, str) else list(prompt)
+        prompt_tokens = (
+            tokenizer.encode(" " + prompt.strip()) if isinstance(prompt, str) else list(prompt)
+        )
         tokens = [tokenizer.sot_prev] + prompt_tokens[-(n_text_ctx // 2 - 1) :] + tokens
     return tokens
 
@@ -332,7 +358,9 @@ def detect_language(
 ) -> tuple[list[str], list[dict[str, float]]]:
     """The most likely language per window and the probability of each language."""
     if not model.config.is_multilingual:
-        return ["en"] * audio_features.shape[0], [{"en": 1.0} for _ in range(audio_features.shape[0])]
+        return ["en"] * audio_features.shape[0], [
+            {"en": 1.0} for _ in range(audio_features.shape[0])
+        ]
     sot = torch.full((audio_features.shape[0], 1), tokenizer.sot, device=audio_features.device)
     hidden = model.decoder(sot, audio_features=audio_features)
     logits = model.decoder.logits(hidden[:, 0])
@@ -353,7 +381,9 @@ def decode(
         languages, _ = detect_language(model, tokenizer, audio_features)
         if len(set(languages)) > 1:  # one tokenizer per call: decode each language apart
             return [
-                decode(model, tokenizer, audio_features[i : i + 1], replace(options, language=language))[0]
+                decode(
+                    model, tokenizer, audio_features[i : i + 1], replace(options, language=language)
+                )[0]
                 for i, language in enumerate(languages)
             ]
         options = replace(options, language=languages[0])

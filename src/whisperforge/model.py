@@ -89,7 +89,9 @@ class SelfAttention(nn.Module):
             k_cache[:, offset : offset + T] = k
             v_cache[:, offset : offset + T] = v
             k, v = k_cache[:, : offset + T], v_cache[:, : offset + T]
-            if offset > 0 and T > 1:  # new tokens see all the past and the causal part of themselves
+            if (
+                offset > 0 and T > 1
+            ):  # new tokens see all the past and the causal part of themselves
                 mask = torch.ones(T, offset + T, dtype=torch.bool, device=x.device).tril(offset)
                 causal = False
         causal = causal and T > 1  # a single query attends to every key: no mask needed
@@ -108,7 +110,9 @@ class CrossAttention(nn.Module):
         super().__init__()
         self.n_head = n_head
         self.query = nn.Linear(n_state, n_state)
-        self.kv = nn.Linear(n_state, 2 * n_state)  # applied once per window, see TextDecoder.cross_kv
+        self.kv = nn.Linear(
+            n_state, 2 * n_state
+        )  # applied once per window, see TextDecoder.cross_kv
         self.out = nn.Linear(n_state, n_state)
 
     def forward(
@@ -127,7 +131,9 @@ class CrossAttention(nn.Module):
 
 class MLP(nn.Sequential):
     def __init__(self, n_state: int):
-        super().__init__(nn.Linear(n_state, 4 * n_state), nn.GELU(), nn.Linear(4 * n_state, n_state))
+        super().__init__(
+            nn.Linear(n_state, 4 * n_state), nn.GELU(), nn.Linear(4 * n_state, n_state)
+        )
 
 
 class EncoderBlock(nn.Module):
@@ -224,7 +230,9 @@ class TextDecoder(nn.Module):
             values.append(v.contiguous())
         return keys, values
 
-    def new_cache(self, audio_features: Tensor, repeats: int = 1, max_length: int | None = None) -> KVCache:
+    def new_cache(
+        self, audio_features: Tensor, repeats: int = 1, max_length: int | None = None
+    ) -> KVCache:
         """A cache for `repeats` sequences per window (beams, samples), rows grouped by window."""
         cross_k, cross_v = self.cross_kv(audio_features)
         if repeats > 1:

@@ -172,7 +172,9 @@ def add_word_timestamps(
         return
     per_segment = [[t for t in s.tokens if t < tokenizer.eot] for s in segments]
     text_tokens = [t for tokens in per_segment for t in tokens]
-    alignment = find_alignment(model, tokenizer, text_tokens, audio_features, num_frames, alignment_heads)
+    alignment = find_alignment(
+        model, tokenizer, text_tokens, audio_features, num_frames, alignment_heads
+    )
     durations = np.array([t.end - t.start for t in alignment])
     durations = durations[durations.nonzero()]
     median_duration = min(0.7, float(np.median(durations)) if len(durations) else 0.0)

@@ -94,7 +94,9 @@ class TiktokenCodec:
         vocab_path = Path(spec.origin).parent / "assets" / f"{name}.tiktoken"
         ranks = {
             base64.b64decode(token): int(rank)
-            for token, rank in (line.split() for line in vocab_path.read_text().splitlines() if line)
+            for token, rank in (
+                line.split() for line in vocab_path.read_text().splitlines() if line
+            )
         }
         specials = ["<|endoftext|>", "<|startoftranscript|>"]
         specials += [f"<|{code}|>" for code in list(LANGUAGES)[:num_languages]]
@@ -234,7 +236,28 @@ class Tokenizer:
         suppressed, while symbols inside longer tokens stay possible.
         """
         symbols = list('"#()*+/:;<=>@[\\]^_`{|}~「」『』')
-        symbols += ["<<", ">>", "<<<", ">>>", "--", "---", "-(", "-[", "('", '("', "((", "))", "(((", ")))", "[[", "]]", "{{", "}}", "♪♪", "♪♪♪"]
+        symbols += [
+            "<<",
+            ">>",
+            "<<<",
+            ">>>",
+            "--",
+            "---",
+            "-(",
+            "-[",
+            "('",
+            '("',
+            "((",
+            "))",
+            "(((",
+            ")))",
+            "[[",
+            "]]",
+            "{{",
+            "}}",
+            "♪♪",
+            "♪♪♪",
+        ]
         # Musical notes are three bytes in UTF-8: suppress their first byte's token too.
         miscellaneous = set("♩♪♫♬♭♮♯")
         assert all(0x2640 <= ord(c) <= 0x267F for c in miscellaneous)
@@ -294,5 +317,7 @@ def normalize_language(language: str, codes: tuple[str, ...]) -> str:
                 f"this model is English-only and cannot transcribe {LANGUAGES[code]}; "
                 "use a multilingual model such as base"
             )
-        raise InvalidOptionError(f"this model does not know {LANGUAGES[code]}; it knows {', '.join(codes)}")
+        raise InvalidOptionError(
+            f"this model does not know {LANGUAGES[code]}; it knows {', '.join(codes)}"
+        )
     return code

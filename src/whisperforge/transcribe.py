@@ -37,6 +37,7 @@ from .results import Segment, TranscriptionInfo, Word
 from .runtime import Runtime, RuntimeWhisper
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
 from .tokenizer import HuggingFaceCodec, TiktokenCodec, Tokenizer, normalize_language
+from .vad import TimelineMap, VadOptions, collect_speech, detect_speech
 
 # Windows whose samples never exceed this (-60 dBFS) are silence: skipped without decoding.
 SILENCE_PEAK = 10 ** (-60 / 20)
@@ -69,7 +70,9 @@ class TranscriptionOptions:
     clip_timestamps: tuple[float, ...] = ()
     hallucination_silence_threshold: float | None = None
 
-    def decoding_options(self, temperature: float, language: str, task: str, prompt: list[int]) -> DecodingOptions:
+    def decoding_options(
+        self, temperature: float, language: str, task: str, prompt: list[int]
+    ) -> DecodingOptions:
         """One window's decode at one temperature: beams at 0, best-of sampling above."""
         return DecodingOptions(
             task=task,
@@ -117,7 +120,9 @@ def resolve_compute_type(compute_type: str, device: torch.device) -> torch.dtype
         )
     dtype = COMPUTE_TYPES[compute_type]
     if device.type == "cpu" and dtype != torch.float32:
-        warnings.warn(f"{compute_type} is slow or unsupported on the CPU; using float32", stacklevel=3)
+        warnings.warn(
+            f"{compute_type} is slow or unsupported on the CPU; using float32", stacklevel=3
+        )
         return torch.float32
     return dtype
 
@@ -198,7 +203,9 @@ class WhisperModel:
 
     def detect_language(self, audio: AudioInput) -> tuple[str, float, list[tuple[str, float]]]:
         """Language of the first 30 s: (code, probability, all (code, probability) best first)."""
-        mel = log_mel_spectrogram(load_audio(audio), self.checkpoint.config.n_mels, N_SAMPLES, self.device)
+        mel = log_mel_spectrogram(
+            load_audio(audio), self.checkpoint.config.n_mels, N_SAMPLES, self.device
+        )
         features = self.encode(pad_or_trim(mel, N_FRAMES)[None])
         _, all_probs = detect_language(self.model, self.tokenizer, features)
         ranked = sorted(all_probs[0].items(), key=lambda item: item[1], reverse=True)
@@ -232,14 +239,13 @@ class WhisperModel:
         clip_timestamps: str | Iterable[float] = "0",
         hallucination_silence_threshold: float | None = None,
         vad_filter: bool = False,
+        vad_parameters: VadOptions | dict | None = None,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         """Transcribe audio (a path, bytes, a file object or a 16 kHz mono float array).
 
         Returns a lazy generator of segments and the `TranscriptionInfo` (language, duration).
         Long-form semantics are openai-whisper's; `beam_size=1` is greedy decoding.
         """
-        if vad_filter:
-            raise InvalidOptionError("vad_filter is not available yet; transcribe without it")
         if task not in ("transcribe", "translate"):
             raise InvalidOptionError(f"unknown task {task!r}; use transcribe or translate")
         if not self.is_multilingual and task == "translate":
@@ -248,7 +254,9 @@ class WhisperModel:
             )
         if language is not None:
             language = normalize_language(language, self.supported_languages)
-        temperatures = (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
+        temperatures = (
+            (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
+        )
         if not temperatures:
             raise InvalidOptionError("temperature needs at least one value")
         if beam_size < 1 or best_of < 1:
@@ -273,7 +281,9 @@ class WhisperModel:
             no_speech_threshold=no_speech_threshold,
             condition_on_previous_text=condition_on_previous_text,
             prompt_reset_on_temperature=prompt_reset_on_temperature,
-            initial_prompt=initial_prompt if isinstance(initial_prompt, (str, type(None))) else list(initial_prompt),
+            initial_prompt=initial_prompt
+            if isinstance(initial_prompt, (str, type(None)))
+            else list(initial_prompt),
             carry_initial_prompt=carry_initial_prompt,
             prefix=prefix,
             suppress_blank=suppress_blank,
@@ -289,6 +299,22 @@ class WhisperModel:
 
         samples = load_audio(audio)
         duration = len(samples) / SAMPLE_RATE
+        timeline = None
+        vad_options = None
+        if vad_filter:  # transcribe only the speech, then map times back to the original
+            vad_options = (
+                vad_parameters
+                if isinstance(vad_parameters, VadOptions)
+                else VadOptions(**(vad_parameters or {}))
+            )
+            regions = detect_speech(samples, vad_options)
+            samples = collect_speech(samples, regions)
+            timeline = TimelineMap(regions)
+        if len(samples) == 0:  # VAD found no speech at all: nothing to decode
+            info = TranscriptionInfo(
+                language or "en", 0.0, duration, 0.0, None, options, vad_options
+            )
+            return iter(()), info
         # The whole file's mel with 30 s of zeros after it, sliced per window like the reference.
         mel = log_mel_spectrogram(samples, self.checkpoint.config.n_mels, N_SAMPLES, self.device)
 
@@ -299,7 +325,9 @@ class WhisperModel:
                 features = self.encode(pad_or_trim(mel, N_FRAMES)[None])
                 languages, probs = detect_language(self.model, self.tokenizer, features)
                 language = languages[0]
-                all_language_probs = sorted(probs[0].items(), key=lambda item: item[1], reverse=True)
+                all_language_probs = sorted(
+                    probs[0].items(), key=lambda item: item[1], reverse=True
+                )
                 language_probability = probs[0][language]
             else:
                 language = "en"
@@ -307,27 +335,36 @@ class WhisperModel:
             language=language,
             language_probability=language_probability,
             duration=duration,
-            duration_after_vad=duration,
+            duration_after_vad=len(samples) / SAMPLE_RATE,
             all_language_probs=all_language_probs,
             transcription_options=options,
+            vad_options=vad_options,
         )
         tokenizer = self.tokenizer.with_options(language, task)
-        return self.generate_segments(mel, tokenizer, options, frame_peaks(samples)), info
+        segments = self.generate_segments(mel, tokenizer, options, frame_peaks(samples))
+        return (segments if timeline is None else restore_times(segments, timeline)), info
 
     def decode_with_fallback(
-        self, audio_features: Tensor, tokenizer: Tokenizer, options: TranscriptionOptions, prompt: list[int]
+        self,
+        audio_features: Tensor,
+        tokenizer: Tokenizer,
+        options: TranscriptionOptions,
+        prompt: list[int],
     ) -> DecodingResult:
         """Decode one window at rising temperatures until the result passes the thresholds."""
         result = None
         for t in options.temperatures:
-            decode_options = options.decoding_options(t, tokenizer.language or "en", tokenizer.task, prompt)
+            decode_options = options.decoding_options(
+                t, tokenizer.language or "en", tokenizer.task, prompt
+            )
             result = decode(self.decode_model, tokenizer, audio_features, decode_options)[0]
             too_repetitive = (
                 options.compression_ratio_threshold is not None
                 and result.compression_ratio > options.compression_ratio_threshold
             )
             too_improbable = (
-                options.log_prob_threshold is not None and result.avg_logprob < options.log_prob_threshold
+                options.log_prob_threshold is not None
+                and result.avg_logprob < options.log_prob_threshold
             )
             silent = (
                 options.no_speech_threshold is not None
@@ -389,11 +426,16 @@ class WhisperModel:
             window_end_time = (seek + N_FRAMES) * HOP_LENGTH / SAMPLE_RATE
             segment_size = min(N_FRAMES, content_frames - seek, clip_end - seek)
             segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
-            if peaks is not None and peaks[seek : seek + segment_size].max(initial=0.0) < SILENCE_PEAK:
+            if (
+                peaks is not None
+                and peaks[seek : seek + segment_size].max(initial=0.0) < SILENCE_PEAK
+            ):
                 # A deliberate departure from the reference, which hallucinates ("You") here.
                 seek += segment_size
                 continue
-            audio_features = self.encode(pad_or_trim(mel[:, seek : seek + segment_size], N_FRAMES)[None])
+            audio_features = self.encode(
+                pad_or_trim(mel[:, seek : seek + segment_size], N_FRAMES)[None]
+            )
 
             if options.carry_initial_prompt:
                 ignored = max(len(initial_prompt_tokens), prompt_reset_since)
@@ -405,7 +447,10 @@ class WhisperModel:
 
             if options.no_speech_threshold is not None:
                 should_skip = result.no_speech_prob > options.no_speech_threshold
-                if options.log_prob_threshold is not None and result.avg_logprob > options.log_prob_threshold:
+                if (
+                    options.log_prob_threshold is not None
+                    and result.avg_logprob > options.log_prob_threshold
+                ):
                     should_skip = False  # confident text despite the no-speech probability
                 if should_skip:
                     seek += segment_size
@@ -417,7 +462,9 @@ class WhisperModel:
             is_timestamp = [t >= timestamp_begin for t in tokens]
             single_timestamp_ending = is_timestamp[-2:] == [False, True]
             # Segment boundaries: the second of two consecutive timestamp tokens.
-            consecutive = [i + 1 for i in range(len(tokens) - 1) if is_timestamp[i] and is_timestamp[i + 1]]
+            consecutive = [
+                i + 1 for i in range(len(tokens) - 1) if is_timestamp[i] and is_timestamp[i + 1]
+            ]
             if consecutive:
                 slices = consecutive + ([len(tokens)] if single_timestamp_ending else [])
                 last_slice = 0
@@ -425,7 +472,9 @@ class WhisperModel:
                     sliced = tokens[last_slice:current_slice]
                     start = time_offset + (sliced[0] - timestamp_begin) * time_precision
                     end = time_offset + (sliced[-1] - timestamp_begin) * time_precision
-                    current.append(_new_segment(tokenizer, previous_seek, start, end, sliced, result))
+                    current.append(
+                        _new_segment(tokenizer, previous_seek, start, end, sliced, result)
+                    )
                     last_slice = current_slice
                 if single_timestamp_ending:  # no speech after the last timestamp
                     seek += segment_size
@@ -437,7 +486,14 @@ class WhisperModel:
                 if timestamps and timestamps[-1] != timestamp_begin:
                     duration = (timestamps[-1] - timestamp_begin) * time_precision
                 current.append(
-                    _new_segment(tokenizer, previous_seek, time_offset, time_offset + duration, tokens, result)
+                    _new_segment(
+                        tokenizer,
+                        previous_seek,
+                        time_offset,
+                        time_offset + duration,
+                        tokens,
+                        result,
+                    )
                 )
                 seek += segment_size
 
@@ -476,7 +532,10 @@ class WhisperModel:
                 if segment.start == segment.end or not segment.text.strip():
                     segment.text, segment.tokens, segment.words = "", [], []
             all_tokens.extend(t for segment in current for t in segment.tokens)
-            if not options.condition_on_previous_text or result.temperature > options.prompt_reset_on_temperature:
+            if (
+                not options.condition_on_previous_text
+                or result.temperature > options.prompt_reset_on_temperature
+            ):
                 prompt_reset_since = len(all_tokens)  # a high-temperature window is no good context
             for segment in current:
                 if segment.text:
@@ -485,8 +544,24 @@ class WhisperModel:
                     yield segment
 
 
+def restore_times(segments: Iterator[Segment], timeline: TimelineMap) -> Iterator[Segment]:
+    """Segments of the speech-only audio, with times on the original audio's timeline."""
+    for segment in segments:
+        segment.start = round(timeline.original_time(segment.start), 3)
+        segment.end = round(timeline.original_time(segment.end, is_end=True), 3)
+        for word in segment.words or []:
+            word.start = round(timeline.original_time(word.start), 3)
+            word.end = round(timeline.original_time(word.end, is_end=True), 3)
+        yield segment
+
+
 def _new_segment(
-    tokenizer: Tokenizer, seek: int, start: float, end: float, tokens: list[int], result: DecodingResult
+    tokenizer: Tokenizer,
+    seek: int,
+    start: float,
+    end: float,
+    tokens: list[int],
+    result: DecodingResult,
 ) -> Segment:
     return Segment(
         id=0,
@@ -554,7 +629,11 @@ def _skip_hallucinations(
         last_word_end = _last_word_end(current)
         if last_word_end is not None and last_word_end > time_offset:
             remaining = window_end_time - last_word_end
-            seek = round(last_word_end * FRAMES_PER_SECOND) if remaining > threshold else previous_seek + segment_size
+            seek = (
+                round(last_word_end * FRAMES_PER_SECOND)
+                if remaining > threshold
+                else previous_seek + segment_size
+            )
 
     first = _next_words_segment(current)
     if first is not None and _is_segment_anomaly(first):
@@ -593,4 +672,3 @@ def transcribe_text(model: WhisperModel, audio: AudioInput, **options) -> str:
     """The whole transcript as one string (a convenience for tests and scripts)."""
     segments, _ = model.transcribe(audio, **options)
     return "".join(segment.text for segment in segments).strip()
-

@@ -1,0 +1,433 @@
+"""Streaming transcription: feed audio as it arrives, get committed words that never change.
+
+The policy is LocalAgreement-2 from ufal/whisper_streaming (Macháček et al., 2023). Each
+update re-transcribes the audio buffer (the audio since the last trim point) with word
+timestamps, prompted with the committed text that lies before the buffer. The words on which
+the last two hypotheses agree (their longest common prefix) are committed; the rest of the
+newest hypothesis is the tentative tail. Once the buffer is longer than `trim_s`, it is cut at
+the end of a Whisper segment (or sentence) whose words are all committed, so memory and the
+cost of an update stay bounded however long the stream runs.
+
+Time is a clock you pass in; by default it is the audio received so far, which is what a
+live stream's wall clock reads when compute is instantaneous. `replay()` feeds a recording
+on a simulated clock, so tests and benchmarks are fast and give the same figures every run.
+
+    stream = StreamingTranscriber(model, StreamingOptions(language="en"))
+    for chunk in chunks:                     # float32 16 kHz arrays or s16le bytes, any size
+        for event in stream.feed(chunk):
+            print(event.committed_text, end="", flush=True)
+    print(stream.finish().committed_text)
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from .audio import SAMPLE_RATE
+from .errors import InvalidOptionError
+from .results import Segment, Word
+
+if TYPE_CHECKING:
+    from .transcribe import WhisperModel
+
+SENTENCE_END = (".", "?", "!", "。", "？", "！")
+
+
+@dataclass(frozen=True)
+class StreamingOptions:
+    """How a stream is cut into updates and decoded.
+
+    min_chunk_s: new audio needed before the next update; smaller means lower delay and more
+        compute (each update re-transcribes the whole buffer).
+    trim_s: once the buffer is longer than this, it is cut at a committed segment end
+        (ufal's "segment" trimming; 15 s there too).
+    max_buffer_s: hard cap on the buffer (Whisper sees 30 s at a time). Reached only when
+        hypotheses keep disagreeing; then the tentative words that are `max_buffer_s - trim_s`
+        old are committed without agreement, and the buffer is cut.
+    prompt_chars: how much committed text before the buffer conditions the decoder.
+    silence_db: energy gate: new audio whose loudest 30 ms frame is below this (dBFS) costs
+        no update, unless words are still tentative. None: every update is decoded.
+    beam_size, temperature: decoding of each update; greedy at 0 keeps updates cheap and
+        the stream deterministic.
+    """
+
+    language: str | None = None
+    task: str = "transcribe"
+    min_chunk_s: float = 1.0
+    trim_s: float = 15.0
+    max_buffer_s: float = 30.0
+    prompt_chars: int = 200
+    silence_db: float | None = None
+    beam_size: int = 1
+    temperature: float | tuple[float, ...] = 0.0
+
+    def __post_init__(self) -> None:
+        if self.min_chunk_s <= 0:
+            raise InvalidOptionError(f"min_chunk_s must be positive, got {self.min_chunk_s}")
+        if not 0 < self.trim_s < self.max_buffer_s:
+            raise InvalidOptionError(
+                f"need 0 < trim_s < max_buffer_s, got trim_s={self.trim_s}, "
+                f"max_buffer_s={self.max_buffer_s}"
+            )
+
+
+@dataclass
+class StreamingEvent:
+    """What one update changed.
+
+    committed: words committed by this update, in order, with absolute times (seconds from
+        the start of the stream). They never change; the stream's text is all events'
+        committed words joined.
+    tentative: the newest hypothesis after the committed text; replaced by the next event.
+    time: the clock when the update finished (by default: seconds of audio received).
+    final: the stream's last event; nothing is tentative any more.
+    compute_s: wall seconds this update spent transcribing (0 when it was skipped).
+    """
+
+    committed: list[Word]
+    tentative: list[Word]
+    time: float
+    final: bool = False
+    compute_s: float = 0.0
+
+    @property
+    def committed_text(self) -> str:
+        return "".join(w.word for w in self.committed)
+
+    @property
+    def tentative_text(self) -> str:
+        return "".join(w.word for w in self.tentative)
+
+    def to_dict(self) -> dict:
+        """The JSON the server sends for this event."""
+        return {
+            "type": "transcript.final" if self.final else "transcript.update",
+            "committed_text": self.committed_text,
+            "committed": [asdict(w) for w in self.committed],
+            "tentative_text": self.tentative_text,
+            "tentative": [asdict(w) for w in self.tentative],
+            "time": round(self.time, 3),
+        }
+
+
+class BufferTranscriber(Protocol):
+    """Transcribes one buffer: (16 kHz audio, prompt, language or None) -> (segments with words,
+    language). The seam through which the server routes updates into its model worker."""
+
+    def __call__(
+        self, audio: np.ndarray, prompt: str | None, language: str | None
+    ) -> tuple[list[Segment], str]: ...
+
+
+def model_transcriber(
+    model: WhisperModel, task: str = "transcribe", beam_size: int = 1,
+    temperature: float | tuple[float, ...] = 0.0,
+) -> BufferTranscriber:  # fmt: skip
+    """A `BufferTranscriber` that calls `model.transcribe` with word timestamps."""
+
+    def run(audio: np.ndarray, prompt: str | None, language: str | None) -> tuple[list[Segment], str]:
+        segments, info = model.transcribe(
+            audio, language=language, task=task, beam_size=beam_size, temperature=temperature,
+            initial_prompt=prompt or None, word_timestamps=True,
+        )  # fmt: skip
+        return list(segments), info.language
+
+    return run
+
+
+def pcm16_to_float(data: bytes | bytearray | memoryview) -> np.ndarray:
+    """Raw signed 16-bit little-endian PCM to float32 in [-1, 1)."""
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def peak_frame_db(samples: np.ndarray, frame: int = 480) -> float:
+    """Loudness of the loudest 30 ms frame in dBFS (RMS); -inf for digital silence."""
+    if samples.size == 0:
+        return float("-inf")
+    n = -(-samples.size // frame)
+    padded = np.zeros(n * frame, dtype=np.float32)
+    padded[: samples.size] = samples
+    rms = np.sqrt(np.mean(padded.reshape(n, frame) ** 2, axis=1)).max()
+    return float(20 * np.log10(rms)) if rms > 0 else float("-inf")
+
+
+def _norm(word: str) -> str:
+    """Words agree when they match up to case and punctuation ("so," == "So")."""
+    return re.sub(r"[^\w']", "", word.lower())
+
+
+class StreamingTranscriber:
+    """LocalAgreement-2 over a trimmed audio buffer. Not thread-safe: one stream, one owner.
+
+    model: a `WhisperModel`, or any `BufferTranscriber`.
+    clock: returns the current stream time in seconds; default: the audio received so far.
+    """
+
+    def __init__(
+        self,
+        model: WhisperModel | BufferTranscriber,
+        options: StreamingOptions | None = None,
+        clock: Callable[[], float] | None = None,
+    ):
+        self.options = options or StreamingOptions()
+        if callable(model) and not hasattr(model, "transcribe"):
+            self._transcribe: BufferTranscriber = model
+        else:
+            self._transcribe = model_transcriber(
+                model, self.options.task, self.options.beam_size, self.options.temperature
+            )  # type: ignore[arg-type]
+        self.clock = clock or (lambda: self.received_s)
+        self.language = self.options.language
+        self.committed: list[Word] = []  # everything committed, in order, absolute times
+        self.finished = False
+        self.updates = 0  # decoded updates, for cost accounting
+        self._buffer = np.zeros(0, dtype=np.float32)  # audio from self._offset on
+        self._offset = 0.0  # stream time of the buffer's first sample
+        self._pending: list[np.ndarray] = []  # received, not yet in the buffer
+        self._pending_samples = 0
+        self._received = 0  # samples received in all
+        self._odd_byte = b""  # half a PCM sample left over from an odd-sized bytes chunk
+        self._tentative: list[Word] = []  # the last hypothesis minus what was committed
+        self._silent_updates = 0  # updates decoded since the audio went quiet
+
+    # --- public -----------------------------------------------------------------------------
+
+    @property
+    def received_s(self) -> float:
+        return self._received / SAMPLE_RATE
+
+    @property
+    def buffer_s(self) -> float:
+        return self._buffer.size / SAMPLE_RATE
+
+    @property
+    def text(self) -> str:
+        """All committed text so far."""
+        return "".join(w.word for w in self.committed)
+
+    def feed(self, audio: np.ndarray | bytes | bytearray | memoryview) -> list[StreamingEvent]:
+        """Add audio (float32 16 kHz mono, or raw s16le bytes) of any length; returns the
+        events of the update it triggered (none until `min_chunk_s` of new audio is in)."""
+        if self.finished:
+            raise InvalidOptionError("this stream is finished; start a new StreamingTranscriber")
+        samples = self._to_samples(audio)
+        if samples.size:
+            self._pending.append(samples)
+            self._pending_samples += samples.size
+            self._received += samples.size
+        if self._pending_samples < self.options.min_chunk_s * SAMPLE_RATE:
+            return []
+        event = self._update(final=False)
+        return [event] if event is not None else []
+
+    def finish(self) -> StreamingEvent:
+        """End of stream: decode what is left and commit the whole last hypothesis."""
+        if self.finished:
+            raise InvalidOptionError("finish() was already called on this stream")
+        event = self._update(final=True)
+        self.finished = True
+        assert event is not None
+        return event
+
+    # --- one update -------------------------------------------------------------------------
+
+    def _to_samples(self, audio: np.ndarray | bytes | bytearray | memoryview) -> np.ndarray:
+        if isinstance(audio, (bytes, bytearray, memoryview)):
+            data = self._odd_byte + bytes(audio)
+            self._odd_byte = data[-1:] if len(data) % 2 else b""
+            return pcm16_to_float(data[: len(data) - len(self._odd_byte)])
+        samples = np.asarray(audio)
+        if samples.ndim != 1:
+            raise InvalidOptionError(f"feed 1-D mono audio at {SAMPLE_RATE} Hz, got shape {samples.shape}")
+        if samples.dtype.kind in "iu":
+            return samples.astype(np.float32) / float(2 ** (8 * samples.dtype.itemsize - 1))
+        return samples.astype(np.float32, copy=False)
+
+    def _update(self, final: bool) -> StreamingEvent | None:
+        new_audio = np.concatenate(self._pending) if self._pending else np.zeros(0, np.float32)
+        self._pending, self._pending_samples = [], 0
+        self._buffer = np.concatenate([self._buffer, new_audio])
+
+        gate = self.options.silence_db
+        if gate is not None and peak_frame_db(new_audio) < gate:
+            # Silence costs nothing, except the two updates that settle words still tentative.
+            self._silent_updates += 1
+            if not self._tentative:  # nothing waits on this audio: drop it, keep 0.5 s
+                self._cut(max(self._offset, self.received_s - 0.5))
+                return self._event([], final, 0.0) if final else None
+            if self._silent_updates > 2 and not final:
+                return None
+        else:
+            self._silent_updates = 0
+        if self._buffer.size == 0:
+            return self._event([], final, 0.0)
+
+        started = time.perf_counter()
+        segments, language = self._transcribe(self._buffer, self._prompt(), self.language)
+        compute = time.perf_counter() - started
+        self.updates += 1
+        if self.language is None and any(s.words for s in segments):
+            self.language = language  # detected once there is speech; fixed from then on
+        words = [
+            Word(w.start + self._offset, w.end + self._offset, w.word, w.probability)
+            for s in segments for w in (s.words or [])
+        ]  # fmt: skip
+        hypothesis = self._after_committed(words)
+        if final:
+            agreed, self._tentative = hypothesis, []
+        else:
+            agreed = self._agreement(hypothesis, self._tentative)
+            self._tentative = hypothesis[len(agreed) :]
+        self.committed.extend(agreed)
+        if not final:
+            agreed += self._trim(segments)
+        return self._event(agreed, final, compute)
+
+    def _event(self, committed: list[Word], final: bool, compute: float) -> StreamingEvent:
+        return StreamingEvent(committed, list(self._tentative), self.clock(), final, compute)
+
+    def _prompt(self) -> str | None:
+        """Committed text before the buffer (the buffer's own text will be decoded again)."""
+        before = "".join(w.word for w in self.committed if w.end <= self._offset)
+        return before[-self.options.prompt_chars :].strip() or None
+
+    def _committed_end(self) -> float:
+        return self.committed[-1].end if self.committed else 0.0
+
+    def _after_committed(self, words: list[Word]) -> list[Word]:
+        """The hypothesis minus the words already committed.
+
+        The buffer's committed words are decoded again at the start of every hypothesis.
+        Align them by text (their timestamps move between updates); where the text no longer
+        lines up, fall back to time as ufal's HypothesisBuffer.insert does: drop words whose
+        middle lies before the last commit, then a repeat of the last committed words."""
+        in_buffer = [w for w in self.committed if w.end > self._offset]
+        if not in_buffer:
+            return words
+        old, new = [_norm(w.word) for w in in_buffer], [_norm(w.word) for w in words]
+        blocks = difflib.SequenceMatcher(None, old, new, autojunk=False).get_matching_blocks()
+        for a, b, size in reversed(blocks[:-1]):  # the last is a zero-size sentinel
+            if a + size == len(old) and abs(words[b + size - 1].end - in_buffer[-1].end) < 1.0:
+                return words[b + size :]
+        last = in_buffer[-1].end
+        rest = [w for w in words if (w.start + w.end) / 2 > last]
+        for n in range(min(5, len(in_buffer), len(rest)), 0, -1):
+            if old[-n:] == [_norm(w.word) for w in rest[:n]]:
+                return rest[n:]
+        return rest
+
+    @staticmethod
+    def _agreement(new: Sequence[Word], previous: Sequence[Word]) -> list[Word]:
+        """Longest common prefix of two hypotheses, as the newer one spells it."""
+        agreed = []
+        for a, b in zip(new, previous):
+            if _norm(a.word) != _norm(b.word):
+                break
+            agreed.append(a)
+        return agreed
+
+    def _trim(self, segments: Iterable[Segment]) -> list[Word]:
+        """Keep the buffer short: cut at a committed segment end, else a committed sentence end;
+        at the hard cap, commit old tentative words without agreement. Returns those words."""
+        options = self.options
+        if self.buffer_s <= options.trim_s:
+            return []
+        last = self._committed_end()
+        ends = [self._offset + s.end for s in segments if s.words and self._offset + s.end <= last]
+        sentences = [
+            w.end for w in self.committed if w.end > self._offset and w.word.strip().endswith(SENTENCE_END)
+        ]  # fmt: skip
+        cut = max(ends or sentences or [self._offset])
+        if cut > self._offset:
+            self._cut(cut)
+        if self.buffer_s + options.min_chunk_s <= options.max_buffer_s:
+            return []
+        # Hypotheses have disagreed for too long: settle the old part so the buffer fits Whisper.
+        horizon = self._offset + self.buffer_s - options.trim_s
+        forced = [w for w in self._tentative if w.end <= horizon]
+        self._tentative = self._tentative[len(forced) :]
+        self.committed.extend(forced)
+        self._cut(max(horizon, self._committed_end()))
+        return forced
+
+    def _cut(self, t: float) -> None:
+        """Drop the buffer's audio before stream time `t`."""
+        n = min(self._buffer.size, max(0, round((t - self._offset) * SAMPLE_RATE)))
+        self._buffer = self._buffer[n:]
+        self._offset += n / SAMPLE_RATE
+
+
+# --- replay on a simulated clock ---------------------------------------------------------------
+
+
+@dataclass
+class ReplayResult:
+    events: list[StreamingEvent]
+    words: list[Word]  # the committed words, in order
+    commit_times: list[float] = field(default_factory=list)  # clock when each word was committed
+    updates: int = 0
+    compute_s: float = 0.0
+    duration_s: float = 0.0
+
+    @property
+    def text(self) -> str:
+        return "".join(w.word for w in self.words).strip()
+
+    @property
+    def delays(self) -> list[float]:
+        """Per word: clock at commit minus the word's end in the audio (the commit delay)."""
+        return [t - w.end for w, t in zip(self.words, self.commit_times)]
+
+
+def replay(
+    model: WhisperModel | BufferTranscriber,
+    audio: np.ndarray,
+    chunk_s: float = 0.5,
+    options: StreamingOptions | None = None,
+    compute_aware: bool = False,
+) -> ReplayResult:
+    """Stream a recording as if it arrived live, `chunk_s` at a time, on a simulated clock.
+
+    compute_aware=False: updates take no time; delays measure the policy alone, the same on
+    any machine. compute_aware=True: the clock also advances by each update's measured
+    compute, and audio that arrived meanwhile is fed at once (ufal's simulation), so delays
+    include this machine's speed.
+    """
+    now = 0.0
+    stream = StreamingTranscriber(model, options, clock=lambda: now)
+    events: list[StreamingEvent] = []
+    fed = 0
+    step = max(1, round(chunk_s * SAMPLE_RATE))
+    while fed < audio.size:
+        target = min(audio.size, max(fed + step, round(now * SAMPLE_RATE)))
+        now = max(now, target / SAMPLE_RATE)
+        chunk, fed = audio[fed:target], target
+        started = time.perf_counter()
+        new = stream.feed(chunk)
+        if compute_aware:
+            now += time.perf_counter() - started
+            for event in new:
+                event.time = now
+        events.extend(new)
+    started = time.perf_counter()
+    last = stream.finish()
+    if compute_aware:
+        last.time = now + time.perf_counter() - started
+    events.append(last)
+    words = [w for e in events for w in e.committed]
+    commit_times = [e.time for e in events for _ in e.committed]
+    return ReplayResult(
+        events=events,
+        words=words,
+        commit_times=commit_times,
+        updates=stream.updates,
+        compute_s=sum(e.compute_s for e in events),
+        duration_s=audio.size / SAMPLE_RATE,
+    )

@@ -1,0 +1,72 @@
+"""Silero VAD on onnxruntime (the model shipped in the silero-vad wheel), regions, packing,
+and `vad_filter=True` in the sequential transcription."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from whisperforge import load_audio
+from whisperforge.vad import SpeechRegion, TimelineMap, VadOptions, detect_speech, pack_windows
+
+from conftest import JFK
+
+SR = 16000
+
+
+@pytest.fixture(scope="module")
+def jfk_in_silence() -> np.ndarray:
+    """jfk at 40 s and again at 71 s, silence around: 82 s in all."""
+    jfk = load_audio(JFK)
+    return np.concatenate([np.zeros(40 * SR), jfk, np.zeros(20 * SR), jfk]).astype(np.float32)
+
+
+def test_regions_find_the_speech(jfk_in_silence):
+    regions = detect_speech(jfk_in_silence, VadOptions(min_silence_duration_ms=2000))
+    assert len(regions) == 2
+    (first, second) = regions
+    assert 39.5 <= first.start / SR <= 40.6 and 50.0 <= first.end / SR <= 51.5
+    assert 70.5 <= second.start / SR <= 71.6 and 81.0 <= second.end / SR <= 82.0
+
+
+def test_silence_and_noise_have_no_speech():
+    rng = np.random.default_rng(0)
+    assert detect_speech(np.zeros(30 * SR, dtype=np.float32)) == []
+    assert detect_speech((rng.standard_normal(30 * SR) * 0.01).astype(np.float32)) == []
+
+
+def test_long_regions_are_cut_and_packed_into_windows():
+    regions = [SpeechRegion(0, 10 * SR), SpeechRegion(12 * SR, 25 * SR), SpeechRegion(26 * SR, 95 * SR)]
+    windows = pack_windows(regions)
+    assert all(w.end - w.start <= 30 * SR for w in windows)
+    assert windows[0].regions == (SpeechRegion(0, 10 * SR), SpeechRegion(12 * SR, 25 * SR))
+    covered = sum(r.end - r.start for w in windows for r in w.regions)
+    assert covered == sum(r.end - r.start for r in regions)
+
+
+def test_timeline_map_restores_original_times():
+    timeline = TimelineMap([SpeechRegion(10 * SR, 12 * SR), SpeechRegion(20 * SR, 25 * SR)])
+    assert timeline.original_time(0.5) == pytest.approx(10.5)
+    assert timeline.original_time(2.0, is_end=True) == pytest.approx(12.0)
+    assert timeline.original_time(2.0) == pytest.approx(20.0)
+    assert timeline.original_time(3.0) == pytest.approx(21.0)
+
+
+def test_vad_filter_transcribes_speech_at_original_times(tiny_en, jfk_in_silence):
+    segments, info = tiny_en.transcribe(jfk_in_silence, vad_filter=True, beam_size=1, word_timestamps=True)
+    segments = list(segments)
+    assert info.duration == pytest.approx(82.0) and 20 < info.duration_after_vad < 26
+    text = " ".join(s.text for s in segments).lower()
+    assert text.count("fellow americans") == 2
+    assert 39.5 <= segments[0].start <= 41.0 and segments[-1].end <= 82.0
+    assert any(70.5 <= s.start <= 72.0 for s in segments)
+    assert all(w.start >= 39.5 for s in segments for w in s.words)
+
+
+def test_all_silent_file_returns_empty_quickly(tiny_en):
+    start = time.perf_counter()
+    segments, info = tiny_en.transcribe(np.zeros(120 * SR, dtype=np.float32), vad_filter=True)
+    assert list(segments) == [] and info.duration_after_vad == 0.0
+    assert time.perf_counter() - start < 10
