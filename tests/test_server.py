@@ -1,0 +1,279 @@
+"""The OpenAI-compatible server: in process (FastAPI's TestClient) and on a real uvicorn on
+127.0.0.1 with the official `openai` client, on tiny.en and the dev audio."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import jiwer
+import numpy as np
+import pytest
+import srt
+import webvtt
+from conftest import DEV_DIR, JFK, manifest
+
+from whisperforge import Segment, TranscriptionInfo, WhisperModel, load_audio
+
+pytest.importorskip("fastapi")
+pytest.importorskip("multipart")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from whisperforge.server import ServerConfig, create_app  # noqa: E402
+
+JFK_TEXT = "and so my fellow americans ask not what your country can do for you ask what you can do for your country"
+KEY = "test-key-123"
+
+
+def words(text: str) -> str:
+    return " ".join("".join(c for c in text.lower() if c.isalnum() or c in " '").split())
+
+
+def wer(reference: str, text: str) -> float:
+    return jiwer.wer(words(reference), words(text))
+
+
+class CachedModel:
+    """tiny.en that decodes each distinct (audio, options) once; the format tests repeat JFK.
+    Every call still runs the real `transcribe` (option checks); only repeats are replayed."""
+
+    def __init__(self, model: WhisperModel):
+        self.model = model
+        self.cache: dict[tuple[str, str], list[Segment]] = {}
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+    def transcribe(self, audio: np.ndarray, **options) -> tuple[Iterator[Segment], TranscriptionInfo]:
+        segments, info = self.model.transcribe(audio, **options)
+        key = (hashlib.sha1(audio.tobytes()).hexdigest(), repr(sorted(options.items())))
+        if key not in self.cache:
+            self.cache[key] = list(segments)
+        return iter(copy.deepcopy(self.cache[key])), info
+
+
+@pytest.fixture(scope="module")
+def client(tiny_en) -> Iterator[TestClient]:
+    app = create_app(ServerConfig(beam_size=1, max_upload_mb=2), model=CachedModel(tiny_en))
+    with TestClient(app) as c:
+        yield c
+
+
+def post(client: TestClient, data: dict | None = None, files: dict | None = None, path: str = "transcriptions"):
+    return client.post(f"/v1/audio/{path}", data=data or {}, files=files)
+
+
+def jfk_file() -> dict:
+    return {"file": ("jfk.flac", JFK.read_bytes(), "audio/flac")}
+
+
+def assert_openai_error(response, status: int, param: str | None) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["param"] == param
+    return error
+
+
+# --- formats ----------------------------------------------------------------------------------
+
+
+def test_response_formats(client):
+    body = post(client, {"model": "tiny.en"}, jfk_file()).json()
+    assert wer(JFK_TEXT, body["text"]) < 0.1
+    assert body["usage"] == {"type": "duration", "seconds": 11}
+
+    text = post(client, {"model": "whisper-1", "response_format": "text"}, jfk_file())
+    assert text.headers["content-type"].startswith("text/plain")
+    assert text.text.strip() == body["text"]
+
+    cues = list(srt.parse(post(client, {"model": "tiny.en", "response_format": "srt"}, jfk_file()).text))
+    assert cues and wer(JFK_TEXT, " ".join(c.content for c in cues)) < 0.1
+    vtt = post(client, {"model": "tiny.en", "response_format": "vtt"}, jfk_file())
+    assert vtt.headers["content-type"].startswith("text/vtt")
+    captions = list(webvtt.from_buffer(io.StringIO(vtt.text)))
+    assert captions and wer(JFK_TEXT, " ".join(c.text for c in captions)) < 0.1
+
+    verbose = post(client, {"model": "tiny.en", "response_format": "verbose_json",
+                            "timestamp_granularities[]": ["word", "segment"]}, jfk_file()).json()
+    assert verbose["task"] == "transcribe" and verbose["language"] == "english"
+    assert verbose["duration"] == pytest.approx(11.0, abs=0.01)
+    assert verbose["segments"] and {"id", "seek", "start", "end", "text", "tokens", "temperature",
+                                    "avg_logprob", "compression_ratio", "no_speech_prob"} <= set(verbose["segments"][0])
+    assert [w["word"] for w in verbose["words"]][:3] == ["And", "so", "my"]
+    assert all(w["start"] <= w["end"] for w in verbose["words"])
+    assert "words" not in post(client, {"model": "tiny.en", "response_format": "verbose_json"}, jfk_file()).json()
+
+
+def test_stream_sends_openai_events(client):
+    response = post(client, {"model": "tiny.en", "stream": "true"}, jfk_file())
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1)
+    assert events[-1]["type"] == "transcript.text.done" and len(events) >= 2
+    assert "".join(e["delta"] for e in events[:-1]) == events[-1]["text"]
+    assert wer(JFK_TEXT, events[-1]["text"]) < 0.1
+
+
+# --- bad requests -----------------------------------------------------------------------------
+
+NOT_AUDIO = ("notes.txt", b"just some text, no sound here\n" * 20, "text/plain")
+
+
+@pytest.mark.parametrize(
+    ("data", "files", "status", "param"),
+    [
+        ({"model": "tiny.en"}, None, 400, "file"),  # no file
+        ({"model": "tiny.en", "file": "jfk.flac"}, None, 400, "file"),  # a text field, not a file
+        ({}, "jfk", 400, "model"),  # no model
+        ({"model": "whisper-9"}, "jfk", 404, "model"),  # unknown model
+        ({"model": "tiny.en", "response_format": "xml"}, "jfk", 400, "response_format"),
+        ({"model": "tiny.en", "temperature": "warm"}, "jfk", 400, "temperature"),
+        ({"model": "tiny.en", "temperature": "3"}, "jfk", 400, "temperature"),
+        ({"model": "tiny.en", "stream": "maybe"}, "jfk", 400, "stream"),
+        ({"model": "tiny.en", "timestamp_granularities[]": "char"}, "jfk", 400, "timestamp_granularities[]"),
+        ({"model": "tiny.en", "language": "klingon"}, "jfk", 400, "language"),
+        ({"model": "tiny.en", "language": "de"}, "jfk", 400, "language"),  # English-only model
+        ({"model": "tiny.en"}, {"file": NOT_AUDIO}, 400, "file"),  # not audio
+        ({"model": "tiny.en"}, {"file": ("empty.wav", b"", "audio/wav")}, 400, "file"),
+        ({"model": "tiny.en"}, {"file": ("big.wav", b"\0" * (3 << 20), "audio/wav")}, 413, "file"),
+    ],
+    ids=["no-file", "file-as-text", "no-model", "unknown-model", "bad-format", "temperature-text",
+         "temperature-range", "stream-not-bool", "bad-granularity", "unknown-language",
+         "language-not-in-model", "not-audio", "empty", "too-large"],
+)
+def test_bad_requests_get_openai_errors(client, data, files, status, param):
+    response = post(client, data, jfk_file() if files == "jfk" else files)
+    error = assert_openai_error(response, status, param)
+    assert error["type"] == "invalid_request_error"
+
+
+def test_other_errors_and_the_server_keeps_serving(client):
+    assert_openai_error(post(client, {"model": "tiny.en"}, jfk_file(), path="translations"), 400, "model")
+    response = client.post("/v1/audio/transcriptions", json={"model": "tiny.en"})  # not multipart
+    assert_openai_error(response, 400, "file")
+    response = client.post("/v1/audio/transcriptions", content=b"\0" * (3 << 20),
+                           headers={"content-type": "multipart/form-data; boundary=x"})
+    assert_openai_error(response, 413, "file")
+    assert_openai_error(client.get("/v1/audio/nothing"), 404, None)
+    assert_openai_error(client.get("/v1/audio/transcriptions"), 405, None)
+    assert_openai_error(client.get("/v1/models/whisper-9"), 404, "model")
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["model"] == "tiny.en"
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny.en", "whisper-1"]
+    assert wer(JFK_TEXT, post(client, {"model": "tiny.en"}, jfk_file()).json()["text"]) < 0.1
+
+
+def test_api_key(tiny_en, monkeypatch):
+    monkeypatch.setenv("WHISPERFORGE_API_KEY", KEY)
+    with TestClient(create_app(ServerConfig(), model=tiny_en)) as c:
+        assert c.get("/health").status_code == 200  # health checks need no key
+        error = assert_openai_error(c.get("/v1/models"), 401, None)
+        assert error["code"] == "invalid_api_key"
+        assert_openai_error(c.get("/v1/models", headers={"Authorization": "Bearer nope"}), 401, None)
+        response = c.post("/v1/audio/transcriptions", files=jfk_file(), data={"model": "tiny.en"})
+        assert_openai_error(response, 401, None)
+        assert c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+# --- WebSocket streaming -------------------------------------------------------------------
+
+
+def test_websocket_streams_committed_words(client):
+    pcm = (np.clip(load_audio(JFK), -1, 1) * 32767).astype("<i2").tobytes()
+    events = []
+    with client.websocket_connect("/v1/audio/stream?language=en&min_chunk_s=2") as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        step = 16000  # 0.5 s of s16le: any size works, odd ones too
+        for i in range(0, len(pcm), step + 1):
+            ws.send_bytes(pcm[i : i + step + 1])
+        ws.send_text("stop")
+        for _ in range(100):  # bounded: one event per update at most
+            event = ws.receive_json()
+            events.append(event)
+            if event["type"] == "transcript.final":
+                break
+    assert events[-1]["type"] == "transcript.final"
+    committed = "".join(e["committed_text"] for e in events)
+    assert committed.strip() == events[-1]["text"]
+    assert wer(JFK_TEXT, committed) < 0.15
+    times = [w["end"] for e in events for w in e["committed"]]
+    assert times == sorted(times) and times[-1] <= 11.1
+
+
+def test_websocket_rejects_bad_parameters(client):
+    with client.websocket_connect("/v1/audio/stream?sample_rate=8000") as ws:
+        event = ws.receive_json()
+        assert event["type"] == "error" and event["error"]["param"] == "sample_rate"
+
+
+# --- a real server on loopback, the official client ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_server(tiny_en) -> Iterator[str]:
+    uvicorn = pytest.importorskip("uvicorn")
+    app = create_app(ServerConfig(beam_size=1, api_key=KEY), model=tiny_en)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):  # bounded wait for the socket (10 s)
+        if server.started:
+            break
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start on 127.0.0.1"
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_openai_client_verbose_json(live_server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{live_server}/v1", api_key=KEY, max_retries=0, timeout=120)
+    with open(JFK, "rb") as f:
+        result = client.audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="verbose_json",
+            timestamp_granularities=["segment"],
+        )  # fmt: skip
+    assert wer(JFK_TEXT, result.text) < 0.1
+    assert result.segments and result.segments[0].start == 0.0
+    assert result.segments[-1].end == pytest.approx(11.0, abs=1.0)
+    assert result.language == "english" and result.duration == pytest.approx(11.0, abs=0.01)
+    with pytest.raises(openai.NotFoundError):
+        with open(JFK, "rb") as f:
+            client.audio.transcriptions.create(model="whisper-9", file=f)
+    with pytest.raises(openai.AuthenticationError):
+        wrong = openai.OpenAI(base_url=f"{live_server}/v1", api_key="wrong", max_retries=0)
+        wrong.models.list()
+
+
+def test_concurrent_requests_all_answered(live_server):
+    httpx = pytest.importorskip("httpx")
+    clips = [r for r in manifest() if r["ref_kind"] == "exact" and r["language"] == "en"
+             and 4 <= r["duration_s"] <= 10 and r["audio"].startswith("coqui")][:4]  # fmt: skip
+
+    def transcribe(clip: dict) -> tuple[dict, str]:
+        data = (DEV_DIR / clip["audio"]).read_bytes()
+        response = httpx.post(
+            f"{live_server}/v1/audio/transcriptions", timeout=120,
+            headers={"Authorization": f"Bearer {KEY}"},
+            files={"file": (clip["audio"], data)}, data={"model": "tiny.en", "response_format": "text"},
+        )  # fmt: skip
+        assert response.status_code == 200, response.text
+        return clip, response.text
+
+    with ThreadPoolExecutor(len(clips)) as pool:
+        results = list(pool.map(transcribe, clips))
+    assert len(results) == 4
+    for clip, text in results:  # each answer is its own clip's text: no mix-ups under load
+        assert wer(clip["text"], text) < 0.25, (clip["audio"], text)
