@@ -94,7 +94,9 @@ def step_bytes(c: ModelConfig, windows: int, rows: int, length: int, itemsize: i
 # --- the runtime -----------------------------------------------------------------------------
 
 
-def bench_runtime(rt: Runtime, c: ModelConfig, batch: int, tokens: int, bw: float, tflops: float) -> dict:
+def bench_runtime(
+    rt: Runtime, c: ModelConfig, batch: int, tokens: int, bw: float, tflops: float
+) -> dict:
     torch.manual_seed(0)
     mel = torch.randn(batch, c.n_mels, 3000, device="cuda", dtype=rt.dtype)
     prompt = prompt_for(c)
@@ -145,7 +147,9 @@ def bench_window(rt: Runtime, c: ModelConfig, steps: int = 100) -> float:
     def window() -> None:
         mel = log_mel_spectrogram(audio, c.n_mels, 0, "cuda")[None, :, :3000]
         cross = rt.encode(mel)
-        rt.greedy(rt.prefill(cross, [prompt]), steps + 1, eot_for(c), suppress=[eot_for(c)], check_every=0)
+        rt.greedy(
+            rt.prefill(cross, [prompt]), steps + 1, eot_for(c), suppress=[eot_for(c)], check_every=0
+        )
 
     return events_ms(window, reps=5)
 
@@ -186,7 +190,9 @@ def hf_model(c: ModelConfig, canonical: dict[str, torch.Tensor], device: str = "
         attn_implementation="sdpa",
     )  # fmt: skip
     with torch.device(device):
-        model = WhisperForConditionalGeneration(config).to(canonical["decoder.ln.weight"].dtype).eval()
+        model = (
+            WhisperForConditionalGeneration(config).to(canonical["decoder.ln.weight"].dtype).eval()
+        )
     state = {}
     for name, tensor in canonical.items():
         for pattern, replacement in _TO_HF:
@@ -314,12 +320,14 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
     def reference(rows: list[list[int]]) -> torch.Tensor:
         out = []
         for r, row in enumerate(rows):
-            hidden = plain.decoder(torch.tensor([row], device="cuda"), audio_features=features[r // 2 : r // 2 + 1])
+            hidden = plain.decoder(
+                torch.tensor([row], device="cuda"), audio_features=features[r // 2 : r // 2 + 1]
+            )
             out.append(plain.decoder.logits(hidden[:, -1])[0])
         return torch.stack(out)
 
-    for compute_type in ("float32", "float16"):
-        rt = Runtime(plain, compute_type, max_windows=2, max_rows=4)
+    for compute_type, fused in (("float32", True), ("float32", False), ("float16", True)):
+        rt = Runtime(plain, compute_type, max_windows=2, max_rows=4, fused=fused)
         batch = rt.prefill(rt.cross(features.to(rt.dtype)), prompts, group=2)
         rows = [list(p) for p in prompts]
         worst = (rt.logits[:4] - reference(rows)).norm() / reference(rows).norm()
@@ -329,8 +337,14 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
                 rows[r].append(int(fed[t, r]))
             ref = reference(rows)
             worst = max(worst, (logits - ref).norm() / ref.norm())
-        print(f"selftest {preset_name} {compute_type}: graphed step vs plain fp32, worst relative error {worst:.2e}"
-              f" over {steps} steps (max length {batch.max_length}, {len(rt._graphs)} graphs)")
+        mel = torch.randn(2, c.n_mels, 3000, device="cuda")
+        enc_ref = plain.encoder(mel)
+        enc_err = (rt.encoder(mel).float() - enc_ref).norm() / enc_ref.norm()
+        print(
+            f"selftest {preset_name} {compute_type} fused={rt.fused}: encoder rel. error {enc_err:.2e};"
+            f" graphed step vs plain fp32, worst relative error {worst:.2e}"
+            f" over {steps} steps (max length {batch.max_length}, {len(rt._graphs)} graphs)"
+        )
     results = []
     for graphs in (True, False):
         rt = Runtime(plain, "float32", max_windows=2, graphs=graphs)
@@ -349,9 +363,12 @@ def check(model_dir: str, audio_path: str, out: str) -> None:
 
     clips = dict(np.load(audio_path))
     results: dict[str, dict] = {name: {} for name in clips}
-    for compute_type in ("float16", "float32"):
-        model = WhisperModel(model_dir, device="cuda", compute_type=compute_type)
+    torch.backends.cudnn.allow_tf32 = False  # the plain model's convolutions too: fp32 is fp32
+    for compute_type in ("float16", "float32", "plain-float32"):
+        model = WhisperModel(model_dir, device="cuda", compute_type=compute_type.split("-")[-1])
         assert model.runtime is not None
+        if compute_type.startswith("plain"):  # the reference network on the GPU, no runtime
+            model.runtime, model.decode_model = None, model.model
         start = time.perf_counter()
         for name, samples in clips.items():
             segments, _ = model.transcribe(samples.astype(np.float32) / 32768)
@@ -360,7 +377,9 @@ def check(model_dir: str, audio_path: str, out: str) -> None:
                 "text": "".join(s.text for s in segments).strip(),
                 "tokens": [t for s in segments for t in s.tokens],
             }
-        print(f"{compute_type}: {len(clips)} clips in {time.perf_counter() - start:.1f} s", flush=True)
+        print(
+            f"{compute_type}: {len(clips)} clips in {time.perf_counter() - start:.1f} s", flush=True
+        )
     Path(out).write_text(json.dumps(results))
 
 
@@ -373,7 +392,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float16")
-    parser.add_argument("--peers", nargs="*", default=["hf-sdpa", "hf-static-compile", "openai-whisper"])
+    parser.add_argument(
+        "--peers", nargs="*", default=["hf-sdpa", "hf-static-compile", "openai-whisper"]
+    )
     parser.add_argument("--window", action="store_true", help="time a whole 30 s window at batch 1")
     parser.add_argument("--profile", action="store_true", help="kernel table of an eager step")
     parser.add_argument("--check", metavar="MODEL_DIR")
@@ -390,7 +411,9 @@ def main() -> None:
 
     name = torch.cuda.get_device_name()
     bw, tflops = ceilings()
-    print(f"device: {name}; copy {bw:.0f} GB/s, fp16 matmul {tflops:.0f} TFLOP/s; torch {torch.__version__}")
+    print(
+        f"device: {name}; copy {bw:.0f} GB/s, fp16 matmul {tflops:.0f} TFLOP/s; torch {torch.__version__}"
+    )
     report: dict = {"device": name, "copy_GBps": bw, "matmul_TFLOPs": tflops, "presets": {}}
     for preset_name in args.preset:
         c = preset(preset_name)
@@ -413,10 +436,14 @@ def main() -> None:
         entry: dict = {"runtime": rows}
         if args.window:
             entry["window_ms"] = bench_window(rt, c)
-            print(f"{preset_name}: whole 30 s window, batch 1, 100 steps: {entry['window_ms']:.1f} ms")
+            print(
+                f"{preset_name}: whole 30 s window, batch 1, 100 steps: {entry['window_ms']:.1f} ms"
+            )
         if args.profile:
             for batch in args.batch:
-                print(f"--- eager step kernels, {preset_name} b{batch}\n" + profile_step(rt, c, batch))
+                print(
+                    f"--- eager step kernels, {preset_name} b{batch}\n" + profile_step(rt, c, batch)
+                )
         canonical = unfuse_state_dict(model.state_dict())
         peers: dict[str, dict[int, float | str]] = {}
         for peer in args.peers:
@@ -431,9 +458,14 @@ def main() -> None:
                     if peer == "openai-whisper":
                         ms = bench_openai(other, c, batch, args.tokens)
                     else:
-                        ms = bench_hf(other, c, batch, args.tokens, static=peer == "hf-static-compile")
+                        ms = bench_hf(
+                            other, c, batch, args.tokens, static=peer == "hf-static-compile"
+                        )
                     peers[peer][batch] = ms
-                    print(f"{preset_name} b{batch} {peer}: {ms:.3f} ms/step ({time.perf_counter() - t0:.0f} s)", flush=True)
+                    print(
+                        f"{preset_name} b{batch} {peer}: {ms:.3f} ms/step ({time.perf_counter() - t0:.0f} s)",
+                        flush=True,
+                    )
                 del other
             except Exception as error:  # noqa: BLE001 - a peer that fails is reported, not fatal
                 peers[peer]["error"] = f"{type(error).__name__}: {error}"[:500]

@@ -51,7 +51,9 @@ def test_presets_and_unfuse_round_trip():
     from whisperforge.model import fuse_state_dict
 
     assert PRESETS["large-v3"].n_mels == 128 and PRESETS["large-v3"].n_vocab == 51866
-    assert PRESETS["large-v3-turbo"].n_text_layer == 4 and PRESETS["distil-large-v3"].n_text_layer == 2
+    assert (
+        PRESETS["large-v3-turbo"].n_text_layer == 4 and PRESETS["distil-large-v3"].n_text_layer == 2
+    )
     state = random_model(CONFIG).state_dict()
     again = fuse_state_dict(unfuse_state_dict(state))
     assert again.keys() == state.keys()
@@ -88,9 +90,14 @@ def test_batched_bucketed_step_equals_plain_model(setup):
     assert batch.max_length == 6
     rows = [list(p) for p in prompts]
     for r in range(4):
-        torch.testing.assert_close(runtime.logits[r], plain_last_logits(model, rows[r], features[r // group]), **TOL)
+        torch.testing.assert_close(
+            runtime.logits[r], plain_last_logits(model, rows[r], features[r // group]), **TOL
+        )
     for step in range(14):
-        fed = [eot if step >= finish_at[r] else int(torch.randint(0, 50000, (1,), generator=g)) for r in range(4)]
+        fed = [
+            eot if step >= finish_at[r] else int(torch.randint(0, 50000, (1,), generator=g))
+            for r in range(4)
+        ]
         logits = runtime.step(batch, torch.tensor(fed))
         for r in range(4):
             rows[r].append(fed[r])
@@ -113,7 +120,9 @@ def test_reorder_follows_beams(setup):
         torch.testing.assert_close(logits[r], expected, **TOL)
 
 
-def plain_greedy(model: Whisper, prompt: list[int], features: torch.Tensor, n: int, suppress: list[int]):
+def plain_greedy(
+    model: Whisper, prompt: list[int], features: torch.Tensor, n: int, suppress: list[int]
+):
     """Greedy tokens and their log-probabilities from full forwards (no EOT: the caller cuts)."""
     tokens, logprobs = list(prompt), []
     for _ in range(n):
@@ -132,13 +141,16 @@ def test_greedy_loop_matches_plain_greedy_with_rows_finishing_apart(setup):
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 50000, (k,), generator=g).tolist() for k in (4, 7)]
     plain = [plain_greedy(model, p, features[i], n, suppress) for i, p in enumerate(prompts)]
+
     # EOT := a token that row 0 first emits at some step while row 1 emits it later or never:
     # the rows then finish at different steps.
     def first(seq: list[int], t: int) -> int:
         return seq.index(t) if t in seq else n
 
     eot = next(
-        t for t in plain[0][0][1:] if first(plain[0][0], t) < n - 2 and first(plain[1][0], t) != first(plain[0][0], t)
+        t
+        for t in plain[0][0][1:]
+        if first(plain[0][0], t) < n - 2 and first(plain[1][0], t) != first(plain[0][0], t)
     )
     batch = runtime.prefill(runtime.cross(features), prompts)
     result = runtime.greedy(batch, n, eot, suppress=suppress, check_every=0)
@@ -175,7 +187,9 @@ def test_greedy_loop_on_tiny_en_equals_decode(tiny_en, jfk_features):
     options = DecodingOptions(language="en", without_timestamps=True)
     reference = decode(tiny_en.model, tiny_en.tokenizer, jfk_features, options)[0]
     runtime = Runtime(tiny_en.model, "float32", max_windows=1)
-    batch = runtime.prefill(runtime.cross(jfk_features), [list(tokenizer.sot_sequence_including_notimestamps)])
+    batch = runtime.prefill(
+        runtime.cross(jfk_features), [list(tokenizer.sot_sequence_including_notimestamps)]
+    )
     result = runtime.greedy(
         batch, 224, tokenizer.eot,
         suppress=suppress_token_list(tokenizer, "-1"),

@@ -29,6 +29,7 @@ step code runs eagerly. `RuntimeWhisper` lets `decoding.decode` use the runtime 
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -37,6 +38,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .model import CrossAttention, SelfAttention, Whisper, merge_heads, split_heads
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the runtime runs its plain torch path
+    triton = None
 
 COMPUTE_TYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 BUCKETS = (64, 128, 256)  # past lengths a step graph covers; n_text_ctx is always the last
@@ -57,6 +64,116 @@ def layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
     # In the compute dtype: the kernel accumulates in fp32 anyway, and the reference's casts to
     # fp32 and back would cost two extra passes over the activations.
     return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+
+
+# --- Triton kernels for the decode step (CUDA only; the torch path is their reference) ---------
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter, for tests
+
+if triton is not None:
+
+    @triton.jit
+    def _add_layer_norm_kernel(
+        x_ptr, y_ptr, bias_ptr, w_ptr, b_ptr, h_ptr, D, eps, BLOCK: tl.constexpr
+    ):
+        """x += y + bias, in place (the residual stream); h = layer_norm(x). One row per program."""
+        row = tl.program_id(0).to(tl.int64) * D
+        cols = tl.arange(0, BLOCK)
+        mask = cols < D
+        x = tl.load(x_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
+        y += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        x = (x + y).to(x_ptr.dtype.element_ty)  # the stream is kept in the compute dtype
+        tl.store(x_ptr + row + cols, x, mask=mask)
+        x = x.to(tl.float32)
+        mean = tl.sum(x, axis=0) / D
+        diff = tl.where(mask, x - mean, 0.0)
+        var = tl.sum(diff * diff, axis=0) / D
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        h = diff * tl.rsqrt(var + eps) * w + b
+        tl.store(h_ptr + row + cols, h.to(h_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _decode_attention_kernel(
+        qkv_ptr, bias_ptr, cache_ptr, pos_ptr, out_ptr, n_head, scale,
+        T: tl.constexpr, DH: tl.constexpr, BLOCK_T: tl.constexpr, BY_LENGTH: tl.constexpr,
+    ):  # fmt: skip
+        """One (row, head): write this token's K,V at the row's position p, then attend over
+        positions [0, p] of the row's cache. The length comes from memory, so one kernel (and
+        one graph) serves every length: no buckets, no mask."""
+        r = tl.program_id(0)
+        h = tl.program_id(1)
+        p = tl.load(pos_ptr + r)
+        D = n_head * DH
+        d = tl.arange(0, DH)
+        row = qkv_ptr + r * 3 * D
+        # The projection's bias is added here, so the qkv projection is a plain matmul.
+        q_at, k_at, v_at = h * DH + d, D + h * DH + d, 2 * D + h * DH + d
+        dtype = qkv_ptr.dtype.element_ty
+        q = (tl.load(row + q_at).to(tl.float32) + tl.load(bias_ptr + q_at).to(tl.float32)).to(dtype)
+        q = q.to(tl.float32) * scale
+        k_new = (tl.load(row + k_at).to(tl.float32) + tl.load(bias_ptr + k_at).to(tl.float32)).to(
+            dtype
+        )
+        v_new = (tl.load(row + v_at).to(tl.float32) + tl.load(bias_ptr + v_at).to(tl.float32)).to(
+            dtype
+        )
+        k_base = cache_ptr + (r * 2 * n_head + h).to(tl.int64) * T * DH
+        v_base = cache_ptr + (r * 2 * n_head + n_head + h).to(tl.int64) * T * DH
+        tl.store(k_base + p * DH + d, k_new)
+        tl.store(v_base + p * DH + d, v_new)
+        # Online softmax, seeded with the new token from registers (its stores may not be
+        # visible to this program's loads yet).
+        m = tl.sum(q * k_new.to(tl.float32), axis=0)
+        l = tl.full([], 1.0, tl.float32)
+        acc = v_new.to(tl.float32)
+        for start in range(0, p if BY_LENGTH else T, BLOCK_T):  # T: the interpreter (tests)
+            t = start + tl.arange(0, BLOCK_T)
+            valid = t < p
+            k = tl.load(k_base + t[:, None] * DH + d[None, :], mask=valid[:, None], other=0.0)
+            s = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            alpha = tl.exp(m - m_new)
+            e = tl.exp(s - m_new)
+            v = tl.load(v_base + t[:, None] * DH + d[None, :], mask=valid[:, None], other=0.0)
+            l = l * alpha + tl.sum(e, axis=0)
+            acc = acc * alpha + tl.sum(e[:, None] * v.to(tl.float32), axis=0)
+            m = m_new
+        tl.store(out_ptr + r * D + h * DH + d, (acc / l).to(out_ptr.dtype.element_ty))
+
+
+def add_layer_norm(x: Tensor, y: Tensor, bias: Tensor, ln: nn.LayerNorm) -> Tensor:
+    """x += y + bias in place; returns layer_norm(x). x, y: contiguous [rows, D]."""
+    rows, D = x.shape
+    h = torch.empty_like(x)
+    block = triton.next_power_of_2(D)
+    _add_layer_norm_kernel[(rows,)](
+        x,
+        y,
+        bias,
+        ln.weight,
+        ln.bias,
+        h,
+        D,
+        ln.eps,
+        BLOCK=block,
+        num_warps=8 if block >= 2048 else 4,
+    )
+    return h
+
+
+def decode_attention(qkv: Tensor, bias: Tensor, cache: Tensor, pos: Tensor, n_head: int) -> Tensor:
+    """qkv [rows, 3D] of this step (before its bias [3D]); cache [>= rows, 2H, T, dh];
+    pos [rows] -> out [rows, D]."""
+    rows, D = qkv.shape[0], qkv.shape[1] // 3
+    out = torch.empty(rows, D, device=qkv.device, dtype=qkv.dtype)
+    dh = D // n_head
+    _decode_attention_kernel[(rows, n_head)](
+        qkv, bias, cache, pos, out, n_head, dh**-0.5, T=cache.shape[2],
+        DH=dh, BLOCK_T=64, BY_LENGTH=not _INTERPRETED, num_warps=4,
+    )  # fmt: skip
+    return out
 
 
 @dataclass
@@ -104,6 +221,7 @@ class Runtime:
         buckets: Sequence[int] = BUCKETS,
         graphs: bool | None = None,
         encoder_graphs: bool = True,
+        fused: bool | None = None,
     ):
         dtype = resolve_dtype(compute_type, model.device)
         if model.dtype != dtype:  # a copy: the reference model keeps its weights
@@ -113,6 +231,9 @@ class Runtime:
         self.device, self.dtype = model.device, dtype
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.encoder_graphs = encoder_graphs and self.graphs
+        # The Triton kernels (fused residual + layer norm, self-attention by length) on CUDA.
+        on_cuda = self.device.type == "cuda" and triton is not None
+        self.fused = on_cuda if fused is None else fused and on_cuda
         n_ctx = self.config.n_text_ctx
         self.buckets = sorted({b for b in buckets if b < n_ctx} | {n_ctx})
         self.n_head = self.config.n_text_head
@@ -134,7 +255,9 @@ class Runtime:
         # Per layer: the cross K,V of each window side by side, as the kv projection writes them.
         self.cross_kv = [torch.zeros(windows, A, 2 * D, device=dev, dtype=dt) for _ in layers]
         # Per layer: self K (heads 0..H-1) and V (heads H..2H-1) of each row at each position.
-        self.self_kv = [torch.zeros(rows, 2 * H, T, self.d_head, device=dev, dtype=dt) for _ in layers]
+        self.self_kv = [
+            torch.zeros(rows, 2 * H, T, self.d_head, device=dev, dtype=dt) for _ in layers
+        ]
         self.features = torch.zeros(windows, A, cfg.n_audio_state, device=dev, dtype=dt)
         self.mel = torch.zeros(windows, cfg.n_mels, 2 * A, device=dev, dtype=dt)
         # Loop state, one entry per row.
@@ -198,13 +321,36 @@ class Runtime:
     def _encoder(self, mel: Tensor) -> Tensor:
         """The plain encoder, with layer norms in the compute dtype; attention is SDPA (flash)."""
         enc = self.model.encoder
-        x = F.gelu(enc.conv1(mel))
-        x = F.gelu(enc.conv2(x)).transpose(1, 2)
-        x = x + enc.positional_embedding
+        tf32 = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = self.dtype != torch.float32  # float32 means float32
+        try:
+            x = F.gelu(enc.conv1(mel))
+            x = F.gelu(enc.conv2(x)).transpose(1, 2)
+        finally:
+            torch.backends.cudnn.allow_tf32 = tf32
+        x = (x + enc.positional_embedding).contiguous()
+        if self.fused:  # residual adds, biases and layer norms fused: a pass less per sub-layer
+            shape, x = x.shape, x.flatten(0, 1)
+            h = layer_norm(enc.blocks[0].attn_ln, x)
+            for i, block in enumerate(enc.blocks):
+                H = block.attn.n_head
+                q, k, v = block.attn.qkv(h).view(shape[0], shape[1], -1).chunk(3, dim=-1)
+                a = F.scaled_dot_product_attention(
+                    split_heads(q, H), split_heads(k, H), split_heads(v, H)
+                )
+                a = F.linear(merge_heads(a).flatten(0, 1), block.attn.out.weight)
+                h = add_layer_norm(x, a, block.attn.out.bias, block.mlp_ln)
+                fc1, fc2 = block.mlp[0], block.mlp[2]
+                m = F.linear(F.gelu(fc1(h)), fc2.weight)
+                next_ln = enc.blocks[i + 1].attn_ln if i + 1 < len(enc.blocks) else enc.ln_post
+                h = add_layer_norm(x, m, fc2.bias, next_ln)
+            return h.view(shape)
         for block in enc.blocks:
             q, k, v = block.attn.qkv(layer_norm(block.attn_ln, x)).chunk(3, dim=-1)
             H = block.attn.n_head
-            a = F.scaled_dot_product_attention(split_heads(q, H), split_heads(k, H), split_heads(v, H))
+            a = F.scaled_dot_product_attention(
+                split_heads(q, H), split_heads(k, H), split_heads(v, H)
+            )
             x = x + block.attn.out(merge_heads(a))
             x = x + block.mlp(layer_norm(block.mlp_ln, x))
         return layer_norm(enc.ln_post, x)
@@ -245,18 +391,28 @@ class Runtime:
     # --- the decoder -----------------------------------------------------------------------
 
     def _cross_attention(self, attn: CrossAttention, x: Tensor, layer: int, windows: int) -> Tensor:
-        """x [rows, T, D], rows grouped by window: all queries of a window's rows attend to its
-        K,V in one call, so beams read their shared K,V once."""
+        return attn.out(self._cross_core(attn, x, layer, windows))
+
+    def _cross_core(self, attn: CrossAttention, x: Tensor, layer: int, windows: int) -> Tensor:
+        """Cross-attention before its output projection. x [rows, T, D] or [rows, D], rows
+        grouped by window: all queries of a window's rows attend to its K,V in one call, so
+        beams read their shared K,V once."""
         H, dh, D = self.n_head, self.d_head, self.config.n_text_state
         q = attn.query(x).reshape(windows, -1, H, dh).transpose(1, 2)  # [W, H, group * T, dh]
         kv = self.cross_kv[layer][:windows]
         k = kv[..., :D].unflatten(-1, (H, dh)).transpose(1, 2)  # [W, H, A, dh]
         v = kv[..., D:].unflatten(-1, (H, dh)).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v)
-        return attn.out(out.transpose(1, 2).reshape(x.shape))
+        return out.transpose(1, 2).reshape(x.shape)
 
     def _self_attention_step(
-        self, attn: SelfAttention, x: Tensor, layer: int, write: tuple[Tensor, ...], mask: Tensor, bucket: int
+        self,
+        attn: SelfAttention,
+        x: Tensor,
+        layer: int,
+        write: tuple[Tensor, ...],
+        mask: Tensor,
+        bucket: int,
     ) -> Tensor:
         """x [rows, 1, D]: write this token's K,V at each row's own position, attend over the
         bucket; `mask` hides the positions past each row's length."""
@@ -281,12 +437,44 @@ class Runtime:
         mask.masked_fill_(~visible[:, None, None], float("-inf"))
         write = (self.row_index[:rows, None], self.head_index[None, :], pos[:, None])
         for i, block in enumerate(dec.blocks):
-            x = x + self._self_attention_step(block.attn, layer_norm(block.attn_ln, x), i, write, mask, bucket)
-            x = x + self._cross_attention(block.cross_attn, layer_norm(block.cross_attn_ln, x), i, windows)
+            x = x + self._self_attention_step(
+                block.attn, layer_norm(block.attn_ln, x), i, write, mask, bucket
+            )
+            x = x + self._cross_attention(
+                block.cross_attn, layer_norm(block.cross_attn_ln, x), i, windows
+            )
             x = x + block.mlp(layer_norm(block.mlp_ln, x))
         hidden = layer_norm(dec.ln, x[:, 0])
         self.hidden[:rows].copy_(hidden)
         self.logits[:rows].copy_(dec.logits(hidden))
+        pos += 1
+
+    def _forward_fused(self, rows: int, windows: int) -> None:
+        """`_forward` with the Triton kernels: each residual add, the bias of the projection
+        before it and the next layer norm are one kernel; self-attention writes the token's K,V
+        and attends up to each row's own length in one kernel."""
+        dec = self.model.decoder
+        token, pos = self.token[:rows], self.pos[:rows]
+        x = dec.token_embedding(token) + dec.positional_embedding[pos]  # [R, D]
+        blocks = dec.blocks
+        h = layer_norm(blocks[0].attn_ln, x)
+        for i, block in enumerate(blocks):
+            qkv = block.attn.qkv
+            a = decode_attention(
+                F.linear(h, qkv.weight), qkv.bias, self.self_kv[i], pos, self.n_head
+            )
+            out = block.attn.out
+            h = add_layer_norm(x, F.linear(a, out.weight), out.bias, block.cross_attn_ln)
+            c = self._cross_core(block.cross_attn, h, i, windows)
+            out = block.cross_attn.out
+            h = add_layer_norm(x, F.linear(c, out.weight), out.bias, block.mlp_ln)
+            fc1, fc2 = block.mlp[0], block.mlp[2]
+            m = F.linear(F.gelu(fc1(h)), fc2.weight)
+            h = add_layer_norm(
+                x, m, fc2.bias, blocks[i + 1].attn_ln if i + 1 < len(blocks) else dec.ln
+            )
+        self.hidden[:rows].copy_(h)
+        self.logits[:rows].copy_(dec.logits(h))
         pos += 1
 
     def _select(self, rows: int) -> None:
@@ -307,11 +495,14 @@ class Runtime:
             raise ValueError(f"the rows are full: {self.config.n_text_ctx} tokens is the context")
         windows = self._padded_windows(batch.windows)
         rows = windows * batch.group
-        bucket = self._bucket(batch.max_length + 1)
+        bucket = 0 if self.fused else self._bucket(batch.max_length + 1)  # fused: any length
         self._reserve(windows, rows)
 
         def run() -> None:
-            self._forward(rows, windows, bucket)
+            if self.fused:
+                self._forward_fused(rows, windows)
+            else:
+                self._forward(rows, windows, bucket)
             if select:
                 self._select(rows)
 
@@ -354,7 +545,9 @@ class Runtime:
                 q, cache[:R, :H, :P], cache[:R, H:, :P], is_causal=P > 1
             )  # causal: padding sits after a row's tokens, so no real token sees it
             x = x + block.attn.out(merge_heads(a))
-            x = x + self._cross_attention(block.cross_attn, layer_norm(block.cross_attn_ln, x), i, W)
+            x = x + self._cross_attention(
+                block.cross_attn, layer_norm(block.cross_attn_ln, x), i, W
+            )
             x = x + block.mlp(layer_norm(block.mlp_ln, x))
         hidden = layer_norm(dec.ln, x)
         last = hidden[torch.arange(R, device=self.device), length - 1]
@@ -419,7 +612,9 @@ class Runtime:
         start = torch.tensor(batch.prompt_lengths, device=self.device)[:, None]
         index = start + torch.arange(n, device=self.device)
         return GreedyResult(
-            self.history[:R].gather(1, index), self.finished[:R].clone(), self.sum_logprobs[:R].clone()
+            self.history[:R].gather(1, index),
+            self.finished[:R].clone(),
+            self.sum_logprobs[:R].clone(),
         )
 
 
@@ -451,7 +646,9 @@ class RuntimeDecoder(nn.Module):
         self.runtime = runtime
         self.plain = runtime.model.decoder
 
-    def new_cache(self, audio_features: Tensor, repeats: int = 1, max_length: int | None = None) -> RuntimeCache:
+    def new_cache(
+        self, audio_features: Tensor, repeats: int = 1, max_length: int | None = None
+    ) -> RuntimeCache:
         return RuntimeCache(self.runtime, self.runtime.cross(audio_features), repeats)
 
     def forward(
