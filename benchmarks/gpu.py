@@ -351,6 +351,11 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
         batch = rt.prefill(rt.cross(features), [prompts[0], prompts[1]])
         results.append(rt.greedy(batch, 100, 50256, suppress=[50256]).tokens)
     print(f"selftest greedy 100 tokens, graphed == eager: {torch.equal(*results)}")
+    from whisperforge import runtime
+
+    print("matmul choices (M, N, K, dtype, bias, gelu) -> Triton (block_n, block_k, warps) or cuBLAS:")
+    for key, config in runtime._linear_choice.items():
+        print(f"  {key[:3]} {str(key[3])[6:]} bias={key[4]} gelu={key[5]}: {config or 'cuBLAS'}")
 
 
 # --- correctness on real weights -----------------------------------------------------------
@@ -482,6 +487,12 @@ def main() -> None:
             ratio = f"{min(numbers) / row['step_ms']:.1f}x" if numbers else "-"
             cells = " | ".join(f"{t:.3f}" if isinstance(t, float) else "-" for t in times)
             print(f"{b} | {row['step_ms']:.3f} | {cells} | {row['step_floor_ms']:.3f} | {ratio}")
+        from whisperforge import runtime
+
+        chosen = {f"{k[:3]} bias={k[4]} gelu={k[5]}": v for k, v in runtime._linear_choice.items()}
+        print(f"{preset_name}: step matmuls (M, N, K) -> Triton (block_n, block_k, warps) or None = cuBLAS: {chosen}")
+        entry["matmul_choices"] = {k: v for k, v in chosen.items()}
+        runtime._linear_choice.clear()
         del model, rt
         torch.cuda.empty_cache()
     if args.out:
