@@ -199,7 +199,8 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None, gelu: bool = False) ->
     M, K = x.shape
     key = (M, w.shape[0], K, w.dtype, b is not None, gelu)
     if key not in _linear_choice:
-        usable = triton is not None and x.is_cuda and M <= 16
+        # Not for float32: tl.dot would round its inputs to tf32, and float32 means float32.
+        usable = triton is not None and x.is_cuda and M <= 16 and w.dtype != torch.float32
         _linear_choice[key] = _pick_linear(x, w, b, gelu) if usable else None
     config = _linear_choice[key]
     return _torch_linear(x, w, b, gelu) if config is None else _skinny(x, w, b, gelu, config)
@@ -420,7 +421,12 @@ class Runtime:
                 a = F.linear(merge_heads(a).flatten(0, 1), block.attn.out.weight)
                 h = add_layer_norm(x, a, block.attn.out.bias, block.mlp_ln)
                 fc1, fc2 = block.mlp[0], block.mlp[2]
-                m = F.linear(F.gelu(fc1(h)), fc2.weight)
+                if self.dtype == torch.float32:
+                    m = F.gelu(fc1(h))
+                else:  # bias and GELU in the matmul's epilogue (cuBLASLt's tanh form: within
+                    # fp16 rounding of the exact one) saves a pass over the largest activation
+                    m = torch._addmm_activation(fc1.bias, h, fc1.weight.T, use_gelu=True)
+                m = F.linear(m, fc2.weight)
                 next_ln = enc.blocks[i + 1].attn_ln if i + 1 < len(enc.blocks) else enc.ln_post
                 h = add_layer_norm(x, m, fc2.bias, next_ln)
             return h.view(shape)
@@ -477,7 +483,8 @@ class Runtime:
         grouped by window: all queries of a window's rows attend to its K,V in one call, so
         beams read their shared K,V once."""
         H, dh, D = self.n_head, self.d_head, self.config.n_text_state
-        q = attn.query(x).reshape(windows, -1, H, dh).transpose(1, 2)  # [W, H, group * T, dh]
+        q = linear(x, attn.query.weight, attn.query.bias) if x.dim() == 2 else attn.query(x)
+        q = q.reshape(windows, -1, H, dh).transpose(1, 2)  # [W, H, group * T, dh]
         kv = self.cross_kv[layer][:windows]
         k = kv[..., :D].unflatten(-1, (H, dh)).transpose(1, 2)  # [W, H, A, dh]
         v = kv[..., D:].unflatten(-1, (H, dh)).transpose(1, 2)
