@@ -60,6 +60,12 @@ def test_presets_and_unfuse_round_trip():
     assert all(torch.equal(again[k], state[k]) for k in state)
 
 
+def test_runtime_keeps_the_model_dtype_unless_told():
+    model = random_model(CONFIG).to(torch.bfloat16)
+    assert Runtime(model).model is model  # no copy: WhisperModel's compute_type stands
+    assert Runtime(model, "float32").dtype == torch.float32 and model.dtype == torch.bfloat16
+
+
 def test_encoder_and_cross_match_plain(setup):
     model, features = setup
     runtime = Runtime(model, "float32", max_windows=2)

@@ -303,7 +303,8 @@ class Runtime:
         encoder_graphs: bool = True,
         fused: bool | None = None,
     ):
-        dtype = resolve_dtype(compute_type, model.device)
+        # None: the model's own dtype ("default" is faster-whisper's: float16 on CUDA).
+        dtype = model.dtype if compute_type is None else resolve_dtype(compute_type, model.device)
         if model.dtype != dtype:  # a copy: the reference model keeps its weights
             model = copy.deepcopy(model).to(dtype)
         self.model = model.eval()
