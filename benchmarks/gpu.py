@@ -353,7 +353,9 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
     print(f"selftest greedy 100 tokens, graphed == eager: {torch.equal(*results)}")
     from whisperforge import runtime
 
-    print("matmul choices (M, N, K, dtype, bias, gelu) -> Triton (block_n, block_k, warps) or cuBLAS:")
+    print(
+        "matmul choices (M, N, K, dtype, bias, gelu) -> Triton (block_n, block_k, warps) or cuBLAS:"
+    )
     for key, config in runtime._linear_choice.items():
         print(f"  {key[:3]} {str(key[3])[6:]} bias={key[4]} gelu={key[5]}: {config or 'cuBLAS'}")
 
@@ -490,7 +492,9 @@ def main() -> None:
         from whisperforge import runtime
 
         chosen = {f"{k[:3]} bias={k[4]} gelu={k[5]}": v for k, v in runtime._linear_choice.items()}
-        print(f"{preset_name}: step matmuls (M, N, K) -> Triton (block_n, block_k, warps) or None = cuBLAS: {chosen}")
+        print(
+            f"{preset_name}: step matmuls (M, N, K) -> Triton (block_n, block_k, warps) or None = cuBLAS: {chosen}"
+        )
         entry["matmul_choices"] = {k: v for k, v in chosen.items()}
         runtime._linear_choice.clear()
         del model, rt

@@ -5,9 +5,12 @@ kernel launches and host syncs, not by the GPU. The runtime removes both:
 
 - Cross-attention K,V are projected once per window into a static buffer (`encode`/`cross`).
 - Self-attention K,V live in static per-row caches; a step writes one position per row and
-  attends over `cache[:bucket]` with a mask beyond each row's own length, so rows may have
-  different prompt lengths, and the shapes come from a short ladder of (windows, bucket).
-- Each (windows, beams per window, bucket) step is captured once as a CUDA graph and replayed.
+  attends up to each row's own length, so rows may have different prompt lengths. The torch
+  path (CPU, tests, the reference for the kernels) attends over `cache[:bucket]` with a mask,
+  bucket from a short ladder; on CUDA a Triton kernel appends K,V and attends by length.
+- Each (windows on a ladder, rows per window[, bucket]) step is captured once as a CUDA graph
+  and replayed; on CUDA, Triton kernels also fuse each residual add, bias and layer norm, and
+  stream the weights for the few-row matmuls where that beats cuBLAS.
 - The greedy loop state (last tokens, lengths, finished flags, sums of log-probs, the tokens
   so far) stays on the GPU; `greedy` runs a whole decode with no host sync per step.
 - Beams (or best-of samples) of one window are rows of one batch that share the window's cross
@@ -175,7 +178,10 @@ _SKINNY_CONFIGS = [(16, 128, 4), (16, 256, 4), (32, 128, 4), (32, 256, 8), (64, 
 _linear_choice: dict[tuple, tuple[int, int, int] | None] = {}
 
 
-def _skinny(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, config: tuple[int, int, int]) -> Tensor:
+def _skinny(
+    x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, config: tuple[int, int, int]
+) -> Tensor:
+    x = x.contiguous()  # the kernel indexes rows of K
     M, K = x.shape
     N = w.shape[0]
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
@@ -228,17 +234,9 @@ def add_layer_norm(x: Tensor, y: Tensor, bias: Tensor, ln: nn.LayerNorm) -> Tens
     rows, D = x.shape
     h = torch.empty_like(x)
     block = triton.next_power_of_2(D)
+    warps = 8 if block >= 2048 else 4
     _add_layer_norm_kernel[(rows,)](
-        x,
-        y,
-        bias,
-        ln.weight,
-        ln.bias,
-        h,
-        D,
-        ln.eps,
-        BLOCK=block,
-        num_warps=8 if block >= 2048 else 4,
+        x, y, bias, ln.weight, ln.bias, h, D, ln.eps, BLOCK=block, num_warps=warps
     )
     return h
 
