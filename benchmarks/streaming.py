@@ -47,6 +47,7 @@ def main() -> None:
     parser.add_argument("--beam-size", type=int, default=1)
     parser.add_argument("--chunk", type=float, default=0.5, help="seconds per fed chunk")
     parser.add_argument("--min-chunk", type=float, default=1.0, help="new audio per update (s)")
+    parser.add_argument("--agreement", type=int, default=2, help="LocalAgreement-n")
     parser.add_argument("--silence-db", type=float, default=None, help="energy gate (dBFS)")
     parser.add_argument("--compute-aware", action="store_true")
     parser.add_argument("--long", action="store_true", help="also the 19-minute file")
@@ -62,13 +63,14 @@ def main() -> None:
     manifest = {r["audio"]: r for r in map(json.loads, filter(None, lines))}
     options = StreamingOptions(
         language="en", beam_size=args.beam_size, min_chunk_s=args.min_chunk,
-        silence_db=args.silence_db,
+        silence_db=args.silence_db, agreement=args.agreement,
     )  # fmt: skip
     clips = CLIPS + ([LONG] if args.long else [])
     if args.only:
         clips = [c for c in clips if c[0] in args.only]
 
-    print(f"model {args.model}, beam {args.beam_size}, chunk {args.chunk}s, min_chunk "
+    print(f"model {args.model}, beam {args.beam_size}, agreement {args.agreement}, "
+          f"chunk {args.chunk}s, min_chunk "
           f"{args.min_chunk}s, gate {args.silence_db}, compute_aware {args.compute_aware}, "
           f"threads {args.threads}")  # fmt: skip
     header = (f"{'file':<34} {'dur':>6} {'WER off':>7} {'WER str':>7} {'str/off':>7} "
@@ -81,7 +83,9 @@ def main() -> None:
         if crop:
             audio = audio[: round(crop * 16000)]
         started = time.perf_counter()
-        segments, _ = model.transcribe(audio, language="en", beam_size=args.beam_size, temperature=0.0)
+        segments, _ = model.transcribe(
+            audio, language="en", beam_size=args.beam_size, temperature=0.0
+        )
         offline = "".join(s.text for s in segments).strip()
         offline_s = time.perf_counter() - started
         run = replay(model, audio, args.chunk, options, compute_aware=args.compute_aware)
@@ -120,7 +124,8 @@ def main() -> None:
               f"{100 * sums['off_err'] / sums['ref_words']:.1f}%, streaming "
               f"{100 * sums['str_err'] / sums['ref_words']:.1f}%")  # fmt: skip
     d = np.array(all_delays)
-    print(f"all words ({d.size}): commit delay mean {d.mean():.2f} s, p90 {np.percentile(d, 90):.2f} s")
+    p90 = np.percentile(d, 90)
+    print(f"all words ({d.size}): commit delay mean {d.mean():.2f} s, p90 {p90:.2f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

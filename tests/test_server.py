@@ -23,11 +23,14 @@ from whisperforge import Segment, TranscriptionInfo, WhisperModel, load_audio
 
 pytest.importorskip("fastapi")
 pytest.importorskip("multipart")
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient
 
-from whisperforge.server import ServerConfig, create_app  # noqa: E402
+from whisperforge.server import ServerConfig, create_app
 
-JFK_TEXT = "and so my fellow americans ask not what your country can do for you ask what you can do for your country"
+JFK_TEXT = (
+    "and so my fellow americans ask not what your country can do for you "
+    "ask what you can do for your country"
+)
 KEY = "test-key-123"
 
 
@@ -50,7 +53,9 @@ class CachedModel:
     def __getattr__(self, name: str):
         return getattr(self.model, name)
 
-    def transcribe(self, audio: np.ndarray, **options) -> tuple[Iterator[Segment], TranscriptionInfo]:
+    def transcribe(
+        self, audio: np.ndarray, **options
+    ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         segments, info = self.model.transcribe(audio, **options)
         key = (hashlib.sha1(audio.tobytes()).hexdigest(), repr(sorted(options.items())))
         if key not in self.cache:
@@ -65,8 +70,13 @@ def client(tiny_en) -> Iterator[TestClient]:
         yield c
 
 
-def post(client: TestClient, data: dict | None = None, files: dict | None = None, path: str = "transcriptions"):
+def post(client: TestClient, data: dict | None = None, files: dict | None = None,
+         path: str = "transcriptions"):  # fmt: skip
     return client.post(f"/v1/audio/{path}", data=data or {}, files=files)
+
+
+def fmt(response_format: str, **more) -> dict:
+    return {"model": "tiny.en", "response_format": response_format, **more}
 
 
 def jfk_file() -> dict:
@@ -95,28 +105,30 @@ def test_response_formats(client):
     assert text.headers["content-type"].startswith("text/plain")
     assert text.text.strip() == body["text"]
 
-    cues = list(srt.parse(post(client, {"model": "tiny.en", "response_format": "srt"}, jfk_file()).text))
+    cues = list(srt.parse(post(client, fmt("srt"), jfk_file()).text))
     assert cues and wer(JFK_TEXT, " ".join(c.content for c in cues)) < 0.1
-    vtt = post(client, {"model": "tiny.en", "response_format": "vtt"}, jfk_file())
+    vtt = post(client, fmt("vtt"), jfk_file())
     assert vtt.headers["content-type"].startswith("text/vtt")
     captions = list(webvtt.from_buffer(io.StringIO(vtt.text)))
     assert captions and wer(JFK_TEXT, " ".join(c.text for c in captions)) < 0.1
 
-    verbose = post(client, {"model": "tiny.en", "response_format": "verbose_json",
-                            "timestamp_granularities[]": ["word", "segment"]}, jfk_file()).json()
+    granularities = {"timestamp_granularities[]": ["word", "segment"]}
+    verbose = post(client, fmt("verbose_json", **granularities), jfk_file()).json()
     assert verbose["task"] == "transcribe" and verbose["language"] == "english"
     assert verbose["duration"] == pytest.approx(11.0, abs=0.01)
-    assert verbose["segments"] and {"id", "seek", "start", "end", "text", "tokens", "temperature",
-                                    "avg_logprob", "compression_ratio", "no_speech_prob"} <= set(verbose["segments"][0])
+    fields = {"id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
+              "compression_ratio", "no_speech_prob"}  # fmt: skip
+    assert verbose["segments"] and fields <= set(verbose["segments"][0])
     assert [w["word"] for w in verbose["words"]][:3] == ["And", "so", "my"]
     assert all(w["start"] <= w["end"] for w in verbose["words"])
-    assert "words" not in post(client, {"model": "tiny.en", "response_format": "verbose_json"}, jfk_file()).json()
+    assert "words" not in post(client, fmt("verbose_json"), jfk_file()).json()
 
 
 def test_stream_sends_openai_events(client):
     response = post(client, {"model": "tiny.en", "stream": "true"}, jfk_file())
     assert response.headers["content-type"].startswith("text/event-stream")
-    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    lines = response.text.splitlines()
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
     assert [e["type"] for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1)
     assert events[-1]["type"] == "transcript.text.done" and len(events) >= 2
     assert "".join(e["delta"] for e in events[:-1]) == events[-1]["text"]
@@ -139,7 +151,8 @@ NOT_AUDIO = ("notes.txt", b"just some text, no sound here\n" * 20, "text/plain")
         ({"model": "tiny.en", "temperature": "warm"}, "jfk", 400, "temperature"),
         ({"model": "tiny.en", "temperature": "3"}, "jfk", 400, "temperature"),
         ({"model": "tiny.en", "stream": "maybe"}, "jfk", 400, "stream"),
-        ({"model": "tiny.en", "timestamp_granularities[]": "char"}, "jfk", 400, "timestamp_granularities[]"),
+        ({"model": "tiny.en", "timestamp_granularities[]": "char"}, "jfk", 400,
+         "timestamp_granularities[]"),
         ({"model": "tiny.en", "language": "klingon"}, "jfk", 400, "language"),
         ({"model": "tiny.en", "language": "de"}, "jfk", 400, "language"),  # English-only model
         ({"model": "tiny.en"}, {"file": NOT_AUDIO}, 400, "file"),  # not audio
@@ -157,7 +170,8 @@ def test_bad_requests_get_openai_errors(client, data, files, status, param):
 
 
 def test_other_errors_and_the_server_keeps_serving(client):
-    assert_openai_error(post(client, {"model": "tiny.en"}, jfk_file(), path="translations"), 400, "model")
+    response = post(client, {"model": "tiny.en"}, jfk_file(), path="translations")
+    assert_openai_error(response, 400, "model")  # tiny.en is English-only
     response = client.post("/v1/audio/transcriptions", json={"model": "tiny.en"})  # not multipart
     assert_openai_error(response, 400, "file")
     response = client.post("/v1/audio/transcriptions", content=b"\0" * (3 << 20),
@@ -169,7 +183,8 @@ def test_other_errors_and_the_server_keeps_serving(client):
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["model"] == "tiny.en"
     models = client.get("/v1/models").json()
-    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny.en", "whisper-1"]
+    assert models["object"] == "list"
+    assert [m["id"] for m in models["data"]] == ["tiny.en", "whisper-1"]
     assert wer(JFK_TEXT, post(client, {"model": "tiny.en"}, jfk_file()).json()["text"]) < 0.1
 
 
@@ -179,7 +194,8 @@ def test_api_key(tiny_en, monkeypatch):
         assert c.get("/health").status_code == 200  # health checks need no key
         error = assert_openai_error(c.get("/v1/models"), 401, None)
         assert error["code"] == "invalid_api_key"
-        assert_openai_error(c.get("/v1/models", headers={"Authorization": "Bearer nope"}), 401, None)
+        wrong = c.get("/v1/models", headers={"Authorization": "Bearer nope"})
+        assert_openai_error(wrong, 401, None)
         response = c.post("/v1/audio/transcriptions", files=jfk_file(), data={"model": "tiny.en"})
         assert_openai_error(response, 401, None)
         assert c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
@@ -249,9 +265,8 @@ def test_openai_client_verbose_json(live_server):
     assert result.segments and result.segments[0].start == 0.0
     assert result.segments[-1].end == pytest.approx(11.0, abs=1.0)
     assert result.language == "english" and result.duration == pytest.approx(11.0, abs=0.01)
-    with pytest.raises(openai.NotFoundError):
-        with open(JFK, "rb") as f:
-            client.audio.transcriptions.create(model="whisper-9", file=f)
+    with pytest.raises(openai.NotFoundError), open(JFK, "rb") as f:
+        client.audio.transcriptions.create(model="whisper-9", file=f)
     with pytest.raises(openai.AuthenticationError):
         wrong = openai.OpenAI(base_url=f"{live_server}/v1", api_key="wrong", max_retries=0)
         wrong.models.list()
@@ -267,7 +282,7 @@ def test_concurrent_requests_all_answered(live_server):
         response = httpx.post(
             f"{live_server}/v1/audio/transcriptions", timeout=120,
             headers={"Authorization": f"Bearer {KEY}"},
-            files={"file": (clip["audio"], data)}, data={"model": "tiny.en", "response_format": "text"},
+            files={"file": (clip["audio"], data)}, data=fmt("text"),
         )  # fmt: skip
         assert response.status_code == 200, response.text
         return clip, response.text

@@ -247,7 +247,8 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int = 0) -> Non
                        help="CPU threads for torch (0: torch's choice; default: %(default)s)")
 
 
-STREAM_EPILOG = """input: a file path or - for stdin. Raw PCM (signed 16-bit little-endian, 16 kHz, mono) is read
+STREAM_EPILOG = """\
+input: a file path or - for stdin. Raw PCM (signed 16-bit little-endian, 16 kHz, mono) is read
   as it arrives; any other audio file (wav, flac, mp3, ...) is decoded first. --input-format
   auto tells them apart by the file's first bytes (and .raw/.pcm names).
 
@@ -279,6 +280,8 @@ def _add_stream_parser(commands: Any) -> None:
     s.add_argument("--min-chunk", metavar="SECONDS", type=float, default=1.0,
                    help="new audio per update: lower is faster to commit, costs more "
                    "(default: %(default)s)")
+    s.add_argument("--agreement", metavar="N", type=int, default=2,
+                   help="hypotheses that must agree before words are final (default: %(default)s)")
     s.add_argument("--silence-db", metavar="DBFS", type=float, default=None,
                    help="skip updates on audio quieter than this, e.g. -45 (default: off)")
     s.add_argument("--timestamps", action="store_true",
@@ -561,7 +564,8 @@ def _stream_chunks(args: argparse.Namespace, chunk_bytes: int) -> Any:
             return
         yield head
         while True:
-            data = source.read1(chunk_bytes) if hasattr(source, "read1") else source.read(chunk_bytes)
+            read = source.read1 if hasattr(source, "read1") else source.read
+            data = read(chunk_bytes)
             if not data:
                 return
             yield data
@@ -577,7 +581,7 @@ def run_stream(args: argparse.Namespace) -> int:
         return 1
     options = StreamingOptions(
         language=args.language, beam_size=args.beam_size, min_chunk_s=args.min_chunk,
-        silence_db=args.silence_db,
+        silence_db=args.silence_db, agreement=args.agreement,
     )  # fmt: skip
     model = load_model(args)
     start = time.monotonic()

@@ -3,7 +3,7 @@
     whisperforge serve --host 127.0.0.1 --port 8000 --model tiny.en
 
     POST /v1/audio/transcriptions   OpenAI's multipart fields; json, text, srt, vtt, verbose_json;
-    POST /v1/audio/translations     stream=true sends server-sent events (transcript.text.delta/.done)
+    POST /v1/audio/translations     stream=true: server-sent transcript.text.delta/.done events
     GET  /v1/models, /v1/models/{id}, /health
     WS   /v1/audio/stream           binary s16le 16 kHz mono PCM in, JSON streaming events out
 
@@ -98,7 +98,8 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
                  code: str | None = None, type: str = "invalid_request_error"):  # fmt: skip
         super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
@@ -402,7 +403,8 @@ class App:
 
     async def wait(self, future: Future) -> tuple[list[Segment], TranscriptionInfo]:
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self.config.request_timeout_s)
+            timeout = self.config.request_timeout_s
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
         except asyncio.TimeoutError:
             future.cancel()
             raise self._timeout() from None
@@ -433,7 +435,8 @@ class App:
         if fmt in ("srt", "vtt"):
             out = StringIO()
             write(fmt, segments, info, out)
-            return PlainTextResponse(out.getvalue(), media_type="text/vtt" if fmt == "vtt" else None)
+            media_type = "text/vtt" if fmt == "vtt" else None
+            return PlainTextResponse(out.getvalue(), media_type=media_type)
         return JSONResponse(verbose_json(segments, info, task, parsed.words))
 
     async def sse(self, parsed: ParsedRequest) -> AsyncIterator[str]:
@@ -531,7 +534,7 @@ class App:
                         await ws.send_json(event.to_dict())
                     continue
                 text = (message.get("text") or "").strip()
-                if text in ("stop", "EOF") or _json_type(text) in ("stop", "input_audio_buffer.commit"):
+                if text in ("stop", "EOF") or _json_type(text) == "stop":
                     final: StreamingEvent = await run_in_threadpool(stream.finish)
                     await ws.send_json({**final.to_dict(), "text": stream.text.strip()})
                     await ws.close(code=1000)
@@ -605,8 +608,10 @@ def verbose_json(segments: list[Segment], info: TranscriptionInfo, task: str, wo
         "usage": _usage(info),
     }
     if words:
-        body["words"] = [{"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
-                         for s in segments for w in (s.words or [])]  # fmt: skip
+        body["words"] = [
+            {"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
+            for s in segments for w in (s.words or [])
+        ]  # fmt: skip
     return body
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import re
 import time
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -54,6 +55,10 @@ class StreamingOptions:
     prompt_chars: how much committed text before the buffer conditions the decoder.
     silence_db: energy gate: new audio whose loudest 30 ms frame is below this (dBFS) costs
         no update, unless words are still tentative. None: every update is decoded.
+    max_compression_ratio: a hypothesis whose text gzips better than this is a decoding loop
+        and is not used (Whisper's own threshold for repetitive output).
+    agreement: how many consecutive hypotheses must agree on a word before it is committed
+        (LocalAgreement-n; 2 in ufal/whisper_streaming). 3 commits later and errs less.
     beam_size, temperature: decoding of each update; greedy at 0 keeps updates cheap and
         the stream deterministic.
     """
@@ -65,12 +70,16 @@ class StreamingOptions:
     max_buffer_s: float = 30.0
     prompt_chars: int = 200
     silence_db: float | None = None
+    max_compression_ratio: float | None = 2.4
+    agreement: int = 2
     beam_size: int = 1
     temperature: float | tuple[float, ...] = 0.0
 
     def __post_init__(self) -> None:
         if self.min_chunk_s <= 0:
             raise InvalidOptionError(f"min_chunk_s must be positive, got {self.min_chunk_s}")
+        if self.agreement < 2:
+            raise InvalidOptionError(f"agreement must be at least 2, got {self.agreement}")
         if not 0 < self.trim_s < self.max_buffer_s:
             raise InvalidOptionError(
                 f"need 0 < trim_s < max_buffer_s, got trim_s={self.trim_s}, "
@@ -132,7 +141,9 @@ def model_transcriber(
 ) -> BufferTranscriber:  # fmt: skip
     """A `BufferTranscriber` that calls `model.transcribe` with word timestamps."""
 
-    def run(audio: np.ndarray, prompt: str | None, language: str | None) -> tuple[list[Segment], str]:
+    def run(
+        audio: np.ndarray, prompt: str | None, language: str | None
+    ) -> tuple[list[Segment], str]:
         segments, info = model.transcribe(
             audio, language=language, task=task, beam_size=beam_size, temperature=temperature,
             initial_prompt=prompt or None, word_timestamps=True,
@@ -158,9 +169,19 @@ def peak_frame_db(samples: np.ndarray, frame: int = 480) -> float:
     return float(20 * np.log10(rms)) if rms > 0 else float("-inf")
 
 
+def _repetitive(words: Sequence[Word], threshold: float | None) -> bool:
+    text = "".join(w.word for w in words).encode()
+    if threshold is None or len(text) < 40:  # short texts never compress well
+        return False
+    return len(text) / len(zlib.compress(text)) > threshold
+
+
+_NOT_WORD = re.compile(r"[^\w']")
+
+
 def _norm(word: str) -> str:
     """Words agree when they match up to case and punctuation ("so," == "So")."""
-    return re.sub(r"[^\w']", "", word.lower())
+    return _NOT_WORD.sub("", word.lower())
 
 
 class StreamingTranscriber:
@@ -190,11 +211,13 @@ class StreamingTranscriber:
         self.updates = 0  # decoded updates, for cost accounting
         self._buffer = np.zeros(0, dtype=np.float32)  # audio from self._offset on
         self._offset = 0.0  # stream time of the buffer's first sample
+        self._first_in_buffer = 0  # index of the first committed word that ends in the buffer
         self._pending: list[np.ndarray] = []  # received, not yet in the buffer
         self._pending_samples = 0
         self._received = 0  # samples received in all
         self._odd_byte = b""  # half a PCM sample left over from an odd-sized bytes chunk
         self._tentative: list[Word] = []  # the last hypothesis minus what was committed
+        self._older: list[list[Word]] = []  # hypotheses before it (LocalAgreement-n, n > 2)
         self._silent_updates = 0  # updates decoded since the audio went quiet
 
     # --- public -----------------------------------------------------------------------------
@@ -245,7 +268,9 @@ class StreamingTranscriber:
             return pcm16_to_float(data[: len(data) - len(self._odd_byte)])
         samples = np.asarray(audio)
         if samples.ndim != 1:
-            raise InvalidOptionError(f"feed 1-D mono audio at {SAMPLE_RATE} Hz, got shape {samples.shape}")
+            raise InvalidOptionError(
+                f"feed 1-D mono audio at {SAMPLE_RATE} Hz, got shape {samples.shape}"
+            )
         if samples.dtype.kind in "iu":
             return samples.astype(np.float32) / float(2 ** (8 * samples.dtype.itemsize - 1))
         return samples.astype(np.float32, copy=False)
@@ -268,6 +293,11 @@ class StreamingTranscriber:
             self._silent_updates = 0
         if self._buffer.size == 0:
             return self._event([], final, 0.0)
+        if final and new_audio.size == 0 and self.updates:
+            # The last hypothesis already covers all the audio: commit it as it stands.
+            agreed, self._tentative = self._tentative, []
+            self.committed.extend(agreed)
+            return self._event(agreed, final, 0.0)
 
         started = time.perf_counter()
         segments, language = self._transcribe(self._buffer, self._prompt(), self.language)
@@ -280,10 +310,18 @@ class StreamingTranscriber:
             for s in segments for w in (s.words or [])
         ]  # fmt: skip
         hypothesis = self._after_committed(words)
+        if _repetitive(hypothesis, self.options.max_compression_ratio):
+            # A decoding loop ("all right, all right, ..."): two loops agree all too well.
+            # Keep the last sane hypothesis; more audio usually breaks the loop.
+            hypothesis = self._tentative
         if final:
             agreed, self._tentative = hypothesis, []
         else:
-            agreed = self._agreement(hypothesis, self._tentative)
+            history = [*self._older, self._tentative][-(self.options.agreement - 1) :]
+            full = len(history) == self.options.agreement - 1
+            agreed = self._agreement(hypothesis, *history) if full else []
+            keep = self.options.agreement - 2  # older hypotheses the next update compares with
+            self._older = [h[len(agreed) :] for h in history][len(history) - keep :] if keep else []
             self._tentative = hypothesis[len(agreed) :]
         self.committed.extend(agreed)
         if not final:
@@ -295,7 +333,12 @@ class StreamingTranscriber:
 
     def _prompt(self) -> str | None:
         """Committed text before the buffer (the buffer's own text will be decoded again)."""
-        before = "".join(w.word for w in self.committed if w.end <= self._offset)
+        parts, size, i = [], 0, self._first_in_buffer
+        while i > 0 and size < self.options.prompt_chars:  # O(prompt), not O(stream)
+            i -= 1
+            parts.append(self.committed[i].word)
+            size += len(parts[-1])
+        before = "".join(reversed(parts))
         return before[-self.options.prompt_chars :].strip() or None
 
     def _committed_end(self) -> float:
@@ -308,7 +351,7 @@ class StreamingTranscriber:
         Align them by text (their timestamps move between updates); where the text no longer
         lines up, fall back to time as ufal's HypothesisBuffer.insert does: drop words whose
         middle lies before the last commit, then a repeat of the last committed words."""
-        in_buffer = [w for w in self.committed if w.end > self._offset]
+        in_buffer = self.committed[self._first_in_buffer :]
         if not in_buffer:
             return words
         old, new = [_norm(w.word) for w in in_buffer], [_norm(w.word) for w in words]
@@ -324,13 +367,14 @@ class StreamingTranscriber:
         return rest
 
     @staticmethod
-    def _agreement(new: Sequence[Word], previous: Sequence[Word]) -> list[Word]:
-        """Longest common prefix of two hypotheses, as the newer one spells it."""
+    def _agreement(new: Sequence[Word], *previous: Sequence[Word]) -> list[Word]:
+        """Longest common prefix of hypotheses, as the newest one spells it."""
         agreed = []
-        for a, b in zip(new, previous):
-            if _norm(a.word) != _norm(b.word):
+        for i, word in enumerate(new):
+            key = _norm(word.word)
+            if any(i >= len(p) or _norm(p[i].word) != key for p in previous):
                 break
-            agreed.append(a)
+            agreed.append(word)
         return agreed
 
     def _trim(self, segments: Iterable[Segment]) -> list[Word]:
@@ -341,9 +385,8 @@ class StreamingTranscriber:
             return []
         last = self._committed_end()
         ends = [self._offset + s.end for s in segments if s.words and self._offset + s.end <= last]
-        sentences = [
-            w.end for w in self.committed if w.end > self._offset and w.word.strip().endswith(SENTENCE_END)
-        ]  # fmt: skip
+        in_buffer = self.committed[self._first_in_buffer :]
+        sentences = [w.end for w in in_buffer if w.word.strip().endswith(SENTENCE_END)]
         cut = max(ends or sentences or [self._offset])
         if cut > self._offset:
             self._cut(cut)
@@ -353,6 +396,7 @@ class StreamingTranscriber:
         horizon = self._offset + self.buffer_s - options.trim_s
         forced = [w for w in self._tentative if w.end <= horizon]
         self._tentative = self._tentative[len(forced) :]
+        self._older = []
         self.committed.extend(forced)
         self._cut(max(horizon, self._committed_end()))
         return forced
@@ -362,6 +406,11 @@ class StreamingTranscriber:
         n = min(self._buffer.size, max(0, round((t - self._offset) * SAMPLE_RATE)))
         self._buffer = self._buffer[n:]
         self._offset += n / SAMPLE_RATE
+        while (
+            self._first_in_buffer < len(self.committed)
+            and self.committed[self._first_in_buffer].end <= self._offset
+        ):
+            self._first_in_buffer += 1
 
 
 # --- replay on a simulated clock ---------------------------------------------------------------

@@ -1,0 +1,225 @@
+"""Streaming transcription (LocalAgreement-2): the policy on scripted hypotheses (fast, exact),
+a real replay of a 27 s dev clip with tiny.en on a simulated clock, and `whisperforge stream`."""
+
+from __future__ import annotations
+
+import bisect
+import io
+import sys
+from dataclasses import dataclass
+
+import jiwer
+import numpy as np
+import pytest
+from conftest import DEV_DIR
+
+from whisperforge import Segment, Word, cli, load_audio
+from whisperforge.streaming import (
+    StreamingOptions,
+    StreamingTranscriber,
+    pcm16_to_float,
+    replay,
+)
+
+SR = 16000
+RAMP = 1e-4  # scripted audio: sample value = stream time * RAMP, so a fake knows where it is
+
+
+def segment(words: list[Word]) -> Segment:
+    return Segment(0, 0, words[0].start, words[-1].end, "".join(w.word for w in words), [],
+                   -0.1, 1.0, 0.0, 0.0, words)  # fmt: skip
+
+
+def ramp(start: int, stop: int) -> np.ndarray:
+    return (np.arange(start, stop) / SR * RAMP).astype(np.float32)
+
+
+@dataclass
+class Scripted:
+    """A fake model: knows the words of the whole stream, returns those inside the buffer."""
+
+    words: list[Word]
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        self.prompts: list[str | None] = []
+        self.starts = [w.start for w in self.words]
+
+    def __call__(self, audio: np.ndarray, prompt: str | None, language: str | None):
+        self.calls += 1
+        self.prompts.append(prompt)
+        offset = float(audio[0]) / RAMP
+        end = offset + audio.size / SR
+        first = bisect.bisect_left(self.starts, offset - 1e-3)
+        inside = []
+        for w in self.words[first:]:
+            if w.end > end:
+                break
+            inside.append(Word(w.start - offset, w.end - offset, w.word, 1.0))
+        sentences, current = [], []
+        for w in inside:
+            current.append(w)
+            if w.word.endswith("."):
+                sentences.append(segment(current))
+                current = []
+        return sentences + ([segment(current)] if current else []), "en"
+
+
+def script(seconds: float) -> list[Word]:
+    """A word every 0.4 s, a sentence every 10 words."""
+    return [Word(i * 0.4 + 0.05, i * 0.4 + 0.35, f" w{i}" + ("." if i % 10 == 9 else ""), 1.0)
+            for i in range(int(seconds / 0.4))]  # fmt: skip
+
+
+def test_an_hour_stays_bounded_and_commits_everything_once():
+    seconds = 3600
+    fake = Scripted(script(seconds))
+    stream = StreamingTranscriber(fake, StreamingOptions(min_chunk_s=1.0))
+    events, largest = [], 0.0
+    step = SR // 2
+    for start in range(0, seconds * SR, step):  # 0.5 s chunks
+        events += stream.feed(ramp(start, start + step))
+        largest = max(largest, stream.buffer_s)
+    events.append(stream.finish())
+    assert [w.word for w in stream.committed] == [w.word for w in fake.words]
+    assert [w.word for e in events for w in e.committed] == [w.word for w in fake.words]
+    assert largest <= 16.0  # trimmed at committed sentence ends past trim_s=15
+    assert fake.calls == seconds  # one update per min_chunk_s of audio, none on finish
+    # A word is in the hypothesis after the first update past its end, committed at the next.
+    delays = [e.time - w.end for e in events[:-1] for w in e.committed]
+    assert 0 < min(delays) and max(delays) <= 2.0 + 1e-6
+    # The prompt is the committed text before the buffer, at most prompt_chars long.
+    assert all(p is None or len(p) <= 200 for p in fake.prompts)
+    assert fake.prompts[-1] and fake.prompts[-1].endswith(".")
+
+
+def test_local_agreement_commits_the_common_prefix_and_never_changes_it():
+    hypotheses = [  # tiny.en's real hypotheses on growing JFK buffers (times moved a little)
+        [(0.0, 0.72, " And"), (0.72, 0.98, " so...")],
+        [(0.0, 0.76, " And"), (0.76, 1.04, " so"), (1.04, 1.4, " my"), (1.4, 1.74, " fellow"),
+         (1.74, 1.98, " American")],
+        [(0.0, 0.76, " And"), (0.76, 1.04, " so"), (1.04, 1.32, " am"), (1.32, 1.46, " I"),
+         (1.46, 1.76, " fellow"), (1.76, 2.12, " Americans.")],
+        [(0.0, 0.76, " And"), (0.76, 1.04, " so"), (1.04, 1.4, " my"), (1.4, 1.74, " fellow"),
+         (1.74, 2.28, " Americans"), (2.28, 3.74, " ask")],
+        [(0.02, 0.8, " And"), (0.8, 1.0, " so,"), (1.0, 1.4, " my"), (1.4, 1.76, " fellow"),
+         (1.76, 2.32, " Americans,"), (2.32, 3.86, " ask"), (3.86, 4.5, " not")],
+    ]  # fmt: skip
+    calls = iter(hypotheses)
+
+    def fake(audio, prompt, language):
+        return [segment([Word(a, b, t, 1.0) for a, b, t in next(calls)])], "en"
+
+    stream = StreamingTranscriber(fake, StreamingOptions(min_chunk_s=1.0))
+    events = [e for _ in hypotheses for e in stream.feed(np.zeros(SR, np.float32))]
+    committed = [e.committed_text for e in events]
+    assert committed == ["", " And so", "", "", " my fellow Americans, ask"]
+    assert events[2].tentative_text == " am I fellow Americans."
+    assert events[-1].tentative_text == " not"
+    assert [e.time for e in events] == [1.0, 2.0, 3.0, 4.0, 5.0]  # the clock is the audio received
+    assert stream.text == " And so my fellow Americans, ask"
+
+
+def test_any_chunk_size_and_odd_byte_splits_give_the_same_samples():
+    rng = np.random.default_rng(0)
+    pcm = rng.integers(-32768, 32767, size=SR * 3, dtype=np.int16).astype("<i2").tobytes()
+    seen: list[np.ndarray] = []
+
+    def fake(audio, prompt, language):
+        seen.append(audio.copy())
+        return [], "en"
+
+    stream = StreamingTranscriber(fake, StreamingOptions(min_chunk_s=3.0))
+    i, sizes = 0, [1, 7, 2, 1001, 3, 16000]
+    for k in range(10_000):  # bounded
+        if i >= len(pcm):
+            break
+        size = sizes[k % len(sizes)]
+        stream.feed(pcm[i : i + size])
+        i += size
+    np.testing.assert_array_equal(seen[0], pcm16_to_float(pcm))
+
+
+def test_silence_costs_no_updates():
+    fake = Scripted([])
+    stream = StreamingTranscriber(fake, StreamingOptions(silence_db=-50.0))
+    for _ in range(120):  # a minute of digital silence, 0.5 s at a time
+        assert stream.feed(np.zeros(SR // 2, np.float32)) == []
+    assert fake.calls == 0 and stream.buffer_s <= 1.5
+    rng = np.random.default_rng(1)
+    noise = (0.1 * rng.standard_normal(SR * 2)).astype(np.float32)
+    stream.feed(noise)
+    assert fake.calls == 1
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="min_chunk_s"):
+        StreamingOptions(min_chunk_s=0)
+    with pytest.raises(ValueError, match="trim_s"):
+        StreamingOptions(trim_s=40)
+    stream = StreamingTranscriber(Scripted([]), StreamingOptions())
+    stream.finish()
+    with pytest.raises(ValueError, match="finished"):
+        stream.feed(np.zeros(10, np.float32))
+
+
+# --- real model -----------------------------------------------------------------------------
+
+
+def normalized(text: str) -> str:
+    return " ".join("".join(c for c in text.lower() if c.isalnum() or c in " '").split())
+
+
+def test_replay_of_a_dev_clip_matches_offline(tiny_en):
+    audio = load_audio(DEV_DIR / "mfa__acoustic_corpus.wav")  # 26.7 s, spontaneous speech
+    assert audio.size / SR >= 20
+    offline = "".join(s.text for s in tiny_en.transcribe(audio, language="en", beam_size=1,
+                                                         temperature=0.0)[0])  # fmt: skip
+    run = replay(tiny_en, audio, chunk_s=0.5, options=StreamingOptions(language="en"))
+    assert jiwer.wer(normalized(offline), normalized(run.text)) < 0.06
+    # Committed text only grows: each event adds words after the last, in time order.
+    ends = [w.end for w in run.words]
+    assert ends == sorted(ends) and ends[-1] <= audio.size / SR + 0.05
+    text = ""
+    for event in run.events:
+        text += event.committed_text
+        assert run.text.startswith(text.strip())
+    # The simulated clock is exact: updates at every 1.0 s of audio, the last at the end.
+    assert [e.time for e in run.events[:-1]] == [float(k) for k in range(1, len(run.events))]
+    assert run.events[-1].final and run.events[-1].time == pytest.approx(audio.size / SR)
+    delays = np.array(run.delays)
+    assert delays.min() >= 0 and delays.mean() < 3.0
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+SHORT = DEV_DIR / "coqui-tts-ljspeech__LJ001-0002.wav"  # 1.9 s: "in being comparatively modern."
+
+
+@pytest.fixture
+def model(tiny_en, monkeypatch):
+    monkeypatch.setattr(cli, "load_model", lambda args: tiny_en)
+    return tiny_en
+
+
+def test_stream_command_on_a_file(model, capsys):
+    assert cli.main(["stream", str(SHORT), "--language", "en"]) == 0
+    out = capsys.readouterr().out
+    assert normalized(out) == "in being comparatively modern"
+
+
+def test_stream_command_on_raw_pcm_from_stdin_in_real_time(model, capsys, monkeypatch):
+    pcm = (load_audio(SHORT) * 32767).astype("<i2").tobytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(pcm)))
+    assert cli.main(["stream", "-", "--realtime", "--timestamps", "--min-chunk", "0.5"]) == 0
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert lines and all(line.startswith("[00:0") for line in lines)
+    assert normalized(" ".join(line.split("] ", 1)[1] for line in lines)) == (
+        "in being comparatively modern"
+    )
+
+
+def test_stream_command_missing_file(model, capsys):
+    assert cli.main(["stream", "nope.wav"]) == 1
+    assert "no such file" in capsys.readouterr().err
