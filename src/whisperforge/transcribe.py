@@ -387,11 +387,9 @@ class WhisperModel:
 
         `peaks` (see `frame_peaks`) lets windows of digital silence be skipped undecoded.
         """
-        timestamp_begin = tokenizer.timestamp_begin
         content_frames = mel.shape[-1] - N_FRAMES
         content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
         input_stride = N_FRAMES // self.checkpoint.config.n_audio_ctx  # mel frames per token: 2
-        time_precision = input_stride * HOP_LENGTH / SAMPLE_RATE  # seconds per token: 0.02
 
         seek_points = [round(t * FRAMES_PER_SECOND) for t in options.clip_timestamps] or [0]
         if len(seek_points) % 2 == 1:
@@ -443,7 +441,6 @@ class WhisperModel:
             else:
                 prompt = all_tokens[prompt_reset_since:]
             result = self.decode_with_fallback(audio_features, tokenizer, options, prompt)
-            tokens = result.tokens
 
             if options.no_speech_threshold is not None:
                 should_skip = result.no_speech_prob > options.no_speech_threshold
@@ -458,44 +455,10 @@ class WhisperModel:
 
             previous_seek = seek
 
-            current: list[Segment] = []
-            is_timestamp = [t >= timestamp_begin for t in tokens]
-            single_timestamp_ending = is_timestamp[-2:] == [False, True]
-            # Segment boundaries: the second of two consecutive timestamp tokens.
-            consecutive = [
-                i + 1 for i in range(len(tokens) - 1) if is_timestamp[i] and is_timestamp[i + 1]
-            ]
-            if consecutive:
-                slices = consecutive + ([len(tokens)] if single_timestamp_ending else [])
-                last_slice = 0
-                for current_slice in slices:
-                    sliced = tokens[last_slice:current_slice]
-                    start = time_offset + (sliced[0] - timestamp_begin) * time_precision
-                    end = time_offset + (sliced[-1] - timestamp_begin) * time_precision
-                    current.append(
-                        _new_segment(tokenizer, previous_seek, start, end, sliced, result)
-                    )
-                    last_slice = current_slice
-                if single_timestamp_ending:  # no speech after the last timestamp
-                    seek += segment_size
-                else:  # resume at the start of the unfinished segment
-                    seek += (tokens[last_slice - 1] - timestamp_begin) * input_stride
-            else:
-                duration = segment_duration
-                timestamps = [t for t in tokens if t >= timestamp_begin]
-                if timestamps and timestamps[-1] != timestamp_begin:
-                    duration = (timestamps[-1] - timestamp_begin) * time_precision
-                current.append(
-                    _new_segment(
-                        tokenizer,
-                        previous_seek,
-                        time_offset,
-                        time_offset + duration,
-                        tokens,
-                        result,
-                    )
-                )
-                seek += segment_size
+            current, consumed, single_timestamp_ending = split_segments(
+                tokenizer, result, seek, segment_size, input_stride
+            )
+            seek += consumed
 
             if options.word_timestamps:
                 add_word_timestamps(
@@ -542,6 +505,66 @@ class WhisperModel:
                     segment.id = segment_id
                     segment_id += 1
                     yield segment
+
+
+def split_segments(
+    tokenizer: Tokenizer,
+    result: DecodingResult,
+    seek: int,
+    segment_size: int,
+    input_stride: int = 2,
+    keep_unfinished: bool = False,
+) -> tuple[list[Segment], int, bool]:
+    """Cut one window's tokens into segments at pairs of timestamp tokens.
+
+    Returns the segments, how many mel frames of the window they consumed (the sequential
+    loop re-decodes an unfinished last segment in the next window, unless `keep_unfinished`
+    makes it a segment to the window's end), and whether the tokens ended on a lone timestamp.
+    """
+    tokens, timestamp_begin = result.tokens, tokenizer.timestamp_begin
+    time_offset = seek * HOP_LENGTH / SAMPLE_RATE
+    time_precision = input_stride * HOP_LENGTH / SAMPLE_RATE  # seconds per timestamp step
+    window_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
+    is_timestamp = [t >= timestamp_begin for t in tokens]
+    single_timestamp_ending = is_timestamp[-2:] == [False, True]
+    # Segment boundaries: the second of two consecutive timestamp tokens.
+    consecutive = [i + 1 for i in range(len(tokens) - 1) if is_timestamp[i] and is_timestamp[i + 1]]
+
+    def segment(start: float, end: float, segment_tokens: list[int]) -> Segment:
+        return _new_segment(tokenizer, seek, start, end, segment_tokens, result)
+
+    if not consecutive:
+        duration = window_duration
+        timestamps = [t for t in tokens if t >= timestamp_begin]
+        if timestamps and timestamps[-1] != timestamp_begin:
+            duration = (timestamps[-1] - timestamp_begin) * time_precision
+        return (
+            [segment(time_offset, time_offset + duration, tokens)],
+            segment_size,
+            single_timestamp_ending,
+        )
+
+    segments = []
+    last_slice = 0
+    for current_slice in consecutive + ([len(tokens)] if single_timestamp_ending else []):
+        sliced = tokens[last_slice:current_slice]
+        start = time_offset + (sliced[0] - timestamp_begin) * time_precision
+        end = time_offset + (sliced[-1] - timestamp_begin) * time_precision
+        segments.append(segment(start, end, sliced))
+        last_slice = current_slice
+    if single_timestamp_ending:  # no speech after the last timestamp
+        return segments, segment_size, True
+    tail = tokens[last_slice:]
+    if keep_unfinished and any(t < tokenizer.eot for t in tail):
+        start = (
+            time_offset + (tail[0] - timestamp_begin) * time_precision
+            if is_timestamp[last_slice]
+            else segments[-1].end
+        )
+        segments.append(segment(start, time_offset + window_duration, tail))
+        return segments, segment_size, False
+    # Resume at the start of the unfinished segment.
+    return segments, (tokens[last_slice - 1] - timestamp_begin) * input_stride, False
 
 
 def restore_times(segments: Iterator[Segment], timeline: TimelineMap) -> Iterator[Segment]:
