@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from whisperforge.checkpoints import hf_name
 from whisperforge.model import ModelConfig, Whisper
 from whisperforge.presets import preset, random_model, unfuse_state_dict
 from whisperforge.runtime import Runtime
@@ -156,27 +156,6 @@ def bench_window(rt: Runtime, c: ModelConfig, steps: int = 100) -> float:
 
 # --- peers -----------------------------------------------------------------------------------
 
-_TO_HF = [
-    (r"^decoder\.token_embedding\.", "decoder.embed_tokens."),
-    (r"^encoder\.positional_embedding$", "encoder.embed_positions.weight"),
-    (r"^decoder\.positional_embedding$", "decoder.embed_positions.weight"),
-    (r"^encoder\.ln_post\.", "encoder.layer_norm."),
-    (r"^decoder\.ln\.", "decoder.layer_norm."),
-    (r"\.blocks\.", ".layers."),
-    (r"\.cross_attn_ln\.", ".encoder_attn_layer_norm."),
-    (r"\.attn_ln\.", ".self_attn_layer_norm."),
-    (r"\.mlp_ln\.", ".final_layer_norm."),
-    (r"\.cross_attn\.", ".encoder_attn."),
-    (r"\.attn\.", ".self_attn."),
-    (r"\.query\.", ".q_proj."),
-    (r"\.key\.", ".k_proj."),
-    (r"\.value\.", ".v_proj."),
-    (r"\.out\.", ".out_proj."),
-    (r"\.mlp\.0\.", ".fc1."),
-    (r"\.mlp\.2\.", ".fc2."),
-]
-
-
 def hf_model(c: ModelConfig, canonical: dict[str, torch.Tensor], device: str = "cuda"):
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
@@ -193,11 +172,7 @@ def hf_model(c: ModelConfig, canonical: dict[str, torch.Tensor], device: str = "
         model = (
             WhisperForConditionalGeneration(config).to(canonical["decoder.ln.weight"].dtype).eval()
         )
-    state = {}
-    for name, tensor in canonical.items():
-        for pattern, replacement in _TO_HF:
-            name = re.sub(pattern, replacement, name)
-        state["model." + name] = tensor
+    state = {hf_name(name): tensor for name, tensor in canonical.items()}
     state["proj_out.weight"] = canonical["decoder.token_embedding.weight"]
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all("k_proj.bias" in m for m in missing), (missing, unexpected)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import struct
 import time
@@ -23,6 +22,7 @@ from whisperforge.checkpoints import (
     Checkpoint,
     _package_folder,
     check_state_dict,
+    hf_name,
     load_ct2,
     load_openai,
     load_path,
@@ -33,41 +33,12 @@ from whisperforge.checkpoints import (
 )
 from whisperforge.errors import ModelFormatError, ModelNotFoundError
 
-# canonical (openai-whisper) name -> Hugging Face transformers name: checkpoints._HF_RENAMES
-# read backwards. Ordered: ".attn_ln." must go before ".attn.".
-_TO_HF = [
-    (r"^encoder\.positional_embedding$", "encoder.embed_positions.weight"),
-    (r"^decoder\.positional_embedding$", "decoder.embed_positions.weight"),
-    (r"^decoder\.token_embedding\.", "decoder.embed_tokens."),
-    (r"^encoder\.ln_post\.", "encoder.layer_norm."),
-    (r"^decoder\.ln\.", "decoder.layer_norm."),
-    (r"\.blocks\.", ".layers."),
-    (r"\.attn_ln\.", ".self_attn_layer_norm."),
-    (r"\.cross_attn_ln\.", ".encoder_attn_layer_norm."),
-    (r"\.mlp_ln\.", ".final_layer_norm."),
-    (r"\.attn\.", ".self_attn."),
-    (r"\.cross_attn\.", ".encoder_attn."),
-    (r"\.query\.", ".q_proj."),
-    (r"\.key\.", ".k_proj."),
-    (r"\.value\.", ".v_proj."),
-    (r"\.out\.", ".out_proj."),
-    (r"\.mlp\.0\.", ".fc1."),
-    (r"\.mlp\.2\.", ".fc2."),
-    (r"^", "model."),
-]
-
-
-def to_hf_name(name: str) -> str:
-    for pattern, replacement in _TO_HF:
-        name = re.sub(pattern, replacement, name)
-    return name
-
 
 def write_hf_folder(ckpt: Checkpoint, folder: Path, weights: str = "model.safetensors") -> Path:
     """A transformers Whisper folder as `save_pretrained` writes it."""
     folder.mkdir(parents=True, exist_ok=True)
     c = ckpt.config
-    hf = {to_hf_name(n): t.clone() for n, t in ckpt.state_dict.items()}
+    hf = {hf_name(n): t.clone() for n, t in ckpt.state_dict.items()}
     hf["proj_out.weight"] = ckpt.state_dict["decoder.token_embedding.weight"].clone()  # tied
     if weights == "model.safetensors":
         from safetensors.torch import save_file

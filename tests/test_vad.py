@@ -7,11 +7,10 @@ import time
 
 import numpy as np
 import pytest
+from conftest import JFK
 
 from whisperforge import load_audio
 from whisperforge.vad import SpeechRegion, TimelineMap, VadOptions, detect_speech, pack_windows
-
-from conftest import JFK
 
 SR = 16000
 

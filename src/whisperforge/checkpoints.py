@@ -366,6 +366,37 @@ def _hf_weights(folder: Path) -> dict[str, Tensor]:
     )
 
 
+# The reverse direction, canonical -> transformers names (for writing HF folders and feeding
+# the transformers peers in benchmarks). Ordered: ".attn_ln." must go before ".attn.".
+_TO_HF_RENAMES = [
+    (r"^encoder\.positional_embedding$", "encoder.embed_positions.weight"),
+    (r"^decoder\.positional_embedding$", "decoder.embed_positions.weight"),
+    (r"^decoder\.token_embedding\.", "decoder.embed_tokens."),
+    (r"^encoder\.ln_post\.", "encoder.layer_norm."),
+    (r"^decoder\.ln\.", "decoder.layer_norm."),
+    (r"\.blocks\.", ".layers."),
+    (r"\.attn_ln\.", ".self_attn_layer_norm."),
+    (r"\.cross_attn_ln\.", ".encoder_attn_layer_norm."),
+    (r"\.mlp_ln\.", ".final_layer_norm."),
+    (r"\.attn\.", ".self_attn."),
+    (r"\.cross_attn\.", ".encoder_attn."),
+    (r"\.query\.", ".q_proj."),
+    (r"\.key\.", ".k_proj."),
+    (r"\.value\.", ".v_proj."),
+    (r"\.out\.", ".out_proj."),
+    (r"\.mlp\.0\.", ".fc1."),
+    (r"\.mlp\.2\.", ".fc2."),
+    (r"^", "model."),
+]
+
+
+def hf_name(name: str) -> str:
+    """The transformers name of a canonical (openai-whisper) weight name."""
+    for pattern, replacement in _TO_HF_RENAMES:
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
 def load_hf(folder: Path) -> Checkpoint:
     """A transformers Whisper folder: config.json + model.safetensors / pytorch_model.bin."""
     if not (folder / "config.json").is_file():
