@@ -201,6 +201,17 @@ def test_api_key(tiny_en, monkeypatch):
         assert c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
+def test_timeout_and_full_queue(tiny_en):
+    short = {"file": ("short.wav", (DEV_DIR / "coqui-tts-ljspeech__LJ001-0002.wav").read_bytes())}
+    with TestClient(create_app(ServerConfig(request_timeout_s=0.001), model=tiny_en)) as c:
+        error = assert_openai_error(c.post("/v1/audio/transcriptions", files=short,
+                                           data={"model": "tiny.en"}), 504, None)  # fmt: skip
+        assert error["code"] == "timeout" and "--request-timeout" in error["message"]
+    with TestClient(create_app(ServerConfig(max_queue=0), model=tiny_en)) as c:
+        response = c.post("/v1/audio/transcriptions", files=short, data={"model": "tiny.en"})
+        assert assert_openai_error(response, 429, None)["code"] == "queue_full"
+
+
 # --- WebSocket streaming -------------------------------------------------------------------
 
 

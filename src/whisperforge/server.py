@@ -18,11 +18,15 @@ streaming updates alike, become `Job`s on one queue. The worker admits queued jo
     step()      advance every active job; finish the jobs that are done (set their futures)
 
 `SequentialBackend` (the WhisperModel path, CPU or GPU) runs one whole job per step, so jobs
-are served one after another in arrival order. The GPU runtime's batched decode step slots in
-as another Backend: `admit` encodes the job's next 30 s window and prefills its prompt into a
-free batch slot, `step` runs one decode step for all slots at once (one read of the decoder's
-weights for every request), and a window that ends frees its slot for the next window or job.
-Nothing above the Backend (HTTP, validation, streaming, timeouts) changes.
+are served one after another in arrival order. The GPU runtime's batched decode step
+(`runtime.Runtime`: encode, prefill, step) slots in as another Backend with capacity > 1:
+`admit` encodes the job's next 30 s window and prefills its prompt into free rows of the
+running batch, `step` is one `Runtime.step` for all rows at once (one read of the decoder's
+weights for every request), and a window that ends frees its rows for the next window or job;
+a job's long-form loop (seek, fallback, segments) runs between its windows. Today the runtime
+prefills a whole batch at once, so the first such Backend batches the windows admitted since
+the last batch finished; joining a batch mid-decode needs a prefill into free rows. Nothing
+above the Backend (HTTP, validation, streaming, timeouts) changes.
 """
 
 from __future__ import annotations
@@ -563,7 +567,8 @@ class App:
             min_chunk = float(params.get("min_chunk_s", 1.0))
             gate = params.get("silence_db")
             return StreamingOptions(language=language or None, min_chunk_s=min_chunk,
-                                    silence_db=float(gate) if gate else None)  # fmt: skip
+                                    silence_db=float(gate) if gate else None,
+                                    agreement=int(params.get("agreement", 2)))  # fmt: skip
         except (InvalidOptionError, ValueError) as error:
             raise APIError(400, str(error)) from None
 

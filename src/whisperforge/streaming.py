@@ -176,6 +176,16 @@ def _repetitive(words: Sequence[Word], threshold: float | None) -> bool:
     return len(text) / len(zlib.compress(text)) > threshold
 
 
+def _without_unspoken_tail(words: list[Word]) -> list[Word]:
+    """Drop trailing words that the alignment squeezed into no time at all: text the decoder
+    ran ahead with (a word cut off by the buffer's end, or a hallucination in silence).
+    They come back with real timings once the audio holds them."""
+    end = len(words)
+    while end and words[end - 1].end - words[end - 1].start < 0.01:
+        end -= 1
+    return words[:end]
+
+
 _NOT_WORD = re.compile(r"[^\w']")
 
 
@@ -309,10 +319,12 @@ class StreamingTranscriber:
             Word(w.start + self._offset, w.end + self._offset, w.word, w.probability)
             for s in segments for w in (s.words or [])
         ]  # fmt: skip
-        hypothesis = self._after_committed(words)
+        hypothesis = _without_unspoken_tail(self._after_committed(words))
         if _repetitive(hypothesis, self.options.max_compression_ratio):
             # A decoding loop ("all right, all right, ..."): two loops agree all too well.
-            # Keep the last sane hypothesis; more audio usually breaks the loop.
+            # Nothing is committed from it; more audio usually breaks the loop.
+            if not final:
+                return self._event([], final, compute)
             hypothesis = self._tentative
         if final:
             agreed, self._tentative = hypothesis, []
