@@ -1,6 +1,7 @@
 """whisperforge: OpenAI Whisper speech recognition, reference-exact and fast."""
 
 from .audio import decode_audio, load_audio
+from .batched import BatchedInferencePipeline
 from .errors import (
     AudioError,
     InvalidOptionError,
@@ -14,6 +15,7 @@ from .transcribe import TranscriptionOptions, WhisperModel
 __version__ = "0.1.0"
 __all__ = [
     "AudioError",
+    "BatchedInferencePipeline",
     "InvalidOptionError",
     "ModelFormatError",
     "ModelNotFoundError",

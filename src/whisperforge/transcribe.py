@@ -358,20 +358,7 @@ class WhisperModel:
                 t, tokenizer.language or "en", tokenizer.task, prompt
             )
             result = decode(self.decode_model, tokenizer, audio_features, decode_options)[0]
-            too_repetitive = (
-                options.compression_ratio_threshold is not None
-                and result.compression_ratio > options.compression_ratio_threshold
-            )
-            too_improbable = (
-                options.log_prob_threshold is not None
-                and result.avg_logprob < options.log_prob_threshold
-            )
-            silent = (
-                options.no_speech_threshold is not None
-                and result.no_speech_prob > options.no_speech_threshold
-                and too_improbable
-            )
-            if silent or not (too_repetitive or too_improbable):
+            if good_enough(result, options):
                 break
         assert result is not None
         return result
@@ -442,16 +429,9 @@ class WhisperModel:
                 prompt = all_tokens[prompt_reset_since:]
             result = self.decode_with_fallback(audio_features, tokenizer, options, prompt)
 
-            if options.no_speech_threshold is not None:
-                should_skip = result.no_speech_prob > options.no_speech_threshold
-                if (
-                    options.log_prob_threshold is not None
-                    and result.avg_logprob > options.log_prob_threshold
-                ):
-                    should_skip = False  # confident text despite the no-speech probability
-                if should_skip:
-                    seek += segment_size
-                    continue
+            if is_no_speech(result, options):
+                seek += segment_size  # fast-forward to the next window
+                continue
 
             previous_seek = seek
 
@@ -505,6 +485,30 @@ class WhisperModel:
                     segment.id = segment_id
                     segment_id += 1
                     yield segment
+
+
+def good_enough(result: DecodingResult, options: TranscriptionOptions) -> bool:
+    """Whether a window's decode passes the fallback thresholds (or is judged silence)."""
+    too_repetitive = (
+        options.compression_ratio_threshold is not None
+        and result.compression_ratio > options.compression_ratio_threshold
+    )
+    too_improbable = (
+        options.log_prob_threshold is not None and result.avg_logprob < options.log_prob_threshold
+    )
+    silent = (
+        options.no_speech_threshold is not None
+        and result.no_speech_prob > options.no_speech_threshold
+        and too_improbable
+    )
+    return silent or not (too_repetitive or too_improbable)
+
+
+def is_no_speech(result: DecodingResult, options: TranscriptionOptions) -> bool:
+    """The no-speech skip: likely silence and not confidently decoded."""
+    if options.no_speech_threshold is None or result.no_speech_prob <= options.no_speech_threshold:
+        return False
+    return options.log_prob_threshold is None or result.avg_logprob <= options.log_prob_threshold
 
 
 def split_segments(
