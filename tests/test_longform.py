@@ -111,7 +111,10 @@ def synthetic(kind: str, seconds: int = 60) -> np.ndarray:
     # "music": a melody of tempered tones with harmonics, half a second each
     note = np.arange(8000) / 16000
     melody = 440 * 2 ** (rng.choice([0, 2, 4, 5, 7, 9, 11, 12], size=seconds * 2) / 12)
-    tones = [sum(np.sin(2 * np.pi * f * k * note) / k for k in (1, 2, 3)) * np.hanning(8000) for f in melody]
+    tones = [
+        sum(np.sin(2 * np.pi * f * k * note) / k for k in (1, 2, 3)) * np.hanning(8000)
+        for f in melody
+    ]
     return (0.2 * np.concatenate(tones)).astype(np.float32)
 
 

@@ -76,7 +76,9 @@ def test_cache_reorder_follows_beams(pair):
     source = torch.tensor([2, 2, 0])
     cache.reorder(source)
     last = model.decoder.logits(model.decoder(tokens[source, 9:], cache))[:, -1]
-    full = model.decoder.logits(model.decoder(tokens[source], audio_features=features.expand(3, -1, -1)))
+    full = model.decoder.logits(
+        model.decoder(tokens[source], audio_features=features.expand(3, -1, -1))
+    )
     torch.testing.assert_close(last, full[:, -1], atol=1e-4, rtol=1e-4)
 
 
@@ -94,7 +96,8 @@ def test_fused_qkv_equals_separate_projections(pair):
     cross = model.decoder.blocks[0].cross_attn.kv(x)
     separate = [
         x @ state["decoder.blocks.0.cross_attn.key.weight"].T,
-        x @ state["decoder.blocks.0.cross_attn.value.weight"].T + state["decoder.blocks.0.cross_attn.value.bias"],
+        x @ state["decoder.blocks.0.cross_attn.value.weight"].T
+        + state["decoder.blocks.0.cross_attn.value.bias"],
     ]
     torch.testing.assert_close(cross, torch.cat(separate, dim=-1), atol=1e-5, rtol=1e-5)
 

@@ -74,9 +74,13 @@ def test_wer_equal_to_openai_whisper(greedy_pairs):
 
 def test_beam_search_matches_openai_whisper(tiny_en, tiny_en_reference):
     audio = load_audio(DEV_DIR / "openai-whisper__jfk.flac")
-    expected = whisper.transcribe(tiny_en_reference, audio, fp16=False, temperature=0.0, beam_size=5)
+    expected = whisper.transcribe(
+        tiny_en_reference, audio, fp16=False, temperature=0.0, beam_size=5
+    )
     segments, _ = tiny_en.transcribe(audio, beam_size=5, temperature=0.0)
-    assert [t for s in segments for t in s.tokens] == [t for s in expected["segments"] for t in s["tokens"]]
+    assert [t for s in segments for t in s.tokens] == [
+        t for s in expected["segments"] for t in s["tokens"]
+    ]
 
 
 @pytest.mark.parametrize("language", ["de", "es", "fr", "it", "ja", "ko", "pt"])

@@ -175,10 +175,16 @@ def jfk_features(tiny_en):
     return tiny_en.encode(pad_or_trim(mel, N_FRAMES)[None])
 
 
-@pytest.mark.parametrize("beam_size", [None, 5])
-def test_decode_on_runtime_equals_plain_decode(tiny_en, jfk_features, beam_size):
+@pytest.mark.parametrize(
+    "beam_size, without_timestamps", [(None, False), (5, False), (None, True)]
+)  # the last: decode() hands the whole greedy loop to the runtime
+def test_decode_on_runtime_equals_plain_decode(
+    tiny_en, jfk_features, beam_size, without_timestamps
+):
     runtime = Runtime(tiny_en.model, "float32", max_windows=1, max_rows=5)
-    options = DecodingOptions(language="en", beam_size=beam_size)
+    options = DecodingOptions(
+        language="en", beam_size=beam_size, without_timestamps=without_timestamps
+    )
     ours = decode(RuntimeWhisper(runtime), tiny_en.tokenizer, jfk_features, options)[0]
     reference = decode(tiny_en.model, tiny_en.tokenizer, jfk_features, options)[0]
     assert ours.tokens == reference.tokens

@@ -37,7 +37,11 @@ def test_silence_and_noise_have_no_speech():
 
 
 def test_long_regions_are_cut_and_packed_into_windows():
-    regions = [SpeechRegion(0, 10 * SR), SpeechRegion(12 * SR, 25 * SR), SpeechRegion(26 * SR, 95 * SR)]
+    regions = [
+        SpeechRegion(0, 10 * SR),
+        SpeechRegion(12 * SR, 25 * SR),
+        SpeechRegion(26 * SR, 95 * SR),
+    ]
     windows = pack_windows(regions)
     assert all(w.end - w.start <= 30 * SR for w in windows)
     assert windows[0].regions == (SpeechRegion(0, 10 * SR), SpeechRegion(12 * SR, 25 * SR))
@@ -54,7 +58,9 @@ def test_timeline_map_restores_original_times():
 
 
 def test_vad_filter_transcribes_speech_at_original_times(tiny_en, jfk_in_silence):
-    segments, info = tiny_en.transcribe(jfk_in_silence, vad_filter=True, beam_size=1, word_timestamps=True)
+    segments, info = tiny_en.transcribe(
+        jfk_in_silence, vad_filter=True, beam_size=1, word_timestamps=True
+    )
     segments = list(segments)
     assert info.duration == pytest.approx(82.0) and 20 < info.duration_after_vad < 26
     text = " ".join(s.text for s in segments).lower()

@@ -1,16 +1,20 @@
 """VAD-batched transcription: the throughput mode that keeps temperature fallback.
 
 Silero VAD finds the speech, neighbouring regions are packed into windows of at most 30 s,
-and windows are decoded `batch_size` at a time. Unlike faster-whisper's and WhisperX's batched
-modes, a window that fails the fallback thresholds is not kept as is: it is decoded again at
-the next temperature, together with the other windows that failed. Windows are independent
-(no conditioning on previous text), which is what lets them share a batch.
+and windows are decoded `batch_size` at a time, on the GPU runtime's batched step where there
+is one. Windows from many files share batches (`transcribe_many`). Unlike faster-whisper's and
+WhisperX's batched modes, a window that fails the fallback thresholds is not kept as is: it is
+decoded again at the next temperature, batched with the other windows of its batch that failed.
+Windows are independent (no conditioning on previous text), which is what lets them share a
+batch.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import fields
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -25,7 +29,7 @@ from .audio import (
     pad_or_trim,
 )
 from .decoding import DecodingResult, decode, detect_language
-from .errors import InvalidOptionError
+from .errors import InvalidOptionError, WhisperforgeError
 from .results import Segment, TranscriptionInfo
 from .timing import add_word_timestamps
 from .tokenizer import Tokenizer, normalize_language
@@ -40,6 +44,31 @@ from .vad import VadOptions, Window, detect_speech, pack_windows
 
 # Batched mode's VAD: short pauses split regions, regions never exceed a window.
 BATCHED_VAD = VadOptions(max_speech_duration_s=30, min_silence_duration_ms=160)
+CPU_BATCH_SIZE = 8  # on the CPU a larger batch only costs memory: the cores are busy already
+MAX_AUTO_BATCH_SIZE = 64
+READ_AHEAD = 4  # threads decoding files and finding their speech for `transcribe_many`
+
+
+@dataclass
+class FileTranscription:
+    """One input of `transcribe_many`: its segments and info, or the error that stopped it."""
+
+    index: int  # position in the input
+    segments: list[Segment] = field(default_factory=list)
+    info: TranscriptionInfo | None = None
+    error: str | None = None
+
+
+@dataclass
+class _File:
+    """A file in flight: its audio, its windows, and the segments of the windows decoded so far."""
+
+    result: FileTranscription
+    samples: np.ndarray
+    windows: list[Window]
+    tokenizer: Tokenizer
+    remaining: int = 0  # windows not decoded yet
+    next_id: int = 0  # the id of the file's next segment
 
 
 class BatchedInferencePipeline:
@@ -47,44 +76,133 @@ class BatchedInferencePipeline:
 
     def __init__(self, model: WhisperModel):
         self.model = model
+        self._batch_ceiling: int | None = None  # lowered when a batch ran out of memory
 
     def transcribe(
         self,
         audio: AudioInput,
         language: str | None = None,
         task: str = "transcribe",
-        batch_size: int = 16,
+        batch_size: int | None = None,
         temperature: float | Iterable[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
         vad_parameters: VadOptions | dict | None = None,
         **options,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
-        """Options as `WhisperModel.transcribe` (beam_size, word_timestamps, thresholds, ...)."""
-        model = self.model
-        if batch_size < 1:
-            raise InvalidOptionError("batch_size must be at least 1")
-        known = {f.name for f in fields(TranscriptionOptions)}
-        unknown = set(options) - known
+        """Options as `WhisperModel.transcribe` (beam_size, word_timestamps, thresholds, ...).
+        `batch_size=None` picks the largest batch that fits the device's free memory."""
+        options = self._options(language, task, batch_size, temperature, options)
+        vad = self._vad(vad_parameters)
+        file = self._open(0, *self._read(audio, vad), language, task, options, vad)
+        assert file.result.info is not None
+        segments = (
+            segment
+            for _, window_segments in self._decode(iter([file]), options, batch_size)
+            for segment in window_segments
+        )
+        return segments, file.result.info
+
+    def transcribe_many(
+        self,
+        audios: Iterable[AudioInput],
+        language: str | None = None,
+        task: str = "transcribe",
+        batch_size: int | None = None,
+        temperature: float | Iterable[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        vad_parameters: VadOptions | dict | None = None,
+        **options,
+    ) -> Iterator[FileTranscription]:
+        """Transcribe many files with their windows sharing batches; one result per input, in
+        input order, as soon as the file is done. A file that cannot be read or transcribed
+        yields a result with its `error`, and the others go on. Files are read lazily, a few
+        ahead of the batches, so a corpus never sits in memory at once."""
+        options = self._options(language, task, batch_size, temperature, options)
+        vad = self._vad(vad_parameters)
+        opened: deque[_File] = deque()
+
+        def files() -> Iterator[_File]:
+            # Decoding and VAD run on CPU threads (PyAV and onnxruntime release the GIL) a few
+            # files ahead, so they overlap the model's work on the batches.
+            inputs = enumerate(audios)
+            with ThreadPoolExecutor(READ_AHEAD) as pool:
+                ahead: deque[tuple[int, Future]] = deque()
+                while True:
+                    while len(ahead) < 2 * READ_AHEAD and (item := next(inputs, None)):
+                        ahead.append((item[0], pool.submit(self._read, item[1], vad)))
+                    if not ahead:
+                        return
+                    index, reading = ahead.popleft()
+                    try:
+                        file = self._open(index, *reading.result(), language, task, options, vad)
+                    except (WhisperforgeError, OSError, ValueError) as error:
+                        failed = FileTranscription(index, error=f"{type(error).__name__}: {error}")
+                        file = _File(failed, np.zeros(0, np.float32), [], self.model.tokenizer)
+                    opened.append(file)
+                    yield file
+
+        def finished() -> Iterator[FileTranscription]:
+            while opened and opened[0].remaining == 0:
+                yield opened.popleft().result
+
+        for file, window_segments in self._decode(files(), options, batch_size):
+            if file is not None:
+                file.result.segments.extend(window_segments)
+            yield from finished()
+        yield from finished()
+
+    # --- set-up ----------------------------------------------------------------------------
+
+    def _options(
+        self,
+        language: str | None,
+        task: str,
+        batch_size: int | None,
+        temperature: float | Iterable[float],
+        options: dict,
+    ) -> TranscriptionOptions:
+        if batch_size is not None and batch_size < 1:
+            raise InvalidOptionError("batch_size must be at least 1 (or None to pick one)")
+        unknown = set(options) - {f.name for f in fields(TranscriptionOptions)}
         if unknown:
             raise InvalidOptionError(
                 f"unknown option(s) for batched transcription: {sorted(unknown)}"
             )
-        if task == "translate" and not model.is_multilingual:
+        if task == "translate" and not self.model.is_multilingual:
             raise InvalidOptionError("this model is English-only and cannot translate")
         if language is not None:
-            language = normalize_language(language, model.supported_languages)
+            normalize_language(language, self.model.supported_languages)
         temperatures = (
             (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
         )
+        if not temperatures:
+            raise InvalidOptionError("temperature needs at least one value")
         options["condition_on_previous_text"] = False  # windows are decoded side by side
-        transcription_options = TranscriptionOptions(temperatures=temperatures, **options)
-        if isinstance(vad_parameters, dict):
-            vad_parameters = VadOptions(**{**BATCHED_VAD.__dict__, **vad_parameters})
+        return TranscriptionOptions(temperatures=temperatures, **options)
 
+    @staticmethod
+    def _vad(parameters: VadOptions | dict | None) -> VadOptions:
+        if isinstance(parameters, dict):
+            return VadOptions(**{**BATCHED_VAD.__dict__, **parameters})
+        return parameters or BATCHED_VAD
+
+    @staticmethod
+    def _read(audio: AudioInput, vad: VadOptions) -> tuple[np.ndarray, list[Window]]:
+        """Decode a file and cut its speech into windows (CPU only: safe on a thread)."""
         samples = load_audio(audio)
-        duration = len(samples) / SAMPLE_RATE
-        windows = pack_windows(detect_speech(samples, vad_parameters or BATCHED_VAD))
-        speech = sum(r.end - r.start for w in windows for r in w.regions) / SAMPLE_RATE
+        return samples, pack_windows(detect_speech(samples, vad))
 
+    def _open(
+        self,
+        index: int,
+        samples: np.ndarray,
+        windows: list[Window],
+        language: str | None,
+        task: str,
+        options: TranscriptionOptions,
+        vad: VadOptions,
+    ) -> _File:
+        """A read file ready to decode: its language known (detected on its first window)."""
+        model = self.model
+        speech = sum(r.end - r.start for w in windows for r in w.regions) / SAMPLE_RATE
         language_probability = 1.0
         if language is None:
             language = "en"
@@ -92,17 +210,15 @@ class BatchedInferencePipeline:
                 features = model.encode(self._mels(samples, windows[:1]))
                 languages, probs = detect_language(model.model, model.tokenizer, features)
                 language, language_probability = languages[0], probs[0][languages[0]]
+        else:
+            language = normalize_language(language, model.supported_languages)
+        duration = len(samples) / SAMPLE_RATE
         info = TranscriptionInfo(
-            language,
-            language_probability,
-            duration,
-            speech,
-            None,
-            transcription_options,
-            vad_parameters,
+            language, language_probability, duration, speech, None, options, vad
         )
         tokenizer = model.tokenizer.with_options(language, task)
-        return self._segments(samples, windows, tokenizer, transcription_options, batch_size), info
+        result = FileTranscription(index, info=info)
+        return _File(result, samples, windows, tokenizer, remaining=len(windows))
 
     def _mels(self, samples: np.ndarray, windows: list[Window]) -> torch.Tensor:
         n_mels = self.model.checkpoint.config.n_mels
@@ -115,6 +231,80 @@ class BatchedInferencePipeline:
                 for w in windows
             ]
         )
+
+    # --- batches ---------------------------------------------------------------------------
+
+    def auto_batch_size(self) -> int:
+        """The largest batch the device's free memory holds (CPU: `CPU_BATCH_SIZE`). A window
+        costs its encoder activations, its cross K,V for every decoder layer, and the self K,V
+        of its rows (5 per window covers beam search and best-of)."""
+        model = self.model
+        if model.device.type != "cuda":
+            return CPU_BATCH_SIZE
+        cfg, size = model.checkpoint.config, model.dtype.itemsize
+        encoder = 12 * cfg.n_audio_ctx * cfg.n_audio_state * size  # mel, qkv, 4x MLP, residual
+        cross = cfg.n_text_layer * cfg.n_audio_ctx * 2 * cfg.n_text_state * size
+        rows = 5 * cfg.n_text_layer * 2 * cfg.n_text_ctx * cfg.n_text_state * size
+        free, _ = torch.cuda.mem_get_info(model.device)
+        fits = int(0.8 * free // (encoder + cross + rows + (1 << 20)))
+        return max(1, min(MAX_AUTO_BATCH_SIZE, fits))
+
+    def _decode(
+        self,
+        files: Iterator[_File],
+        options: TranscriptionOptions,
+        batch_size: int | None,
+    ) -> Iterator[tuple[_File | None, list[Segment]]]:
+        """(file, segments of one window) for every window of every file, in order. Consecutive
+        windows with the same language and task share batches. A file without windows yields
+        (None, []) when it is reached, so callers can hand it out."""
+        size = batch_size or self.auto_batch_size()
+        batch: list[tuple[_File, int]] = []
+        for file in files:
+            if not file.windows:
+                yield None, []
+                continue
+            for i in range(len(file.windows)):
+                if batch and (
+                    len(batch) >= min(size, self._batch_ceiling or size)
+                    or batch[0][0].tokenizer.sot_sequence != file.tokenizer.sot_sequence
+                ):
+                    yield from self._decode_batch(batch, options)
+                    batch = []
+                batch.append((file, i))
+        if batch:
+            yield from self._decode_batch(batch, options)
+
+    def _decode_batch(
+        self, batch: list[tuple[_File, int]], options: TranscriptionOptions
+    ) -> Iterator[tuple[_File, list[Segment]]]:
+        """Decode a batch; on out-of-memory, in halves, and remember the smaller size."""
+        try:
+            results, features = self._decode_windows(batch, options)
+        except torch.cuda.OutOfMemoryError:
+            if len(batch) == 1:
+                raise
+            torch.cuda.empty_cache()
+            half = len(batch) // 2
+            self._batch_ceiling = half
+            yield from self._decode_batch(batch[:half], options)
+            yield from self._decode_batch(batch[half:], options)
+            return
+        for (file, i), window_features, result in zip(batch, features, results):
+            file.remaining -= 1
+            segments = self._window_segments(
+                file, file.windows[i], window_features, result, options
+            )
+            yield file, segments
+
+    def _decode_windows(
+        self, batch: list[tuple[_File, int]], options: TranscriptionOptions
+    ) -> tuple[list[DecodingResult], torch.Tensor]:
+        mels = torch.cat([self._mels(file.samples, [file.windows[i]]) for file, i in batch])
+        features = self.model.encode(mels)
+        tokenizer = batch[0][0].tokenizer
+        prompt = prompt_of(tokenizer, options)
+        return self.decode_with_fallback(features, tokenizer, options, prompt), features
 
     def decode_with_fallback(
         self,
@@ -131,7 +321,7 @@ class BatchedInferencePipeline:
                 t, tokenizer.language or "en", tokenizer.task, prompt
             )
             last = i == len(options.temperatures) - 1
-            decoded = decode(self.model.model, tokenizer, features[pending], decode_options)
+            decoded = decode(self.model.decode_model, tokenizer, features[pending], decode_options)
             still_pending = []
             for index, result in zip(pending, decoded):
                 results[index] = result
@@ -142,39 +332,35 @@ class BatchedInferencePipeline:
                 break
         return results  # type: ignore[return-value]
 
-    def _segments(
+    def _window_segments(
         self,
-        samples: np.ndarray,
-        windows: list[Window],
-        tokenizer: Tokenizer,
+        file: _File,
+        window: Window,
+        features: torch.Tensor,
+        result: DecodingResult,
         options: TranscriptionOptions,
-        batch_size: int,
-    ) -> Iterator[Segment]:
-        prompt: list[int] = []
-        if isinstance(options.initial_prompt, str):
-            prompt = tokenizer.encode(" " + options.initial_prompt.strip())
-        elif options.initial_prompt:
-            prompt = list(options.initial_prompt)
-        segment_id = 0
-        for first in range(0, len(windows), batch_size):
-            batch = windows[first : first + batch_size]
-            features = self.model.encode(self._mels(samples, batch))
-            results = self.decode_with_fallback(features, tokenizer, options, prompt)
-            for window, window_features, result in zip(batch, features, results):
-                if is_no_speech(result, options):
-                    continue
-                seek = round(window.start / HOP_LENGTH)
-                size = min(N_FRAMES, -(-(window.end - window.start) // HOP_LENGTH))
-                segments, _, _ = split_segments(tokenizer, result, seek, size, keep_unfinished=True)
-                if options.word_timestamps:
-                    add_word_timestamps(
-                        segments, self.model.model, tokenizer, window_features, size,
-                        self.model.alignment_heads, options.prepend_punctuations,
-                        options.append_punctuations,
-                    )  # fmt: skip
-                for segment in segments:
-                    if segment.start == segment.end or not segment.text.strip():
-                        continue
-                    segment.id = segment_id
-                    segment_id += 1
-                    yield segment
+    ) -> list[Segment]:
+        """A decoded window's segments on the file's timeline, numbered after the file's last."""
+        if is_no_speech(result, options):
+            return []
+        seek = round(window.start / HOP_LENGTH)
+        size = min(N_FRAMES, -(-(window.end - window.start) // HOP_LENGTH))
+        segments, _, _ = split_segments(file.tokenizer, result, seek, size, keep_unfinished=True)
+        if options.word_timestamps:
+            add_word_timestamps(
+                segments, self.model.model, file.tokenizer, features, size,
+                self.model.alignment_heads, options.prepend_punctuations,
+                options.append_punctuations,
+            )  # fmt: skip
+        kept = [s for s in segments if s.start != s.end and s.text.strip()]
+        for segment in kept:
+            segment.id = file.next_id
+            file.next_id += 1
+        return kept
+
+
+def prompt_of(tokenizer: Tokenizer, options: TranscriptionOptions) -> list[int]:
+    """The initial prompt's tokens, the same for every window."""
+    if isinstance(options.initial_prompt, str):
+        return tokenizer.encode(" " + options.initial_prompt.strip())
+    return list(options.initial_prompt or [])

@@ -167,6 +167,19 @@ def build_parser() -> argparse.ArgumentParser:
         "defaults to the end of the file (default: %(default)s)",
     )
     decode.add_argument(
+        "--vad-filter",
+        action="store_true",
+        help="skip the parts without speech (Silero VAD) before transcribing",
+    )
+    decode.add_argument(
+        "--batch-size",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="the throughput mode: VAD-cut windows decoded N at a time, with temperature "
+        "fallback but no conditioning on previous text (default: sequential)",
+    )
+    decode.add_argument(
         "--hallucination-silence-threshold",
         type=float,
         default=None,
@@ -237,14 +250,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_model_options(parser: argparse.ArgumentParser, threads: int = 0) -> None:
     group = parser.add_argument_group("model")
-    group.add_argument("--model", default="tiny.en", metavar="NAME",
-                       help="model name, model folder or OpenAI .pt file (default: %(default)s)")
+    group.add_argument(
+        "--model",
+        default="tiny.en",
+        metavar="NAME",
+        help="model name, model folder or OpenAI .pt file (default: %(default)s)",
+    )
     group.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
-    group.add_argument("--compute-type", default="default",
-                       choices=["default", "float32", "float16", "bfloat16"],
-                       help="default: float16 on CUDA, float32 on CPU")
-    group.add_argument("--threads", metavar="N", type=int, default=threads,
-                       help="CPU threads for torch (0: torch's choice; default: %(default)s)")
+    group.add_argument(
+        "--compute-type",
+        default="default",
+        choices=["default", "float32", "float16", "bfloat16"],
+        help="default: float16 on CUDA, float32 on CPU",
+    )
+    group.add_argument(
+        "--threads",
+        metavar="N",
+        type=int,
+        default=threads,
+        help="CPU threads for torch (0: torch's choice; default: %(default)s)",
+    )
 
 
 STREAM_EPILOG = """\
@@ -269,23 +294,56 @@ def _add_stream_parser(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s.add_argument("input", metavar="FILE|-", help="audio file, or - for stdin")
-    s.add_argument("--input-format", choices=["auto", "s16le", "file"], default="auto",
-                   help="s16le: raw 16 kHz mono PCM; file: any audio file (default: auto)")
-    s.add_argument("--realtime", action="store_true",
-                   help="pace the input at real time (as a live source would arrive)")
-    s.add_argument("--language", metavar="LANG", default=None,
-                   help="spoken language; detected once speech starts when omitted")
-    s.add_argument("--beam-size", metavar="N", type=_positive_int, default=1,
-                   help="beams per update; 1 is greedy (default: %(default)s)")
-    s.add_argument("--min-chunk", metavar="SECONDS", type=float, default=1.0,
-                   help="new audio per update: lower is faster to commit, costs more "
-                   "(default: %(default)s)")
-    s.add_argument("--agreement", metavar="N", type=int, default=2,
-                   help="hypotheses that must agree before words are final (default: %(default)s)")
-    s.add_argument("--silence-db", metavar="DBFS", type=float, default=None,
-                   help="skip updates on audio quieter than this, e.g. -45 (default: off)")
-    s.add_argument("--timestamps", action="store_true",
-                   help="print each update's committed words as `[start --> end] text` lines")
+    s.add_argument(
+        "--input-format",
+        choices=["auto", "s16le", "file"],
+        default="auto",
+        help="s16le: raw 16 kHz mono PCM; file: any audio file (default: auto)",
+    )
+    s.add_argument(
+        "--realtime",
+        action="store_true",
+        help="pace the input at real time (as a live source would arrive)",
+    )
+    s.add_argument(
+        "--language",
+        metavar="LANG",
+        default=None,
+        help="spoken language; detected once speech starts when omitted",
+    )
+    s.add_argument(
+        "--beam-size",
+        metavar="N",
+        type=_positive_int,
+        default=1,
+        help="beams per update; 1 is greedy (default: %(default)s)",
+    )
+    s.add_argument(
+        "--min-chunk",
+        metavar="SECONDS",
+        type=float,
+        default=1.0,
+        help="new audio per update: lower is faster to commit, costs more (default: %(default)s)",
+    )
+    s.add_argument(
+        "--agreement",
+        metavar="N",
+        type=int,
+        default=2,
+        help="hypotheses that must agree before words are final (default: %(default)s)",
+    )
+    s.add_argument(
+        "--silence-db",
+        metavar="DBFS",
+        type=float,
+        default=None,
+        help="skip updates on audio quieter than this, e.g. -45 (default: off)",
+    )
+    s.add_argument(
+        "--timestamps",
+        action="store_true",
+        help="print each update's committed words as `[start --> end] text` lines",
+    )
     _add_model_options(s, threads=0)
     s.set_defaults(run=run_stream)
 
@@ -297,23 +355,47 @@ def _add_serve_parser(commands: Any) -> None:
         description="Serve /v1/audio/transcriptions, /v1/audio/translations, /v1/models, "
         "/health and the WebSocket /v1/audio/stream (needs: pip install 'whisperforge[server]').",
     )
-    v.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on; 0.0.0.0 exposes it to the network "
-                   "(default: %(default)s)")
+    v.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on; 0.0.0.0 exposes it to the network (default: %(default)s)",
+    )
     v.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
-    v.add_argument("--api-key", default=os.environ.get("WHISPERFORGE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $WHISPERFORGE_API_KEY, "
-                   "else no key)")
-    v.add_argument("--max-upload-mb", type=float, default=25.0,
-                   help="largest accepted upload (default: %(default)s)")
-    v.add_argument("--request-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="give up on a request after this long (default: %(default)s)")
-    v.add_argument("--beam-size", metavar="N", type=_positive_int, default=5,
-                   help="beams at temperature 0 (default: %(default)s)")
-    v.add_argument("--max-queue", metavar="N", type=_positive_int, default=256,
-                   help="requests waiting before new ones get 429 (default: %(default)s)")
-    v.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"])
+    v.add_argument(
+        "--api-key",
+        default=os.environ.get("WHISPERFORGE_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $WHISPERFORGE_API_KEY, else no key)",
+    )
+    v.add_argument(
+        "--max-upload-mb",
+        type=float,
+        default=25.0,
+        help="largest accepted upload (default: %(default)s)",
+    )
+    v.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="give up on a request after this long (default: %(default)s)",
+    )
+    v.add_argument(
+        "--beam-size",
+        metavar="N",
+        type=_positive_int,
+        default=5,
+        help="beams at temperature 0 (default: %(default)s)",
+    )
+    v.add_argument(
+        "--max-queue",
+        metavar="N",
+        type=_positive_int,
+        default=256,
+        help="requests waiting before new ones get 429 (default: %(default)s)",
+    )
+    v.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
     _add_model_options(v)
     v.set_defaults(run=run_serve)
 
@@ -373,19 +455,29 @@ def _transcribe_one(
     """Transcribe one file, showing progress and (when asked) the text as it arrives."""
     from tqdm import tqdm
 
-    segments_iter, info = model.transcribe(
-        path,
-        language=args.language,
-        task=args.task,
-        beam_size=args.beam_size,
-        best_of=args.best_of,
-        temperature=temperature_ladder(args.temperature, args.temperature_increment_on_fallback),
-        initial_prompt=args.initial_prompt,
-        condition_on_previous_text=args.condition_on_previous_text,
-        word_timestamps=args.word_timestamps,
-        clip_timestamps=args.clip_timestamps,
-        hallucination_silence_threshold=args.hallucination_silence_threshold,
-    )
+    options: dict[str, Any] = {
+        "language": args.language,
+        "task": args.task,
+        "beam_size": args.beam_size,
+        "best_of": args.best_of,
+        "temperature": temperature_ladder(args.temperature, args.temperature_increment_on_fallback),
+        "initial_prompt": args.initial_prompt,
+        "word_timestamps": args.word_timestamps,
+    }
+    if args.batch_size is not None:
+        from .batched import BatchedInferencePipeline
+
+        pipeline = BatchedInferencePipeline(model)
+        segments_iter, info = pipeline.transcribe(path, batch_size=args.batch_size, **options)
+    else:
+        segments_iter, info = model.transcribe(
+            path,
+            condition_on_previous_text=args.condition_on_previous_text,
+            clip_timestamps=args.clip_timestamps,
+            hallucination_silence_threshold=args.hallucination_silence_threshold,
+            vad_filter=args.vad_filter,
+            **options,
+        )
     total = round(info.duration, 2)
     segments = []
     with tqdm(
@@ -421,6 +513,14 @@ def run_transcribe(args: argparse.Namespace) -> int:
     )
     if any(word_options):
         args.word_timestamps = True  # these work on word timings; openai-whisper makes you ask
+    sequential_only = {
+        "--clip-timestamps": args.clip_timestamps != "0",
+        "--hallucination-silence-threshold": args.hallucination_silence_threshold is not None,
+        "--vad-filter": args.vad_filter,  # batched mode always uses VAD
+    }
+    if args.batch_size is not None and any(sequential_only.values()):
+        used = ", ".join(name for name, on in sequential_only.items() if on)
+        raise InvalidOptionError(f"{used}: not available with --batch-size; drop one of them")
     options = _writer_options(args)
     write_files = args.output_dir is not None or args.output_format is not None
     formats = args.output_format or "all"
@@ -537,8 +637,19 @@ def _hub_cached(repos: dict[str, str]) -> list[tuple[str, str]]:
 
 # --- stream ----------------------------------------------------------------------------------
 
-_CONTAINER_MAGIC = (b"RIFF", b"fLaC", b"ID3", b"OggS", b"\x1aE\xdf\xa3", b"FORM", b"\xff\xfb",
-                    b"\xff\xf3", b"\xff\xf2", b"#!AMR", b"caff")
+_CONTAINER_MAGIC = (
+    b"RIFF",
+    b"fLaC",
+    b"ID3",
+    b"OggS",
+    b"\x1aE\xdf\xa3",
+    b"FORM",
+    b"\xff\xfb",
+    b"\xff\xf3",
+    b"\xff\xf2",
+    b"#!AMR",
+    b"caff",
+)
 
 
 def _looks_like_container(head: bytes) -> bool:

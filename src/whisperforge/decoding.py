@@ -419,6 +419,23 @@ def decode(
     tokens = torch.tensor([prompt], device=audio_features.device).repeat(n_audio * n_group, 1)
     sum_logprobs = torch.zeros(n_audio * n_group, device=audio_features.device)
     no_speech_probs = [float("nan")] * n_audio
+    # Without timestamp rules every filter is a fixed set of tokens, so the GPU runtime can run
+    # the whole greedy loop on the device, with no host sync per step.
+    device_loop = getattr(model.decoder, "greedy", None)
+    if (
+        device_loop is not None
+        and isinstance(search, GreedySearch)
+        and options.temperature == 0
+        and all(isinstance(f, (SuppressBlank, SuppressTokens)) for f in filters)
+    ):
+        suppress = [t for f in filters if isinstance(f, SuppressTokens) for t in f.suppress]
+        first = tokenizer.encode(" ") + [tokenizer.eot] if options.suppress_blank else []
+        generated, sum_logprobs, sot_probs = device_loop(
+            inference.cache, tokens, sot_index, sample_len, tokenizer.eot, suppress, first
+        )
+        tokens = torch.cat([tokens, generated], dim=1)
+        no_speech_probs = sot_probs[:, tokenizer.no_speech].tolist()
+        sample_len = 0  # done: no step loop below
     for step in range(sample_len):
         logits, sot_logits = inference.logits(tokens, sot_index if step == 0 else None)
         if sot_logits is not None:

@@ -750,6 +750,24 @@ class RuntimeDecoder(nn.Module):
         self.runtime.step(cache.batch, tokens[:, 0])
         return self.runtime.hidden[: tokens.shape[0], None]
 
+    def greedy(
+        self,
+        cache: RuntimeCache,
+        prompts: Tensor,
+        sot_index: int,
+        max_new_tokens: int,
+        eot: int,
+        suppress: Sequence[int],
+        suppress_first: Sequence[int],
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """`decoding.decode`'s greedy loop without timestamp rules, all on the device: the new
+        tokens [rows, n] (EOT repeats after a row finished), their sums of log-probabilities,
+        and the probabilities at the start-of-transcript position (for the no-speech figure)."""
+        cache.batch = self.runtime.prefill(cache.cross, prompts, cache.group)
+        sot_probs = self.plain.logits(cache.batch.hidden[:, sot_index]).float().softmax(dim=-1)
+        result = self.runtime.greedy(cache.batch, max_new_tokens, eot, suppress, suppress_first)
+        return result.tokens, result.sum_logprobs, sot_probs
+
     def logits(self, hidden: Tensor) -> Tensor:
         static = self.runtime.hidden
         if hidden.data_ptr() == static.data_ptr() and hidden.dim() == 2:  # the step's: computed

@@ -69,6 +69,7 @@ class TranscriptionOptions:
     append_punctuations: str = APPEND_PUNCTUATIONS
     clip_timestamps: tuple[float, ...] = ()
     hallucination_silence_threshold: float | None = None
+    max_new_tokens: int | None = None  # tokens per window; default half the text context
 
     def decoding_options(
         self, temperature: float, language: str, task: str, prompt: list[int]
@@ -88,6 +89,7 @@ class TranscriptionOptions:
             suppress_blank=self.suppress_blank,
             without_timestamps=self.without_timestamps,
             max_initial_timestamp=self.max_initial_timestamp,
+            sample_len=self.max_new_tokens,
         )
 
 
@@ -149,14 +151,14 @@ class WhisperModel:
     """A Whisper model ready to transcribe.
 
     model_size_or_path: a model name ("tiny.en", "base", "large-v3", ...), a model folder
-    (CTranslate2 or transformers) or an OpenAI `.pt` file.
+    (CTranslate2 or transformers), an OpenAI `.pt` file, or a loaded `Checkpoint`.
     device: "auto" (CUDA when present), "cpu" or "cuda[:N]".
     compute_type: "default" (float16 on CUDA, float32 on CPU), "float32", "float16", "bfloat16".
     """
 
     def __init__(
         self,
-        model_size_or_path: str | os.PathLike = "tiny.en",
+        model_size_or_path: str | os.PathLike | Checkpoint = "tiny.en",
         device: str = "auto",
         device_index: int = 0,
         compute_type: str = "default",
@@ -170,7 +172,11 @@ class WhisperModel:
         self.dtype = resolve_compute_type(compute_type, self.device)
         if cpu_threads > 0:
             torch.set_num_threads(cpu_threads)
-        self.checkpoint = resolve_checkpoint(model_size_or_path, local_files_only, download_root)
+        self.checkpoint = (
+            model_size_or_path
+            if isinstance(model_size_or_path, Checkpoint)
+            else resolve_checkpoint(model_size_or_path, local_files_only, download_root)
+        )
         self.model = build_model(self.checkpoint, self.device, self.dtype)
         self.runtime = None  # on a GPU: encoder and decode loop on static caches, CUDA graphs
         if self.device.type == "cuda":
@@ -238,6 +244,7 @@ class WhisperModel:
         append_punctuations: str = APPEND_PUNCTUATIONS,
         clip_timestamps: str | Iterable[float] = "0",
         hallucination_silence_threshold: float | None = None,
+        max_new_tokens: int | None = None,
         vad_filter: bool = False,
         vad_parameters: VadOptions | dict | None = None,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
@@ -295,6 +302,7 @@ class WhisperModel:
             append_punctuations=append_punctuations,
             clip_timestamps=clips,
             hallucination_silence_threshold=hallucination_silence_threshold,
+            max_new_tokens=max_new_tokens,
         )
 
         samples = load_audio(audio)
@@ -505,10 +513,20 @@ def good_enough(result: DecodingResult, options: TranscriptionOptions) -> bool:
 
 
 def is_no_speech(result: DecodingResult, options: TranscriptionOptions) -> bool:
-    """The no-speech skip: likely silence and not confidently decoded."""
+    """The no-speech skip: likely silence and not confidently decoded.
+
+    openai-whisper skips only when the final decode is improbable. We also skip when every
+    temperature failed the thresholds (the result is not `good_enough`): what is left then is
+    a random high-temperature sample, and on music or tones that sample is often a confident
+    chant ("No, No, No, ...") which the reference would print. Speech windows are unaffected:
+    their no-speech probability is low.
+    """
     if options.no_speech_threshold is None or result.no_speech_prob <= options.no_speech_threshold:
         return False
-    return options.log_prob_threshold is None or result.avg_logprob <= options.log_prob_threshold
+    improbable = (
+        options.log_prob_threshold is None or result.avg_logprob <= options.log_prob_threshold
+    )
+    return improbable or not good_enough(result, options)
 
 
 def split_segments(
