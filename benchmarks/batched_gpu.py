@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu.py's HF helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 SR = 16000
 
@@ -77,28 +78,43 @@ def wer_against(reference: str | None):
     return lambda text: f"{100 * jiwer.wer(normalize(reference), normalize(text)):.2f}"
 
 
-def turbo(audio: np.ndarray, minutes: float, batch: int, runs: int) -> None:
-    from gpu import hf_model
-
-    from whisperforge import BatchedInferencePipeline, WhisperModel
+def turbo_model(device: str = "cuda"):
+    """A WhisperModel of the large-v3-turbo architecture with random fp16 weights (no turbo
+    checkpoint loads offline; speed depends only on the shapes)."""
+    from whisperforge import WhisperModel
     from whisperforge.checkpoints import Checkpoint
     from whisperforge.presets import preset, random_model, unfuse_state_dict
 
     config = preset("large-v3-turbo")
     canonical = unfuse_state_dict(
-        random_model(config, device="cuda", dtype=torch.float16).state_dict()
+        random_model(config, device=device, dtype=torch.float16).state_dict()
     )
-    model = WhisperModel(Checkpoint(config, canonical, None, None, "random weights"), "cuda")
+    return WhisperModel(Checkpoint(config, canonical, None, None, "random weights"), device)
+
+
+def forced_options(eot: int) -> dict:
+    """Transcription options that make every window decode 100 tokens, whatever the random
+    weights say (EOT, the tokenizer's `eot`, suppressed; no fallback, no no-speech skip)."""
+    return {
+        "language": "en", "beam_size": 1, "temperature": 0.0, "without_timestamps": True,
+        "max_new_tokens": 100, "suppress_tokens": (-1, eot), "compression_ratio_threshold": None,
+        "log_prob_threshold": None, "no_speech_threshold": None,
+    }  # fmt: skip
+
+
+def turbo(audio: np.ndarray, minutes: float, batch: int, runs: int) -> None:
+    from gpu import hf_model
+
+    from whisperforge import BatchedInferencePipeline
+
+    model = turbo_model()
+    config, canonical = model.checkpoint.config, model.checkpoint.state_dict
     pipeline = BatchedInferencePipeline(model)
     total = int(minutes * 60 * SR)
     long = np.resize(audio, total)  # the recording repeated
     files = [long[i : i + 180 * SR] for i in range(0, total, 180 * SR)]
     eot = model.tokenizer.eot
-    forced: dict = {  # 100 tokens per window, whatever the random weights say
-        "language": "en", "beam_size": 1, "temperature": 0.0, "without_timestamps": True,
-        "max_new_tokens": 100, "suppress_tokens": (-1, eot), "compression_ratio_threshold": None,
-        "log_prob_threshold": None, "no_speech_threshold": None,
-    }  # fmt: skip
+    forced = forced_options(eot)
     seconds = total / SR
     print(f"\nlarge-v3-turbo, random fp16 weights, {seconds / 60:.0f} min in {len(files)} files, "
           "100 forced tokens per window")  # fmt: skip

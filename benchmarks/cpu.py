@@ -55,7 +55,9 @@ def engines(threads: int, names: list[str]):
             from faster_whisper import WhisperModel as FasterWhisperModel
 
             folder = str(packaged_model_folders("tiny.en")[0])
-            model = FasterWhisperModel(folder, device="cpu", compute_type=compute_type, cpu_threads=threads)
+            model = FasterWhisperModel(
+                folder, device="cpu", compute_type=compute_type, cpu_threads=threads
+            )
             built[name] = lambda audio, beam, model=model: "".join(
                 s.text for s in model.transcribe(audio, beam_size=beam)[0]
             )
@@ -63,10 +65,18 @@ def engines(threads: int, names: list[str]):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--files", nargs="*", help="dev files (default: all <= 30 s English clips)")
-    parser.add_argument("--modes", nargs="*", default=["greedy", "beam5"], choices=["greedy", "beam5"])
-    parser.add_argument("--engines", nargs="*", default=["whisperforge", "openai-whisper", "faster-whisper-float32", "faster-whisper-int8"])
+    parser.add_argument(
+        "--modes", nargs="*", default=["greedy", "beam5"], choices=["greedy", "beam5"]
+    )
+    parser.add_argument(
+        "--engines",
+        nargs="*",
+        default=["whisperforge", "openai-whisper", "faster-whisper-float32", "faster-whisper-int8"],
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -79,7 +89,9 @@ def main() -> None:
     audios = [load_audio(DEV_DIR / f) for f in files]
     seconds = sum(len(a) for a in audios) / 16000
     built = engines(args.threads, args.engines)
-    print(f"{len(files)} files, {seconds:.1f} s of audio, {args.threads} threads, median of {args.runs}")
+    print(
+        f"{len(files)} files, {seconds:.1f} s of audio, {args.threads} threads, median of {args.runs}"
+    )
 
     results = {}
     for mode in args.modes:
@@ -94,7 +106,10 @@ def main() -> None:
                     run(audio, beam)
                 times.append(time.perf_counter() - start)
             results[(mode, name)] = statistics.median(times)
-            print(f"  {mode:6} {name:24} {results[(mode, name)]:7.2f} s  RTFx {seconds / results[(mode, name)]:6.1f}", flush=True)
+            print(
+                f"  {mode:6} {name:24} {results[(mode, name)]:7.2f} s  RTFx {seconds / results[(mode, name)]:6.1f}",
+                flush=True,
+            )
 
     print("\n| mode | engine | median s | RTFx | time / whisperforge |\n|---|---|---|---|---|")
     for (mode, name), median in results.items():

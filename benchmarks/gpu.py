@@ -156,6 +156,7 @@ def bench_window(rt: Runtime, c: ModelConfig, steps: int = 100) -> float:
 
 # --- peers -----------------------------------------------------------------------------------
 
+
 def hf_model(c: ModelConfig, canonical: dict[str, torch.Tensor], device: str = "cuda"):
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 

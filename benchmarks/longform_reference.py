@@ -47,7 +47,9 @@ def main() -> None:
             theirs = whisper.transcribe(reference, audio, fp16=False, word_timestamps=words)
             their_time = time.perf_counter() - start
             theirs = [s for s in theirs["segments"] if s["text"]]
-            same_tokens = [t for s in mine for t in s.tokens] == [t for s in theirs for t in s["tokens"]]
+            same_tokens = [t for s in mine for t in s.tokens] == [
+                t for s in theirs for t in s["tokens"]
+            ]
             our_text = "".join(s.text for s in mine)
             their_text = "".join(s["text"] for s in theirs)
             wer = jiwer.wer(normalize(their_text), normalize(our_text))
@@ -65,8 +67,12 @@ def main() -> None:
                 if [w.word for w in ours_w] == [w["word"] for w in theirs_w]:
                     diffs = [abs(a.start - b["start"]) for a, b in zip(ours_w, theirs_w)]
                     diffs += [abs(a.end - b["end"]) for a, b in zip(ours_w, theirs_w)]
-                    line += f", word time diff median {np.median(diffs):.3f} s max {max(diffs):.3f} s"
-                line += f", words {len(ours_w)} (all segments have words: {all(s.words for s in mine)})"
+                    line += (
+                        f", word time diff median {np.median(diffs):.3f} s max {max(diffs):.3f} s"
+                    )
+                line += (
+                    f", words {len(ours_w)} (all segments have words: {all(s.words for s in mine)})"
+                )
             line += f"; time whisperforge {our_time:.1f} s, openai-whisper {their_time:.1f} s"
             print(line, flush=True)
 

@@ -42,6 +42,10 @@ class OnceModel:
             self.cache[key] = list(segments)
         return iter(copy.deepcopy(self.cache[key])), info
 
+    def __getattr__(self, name: str):
+        # The batched pipeline reads the model's parts (config, tokenizer, decode model) directly.
+        return getattr(self.model, name)
+
 
 @pytest.fixture(scope="module")
 def once_model(tiny_en) -> OnceModel:

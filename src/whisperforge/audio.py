@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import warnings
+import wave
 from functools import cache
 from pathlib import Path
 from typing import BinaryIO
@@ -32,9 +33,8 @@ AudioInput = str | Path | bytes | bytearray | memoryview | BinaryIO | np.ndarray
 def decode_audio(source: str | Path | bytes | bytearray | memoryview | BinaryIO) -> np.ndarray:
     """Decode a file, bytes or file object (any container FFmpeg reads, video included) to 16 kHz
     mono float32. Packets that fail to decode are skipped with a warning, as the ffmpeg command
-    line does, so a damaged or cut-off recording still gives the audio it holds."""
-    import av  # imported here: PyAV is optional where audio comes in as arrays
-
+    line does, so a damaged or cut-off recording still gives the audio it holds. Without PyAV,
+    only 16 kHz PCM WAV is read (`read_pcm_wav`)."""
     name = str(source) if isinstance(source, (str, Path)) else "<audio bytes>"
     if isinstance(source, (str, Path)):
         path = Path(source)
@@ -58,6 +58,10 @@ def decode_audio(source: str | Path | bytes | bytearray | memoryview | BinaryIO)
         )
     else:
         name = str(getattr(source, "name", "<audio file object>"))
+    try:
+        import av  # imported here: PyAV is optional where audio comes in as arrays
+    except ImportError:  # a slim install, e.g. a GPU box without FFmpeg's libraries
+        return read_pcm_wav(source, name)
 
     # s16 like the ffmpeg command line that openai-whisper runs, so the samples agree with it.
     resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
@@ -99,6 +103,28 @@ def decode_audio(source: str | Path | bytes | bytearray | memoryview | BinaryIO)
     samples = np.concatenate(chunks, dtype=np.float32)  # straight to float32: no int16 copy
     samples *= 1.0 / 32768.0
     return samples
+
+
+def read_pcm_wav(source: str | Path | BinaryIO, name: str = "<audio>") -> np.ndarray:
+    """16 kHz PCM WAV (8, 16 or 32-bit, channels averaged) to mono float32 with the standard
+    library's `wave`, for installs without PyAV. Anything else needs PyAV."""
+    try:
+        with wave.open(str(source) if isinstance(source, Path) else source, "rb") as wav:
+            rate, channels, width = wav.getframerate(), wav.getnchannels(), wav.getsampwidth()
+            data = wav.readframes(wav.getnframes())
+    except (wave.Error, EOFError) as error:
+        raise AudioError(
+            f"{name}: not a PCM WAV file ({error}); without PyAV only 16 kHz PCM WAV can be "
+            "read: install PyAV (pip install av) for other formats"
+        ) from None
+    dtype = {1: np.uint8, 2: np.dtype("<i2"), 4: np.dtype("<i4")}.get(width)
+    if rate != SAMPLE_RATE or dtype is None:
+        raise AudioError(
+            f"{name}: a {rate} Hz {8 * width}-bit WAV; without PyAV only 16 kHz PCM WAV of 8, 16 "
+            "or 32 bits can be read: install PyAV (pip install av), or convert it first"
+        )
+    samples = _to_float32(np.frombuffer(data, dtype=dtype).reshape(-1, channels))
+    return samples.mean(axis=1, dtype=np.float32)  # mono: each sample as it is
 
 
 def _to_float32(audio: np.ndarray) -> np.ndarray:

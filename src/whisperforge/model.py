@@ -213,10 +213,18 @@ class KVCache:
             cache[:, :n] = cache[source, :n]
 
 
+class TokenEmbedding(nn.Embedding):
+    """The token embedding, tied to the output projection. The projection lives here so that a
+    quantized embedding (quantize.QuantizedEmbedding) brings its own."""
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return (hidden @ self.weight.to(hidden.dtype).T).float()
+
+
 class TextDecoder(nn.Module):
     def __init__(self, n_vocab: int, n_ctx: int, n_state: int, n_head: int, n_layer: int):
         super().__init__()
-        self.token_embedding = nn.Embedding(n_vocab, n_state)
+        self.token_embedding = TokenEmbedding(n_vocab, n_state)
         self.positional_embedding = nn.Parameter(torch.empty(n_ctx, n_state))
         self.blocks = nn.ModuleList(DecoderBlock(n_state, n_head) for _ in range(n_layer))
         self.ln = LayerNorm(n_state)
@@ -278,7 +286,7 @@ class TextDecoder(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Scores over the vocabulary (fp32) through the tied token embedding."""
-        return (hidden @ self.token_embedding.weight.to(hidden.dtype).T).float()
+        return self.token_embedding.logits(hidden)
 
 
 class Whisper(nn.Module):

@@ -202,6 +202,8 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None, gelu: bool = False) ->
     """F.linear (then GELU) for a decode step. For up to 16 rows on CUDA, the first call of each
     shape times cuBLAS against the Triton stream kernel's configs (outside any graph capture: a
     step runs once before it is captured) and keeps the fastest that agrees with cuBLAS."""
+    if not isinstance(w, Tensor):  # int8 / fp8 weights (quantize.QuantizedWeight): own kernels
+        return w.linear(x, b, gelu)
     M, K = x.shape
     key = (M, w.shape[0], K, w.dtype, b is not None, gelu)
     if key not in _linear_choice:
@@ -318,7 +320,6 @@ class Runtime:
         self.n_head = self.config.n_text_head
         self.d_head = self.config.n_text_state // self.n_head
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.max_windows = self.max_rows = 0
         self._allocate(max_windows, max_rows or max_windows)
 
@@ -330,6 +331,8 @@ class Runtime:
         D, H, T, A = cfg.n_text_state, self.n_head, cfg.n_text_ctx, cfg.n_audio_ctx
         layers = range(cfg.n_text_layer)
         self._graphs.clear()
+        # A fresh memory pool too: the old one goes with the last graph that used it.
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.max_windows, self.max_rows = windows, rows
         # Per layer: the cross K,V of each window side by side, as the kv projection writes them.
         self.cross_kv = [torch.zeros(windows, A, 2 * D, device=dev, dtype=dt) for _ in layers]

@@ -17,16 +17,26 @@ streaming updates alike, become `Job`s on one queue. The worker admits queued jo
     admit(job)  a job joins the running set (for continuous batching: at the next step)
     step()      advance every active job; finish the jobs that are done (set their futures)
 
-`SequentialBackend` (the WhisperModel path, CPU or GPU) runs one whole job per step, so jobs
-are served one after another in arrival order. The GPU runtime's batched decode step
-(`runtime.Runtime`: encode, prefill, step) slots in as another Backend with capacity > 1:
-`admit` encodes the job's next 30 s window and prefills its prompt into free rows of the
-running batch, `step` is one `Runtime.step` for all rows at once (one read of the decoder's
-weights for every request), and a window that ends frees its rows for the next window or job;
-a job's long-form loop (seek, fallback, segments) runs between its windows. Today the runtime
-prefills a whole batch at once, so the first such Backend batches the windows admitted since
-the last batch finished; joining a batch mid-decode needs a prefill into free rows. Nothing
-above the Backend (HTTP, validation, streaming, timeouts) changes.
+`SequentialBackend` (`WhisperModel.transcribe`) runs one whole job per step, so jobs are
+served one after another in arrival order: the default on the CPU, whose cores one request
+already keeps busy.
+
+`BatchedBackend` (the default on CUDA, or `serve --batch-size N` with N > 1) is continuous
+batching at window granularity. Each active job is its own long-form loop
+(`WhisperModel.long_form`: 30 s windows, seek to the last complete segment, temperature
+fallback per window, the no-speech skip), paused at the window it needs decoded. A step takes
+that window from every active job (up to N), groups the windows that decode alike (language,
+task, prompt, beams, temperatures), and decodes each group as one batch: one encoder pass for
+all its mels, then one batched decode whose every step reads the decoder's weights once for
+all requests (on CUDA the GPU runtime's batched step), with the windows that fail the
+thresholds decoded again together one temperature up. Each job then cuts its window into
+segments, advances its seek and, when its audio is done, gets its answer. Jobs that arrive
+during a step join at the next one. As in faster-whisper's batched mode, a window is not
+prompted with the text of the window before it (that would keep a job's windows from sharing
+a batch with its prompt-less neighbours); a request's `prompt` prompts its first window.
+Joining in the middle of a window's decode, rather than between windows, would need a prefill
+of the newcomer's prompt into free rows of the running runtime batch. Nothing above the
+Backend (HTTP, validation, streaming, timeouts) depends on which one runs.
 """
 
 from __future__ import annotations
@@ -43,12 +53,13 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from io import StringIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import torch
 
 from .audio import SAMPLE_RATE, load_audio
 from .errors import AudioError, InvalidOptionError
@@ -66,11 +77,12 @@ except ImportError:  # the server extra is not installed; create_app says what t
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from .transcribe import WhisperModel
+    from .transcribe import LongForm, WhisperModel, WindowRequest, WindowResult
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("word", "segment")
 ALIASES = ("whisper-1",)  # what OpenAI examples send; served by the loaded model
+GPU_BATCH_SIZE = 16  # windows decoded together on CUDA unless --batch-size says otherwise
 
 
 @dataclass
@@ -86,6 +98,7 @@ class ServerConfig:
     request_timeout_s: float = 300.0
     max_queue: int = 256
     api_key: str | None = None
+    batch_size: int | None = None  # windows decoded together; None: 16 on CUDA, 1 on the CPU
 
     @property
     def model_id(self) -> str:
@@ -144,6 +157,8 @@ class Backend(Protocol):
     @property
     def active(self) -> int: ...
 
+    def stats(self) -> dict[str, Any]: ...
+
 
 class SequentialBackend:
     """WhisperModel.transcribe, one job per step: correct everywhere, batched nowhere."""
@@ -161,6 +176,9 @@ class SequentialBackend:
     def admit(self, job: Job) -> None:
         self._jobs.append(job)
 
+    def stats(self) -> dict[str, Any]:
+        return {"batched": False, "batch_size": 1}
+
     def step(self) -> None:
         job = self._jobs.popleft()
         if not job.future.set_running_or_notify_cancel():
@@ -175,6 +193,133 @@ class SequentialBackend:
             job.future.set_result((segments, info))
         except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
             job.future.set_exception(error)
+
+
+@dataclass
+class _Running:
+    """A job in the batched backend: its long-form loop, paused at the window it waits for."""
+
+    job: Job
+    steps: LongForm
+    info: TranscriptionInfo
+    segments: list[Segment] = field(default_factory=list)
+    request: WindowRequest | None = None
+
+
+class BatchedBackend:
+    """Continuous batching over the windows of all active jobs (see the module docstring)."""
+
+    def __init__(self, model: WhisperModel, batch_size: int = GPU_BATCH_SIZE):
+        from .batched import BatchedInferencePipeline
+
+        self.model = model
+        self.capacity = batch_size  # one window per active job: jobs = windows per step
+        self._pipeline = BatchedInferencePipeline(model)  # its batched temperature fallback
+        self._jobs: list[_Running] = []
+        self.last_batch_windows = 0  # the largest batch of the last step
+        self.max_batch_windows = 0
+        self.windows = 0  # decoded since the start, in `batches` batches
+        self.batches = 0
+
+    @property
+    def active(self) -> int:
+        return len(self._jobs)
+
+    def stats(self) -> dict[str, Any]:
+        return {"batched": True, "batch_size": self.capacity,
+                "last_batch_windows": self.last_batch_windows,
+                "max_batch_windows": self.max_batch_windows,
+                "windows": self.windows, "batches": self.batches}  # fmt: skip
+
+    def admit(self, job: Job) -> None:
+        from .transcribe import TranscriptionOptions
+
+        if not job.future.set_running_or_notify_cancel():
+            return  # the client gave up while the job waited
+        options = dict(job.options)
+        language, task = options.pop("language", None), options.pop("task", "transcribe")
+        # A window prompted with its job's previous text could share a batch with no other.
+        options["condition_on_previous_text"] = False
+        try:
+            transcription = TranscriptionOptions.from_arguments(**options)
+            steps, info = self.model.long_form(job.audio, language, task, transcription)
+        except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
+            job.future.set_exception(error)
+            return
+        running = _Running(job, steps, info)
+        if self._advance(running, None):
+            self._jobs.append(running)
+
+    def step(self) -> None:
+        groups: dict[tuple, list[_Running]] = {}
+        for running in self._jobs:
+            if time.monotonic() > running.job.deadline:  # nobody waits for it: spend no more
+                running.steps.close()
+                running.job.future.set_exception(TimeoutError("the request timed out"))
+                continue
+            assert running.request is not None
+            groups.setdefault(batch_key(running.request), []).append(running)
+        still: list[_Running] = []
+        for group in groups.values():
+            try:
+                results = self._decode([running.request for running in group])
+            except BaseException as error:  # noqa: BLE001 -- fails this batch's jobs, not the server
+                for running in group:
+                    running.steps.close()
+                    running.job.future.set_exception(error)
+                continue
+            still += [running for running, r in zip(group, results) if self._advance(running, r)]
+        self._jobs = still
+        sizes = [len(group) for group in groups.values()]
+        self.last_batch_windows = max(sizes, default=0)
+        self.max_batch_windows = max(self.max_batch_windows, self.last_batch_windows)
+        self.windows += sum(sizes)
+        self.batches += len(sizes)
+
+    def _decode(self, requests: list[WindowRequest]) -> list[WindowResult]:
+        """One batch: the encoder on all its windows at once, then the batched decode."""
+        first = requests[0]
+        features = self.model.encode(torch.stack([request.mel for request in requests]))
+        results = self._pipeline.decode_with_fallback(
+            features, first.tokenizer, first.options, first.prompt
+        )
+        return list(zip(results, features))
+
+    def _advance(self, running: _Running, sent: WindowResult | None) -> bool:
+        """Run a job's loop to the next window it needs; False once the job is finished."""
+        job = running.job
+        try:
+            item = running.steps.send(sent)
+            while isinstance(item, Segment):
+                running.segments.append(item)
+                if job.on_segment is not None:
+                    job.on_segment(item)
+                item = running.steps.send(None)
+        except StopIteration:
+            job.future.set_result((running.segments, running.info))
+            return False
+        except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
+            job.future.set_exception(error)
+            return False
+        running.request = item
+        return True
+
+
+def batch_key(request: WindowRequest) -> tuple:
+    """Windows with equal keys decode alike but for their audio, so they share a batch: the same
+    language and task, prompt and options. Word timestamps come after the decode, and the
+    initial prompt is in `prompt` already, so those two may differ."""
+    options = replace(request.options, word_timestamps=False, initial_prompt=None)
+    return (request.tokenizer.sot_sequence, tuple(request.prompt), options)
+
+
+def make_backend(model: WhisperModel, batch_size: int | None = None) -> Backend:
+    """Batched on CUDA (or with batch_size > 1), sequential on the CPU (or with batch_size 1)."""
+    if batch_size is None:
+        batch_size = GPU_BATCH_SIZE if model.device.type == "cuda" else 1
+    if batch_size < 1:
+        raise InvalidOptionError(f"batch_size must be at least 1, got {batch_size}")
+    return BatchedBackend(model, batch_size) if batch_size > 1 else SequentialBackend(model)
 
 
 class QueueFull(Exception):
@@ -604,10 +749,18 @@ def verbose_json(segments: list[Segment], info: TranscriptionInfo, task: str, wo
         "duration": round(info.duration, 3),
         "text": "".join(s.text for s in segments).strip(),
         "segments": [
-            {"id": s.id, "seek": s.seek, "start": round(s.start, 3), "end": round(s.end, 3),
-             "text": s.text, "tokens": s.tokens, "temperature": s.temperature,
-             "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
-             "no_speech_prob": s.no_speech_prob}
+            {
+                "id": s.id,
+                "seek": s.seek,
+                "start": round(s.start, 3),
+                "end": round(s.end, 3),
+                "text": s.text,
+                "tokens": s.tokens,
+                "temperature": s.temperature,
+                "avg_logprob": s.avg_logprob,
+                "compression_ratio": s.compression_ratio,
+                "no_speech_prob": s.no_speech_prob,
+            }
             for s in segments
         ],
         "usage": _usage(info),
@@ -625,8 +778,8 @@ def verbose_json(segments: list[Segment], info: TranscriptionInfo, task: str, wo
 
 def create_app(config: ServerConfig | None = None, model: WhisperModel | None = None,
                backend: Backend | None = None) -> FastAPI:  # fmt: skip
-    """The FastAPI app. `model` (already loaded) and `backend` are seams for tests and for the
-    GPU runtime; by default the model is loaded from `config` and run sequentially."""
+    """The FastAPI app. `model` (already loaded) and `backend` are seams for tests; by default
+    the model is loaded from `config` and served by `make_backend(model, config.batch_size)`."""
     try:
         from fastapi import Depends, FastAPI
         from fastapi.exceptions import RequestValidationError
@@ -646,7 +799,7 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
 
         model = WhisperModel(config.model, device=config.device, compute_type=config.compute_type,
                              cpu_threads=config.threads)  # fmt: skip
-    engine = Engine(backend or SequentialBackend(model), config.max_queue)
+    engine = Engine(backend or make_backend(model, config.batch_size), config.max_queue)
     state = App(config, model, engine)
 
     @contextlib.asynccontextmanager
@@ -719,7 +872,8 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
         ok = engine.alive
         body = {"status": "ok" if ok else "error", "model": config.model_id,
                 "device": str(model.device), "queued": engine.queued,
-                "completed": engine.completed}  # fmt: skip
+                "completed": engine.completed, "active": engine.backend.active,
+                **engine.backend.stats()}  # fmt: skip
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.websocket("/v1/audio/stream")

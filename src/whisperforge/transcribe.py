@@ -10,8 +10,7 @@ conditioning on previous text, clip timestamps and hallucination-silence skippin
 from __future__ import annotations
 
 import os
-import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +31,9 @@ from .audio import (
 from .checkpoints import Checkpoint, resolve_checkpoint
 from .decoding import DecodingOptions, DecodingResult, decode, detect_language
 from .errors import InvalidOptionError
+from .export import is_export_folder, load_onnx_export
 from .model import Whisper, fuse_state_dict
+from .quantize import quantize_model, resolve_compute_type
 from .results import Segment, TranscriptionInfo, Word
 from .runtime import Runtime, RuntimeWhisper
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
@@ -41,8 +42,6 @@ from .vad import TimelineMap, VadOptions, collect_speech, detect_speech
 
 # Windows whose samples never exceed this (-60 dBFS) are silence: skipped without decoding.
 SILENCE_PEAK = 10 ** (-60 / 20)
-
-COMPUTE_TYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,44 @@ class TranscriptionOptions:
     hallucination_silence_threshold: float | None = None
     max_new_tokens: int | None = None  # tokens per window; default half the text context
 
+    @classmethod
+    def from_arguments(
+        cls,
+        temperature: float | Iterable[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        clip_timestamps: str | Iterable[float] = "0",
+        initial_prompt: str | Iterable[int] | None = None,
+        suppress_tokens: Iterable[int] | None = (-1,),
+        **fields,
+    ) -> TranscriptionOptions:
+        """The options of `WhisperModel.transcribe`'s keyword arguments (but language, task and
+        VAD), checked."""
+        temperatures = (
+            (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
+        )
+        if not temperatures:
+            raise InvalidOptionError("temperature needs at least one value")
+        if isinstance(clip_timestamps, str):
+            try:
+                clips = tuple(float(t) for t in clip_timestamps.split(",") if t.strip())
+            except ValueError:
+                raise InvalidOptionError(
+                    f"clip_timestamps {clip_timestamps!r} must be comma-separated seconds, e.g. '0,10,20'"
+                ) from None
+        else:
+            clips = tuple(clip_timestamps)
+        options = cls(
+            temperatures=temperatures,
+            clip_timestamps=clips,
+            initial_prompt=initial_prompt
+            if isinstance(initial_prompt, (str, type(None)))
+            else list(initial_prompt),
+            suppress_tokens=tuple(suppress_tokens) if suppress_tokens else None,
+            **fields,
+        )
+        if options.beam_size < 1 or options.best_of < 1:
+            raise InvalidOptionError("beam_size and best_of must be at least 1")
+        return options
+
     def decoding_options(
         self, temperature: float, language: str, task: str, prompt: list[int]
     ) -> DecodingOptions:
@@ -93,6 +130,23 @@ class TranscriptionOptions:
         )
 
 
+@dataclass
+class WindowRequest:
+    """A long-form loop's request: decode this 30 s window after `prompt` (see `long_form`)."""
+
+    mel: Tensor  # [n_mels, N_FRAMES], zero-padded past the audio's end
+    prompt: list[int]  # the text to condition on: the initial prompt or the previous windows'
+    tokenizer: Tokenizer  # language and task
+    options: TranscriptionOptions  # beams, temperature fallback and its thresholds
+
+
+# What a long-form loop is sent for a WindowRequest: the decode (after temperature fallback) and
+# the window's audio features [n_audio_ctx, D], which word timestamps need.
+WindowResult = tuple[DecodingResult, Tensor]
+# It yields WindowRequests (send back their WindowResult) and final Segments (send None).
+LongForm = Generator[WindowRequest | Segment, WindowResult | None, None]
+
+
 def frame_peaks(samples: np.ndarray) -> np.ndarray:
     """Largest absolute sample per mel frame (10 ms hop), to find silent windows cheaply."""
     n_frames = -(-len(samples) // HOP_LENGTH)
@@ -111,22 +165,6 @@ def resolve_device(device: str) -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise InvalidOptionError("device='cuda' but no CUDA GPU is visible; use device='cpu'")
     return resolved
-
-
-def resolve_compute_type(compute_type: str, device: torch.device) -> torch.dtype:
-    if compute_type == "default":
-        return torch.float16 if device.type == "cuda" else torch.float32
-    if compute_type not in COMPUTE_TYPES:
-        raise InvalidOptionError(
-            f"unsupported compute_type {compute_type!r}; use one of default, {', '.join(COMPUTE_TYPES)}"
-        )
-    dtype = COMPUTE_TYPES[compute_type]
-    if device.type == "cpu" and dtype != torch.float32:
-        warnings.warn(
-            f"{compute_type} is slow or unsupported on the CPU; using float32", stacklevel=3
-        )
-        return torch.float32
-    return dtype
 
 
 def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Whisper:
@@ -151,9 +189,17 @@ class WhisperModel:
     """A Whisper model ready to transcribe.
 
     model_size_or_path: a model name ("tiny.en", "base", "large-v3", ...), a model folder
-    (CTranslate2 or transformers), an OpenAI `.pt` file, or a loaded `Checkpoint`.
+    (CTranslate2 or transformers), an OpenAI `.pt` file, or a loaded `Checkpoint`; or a
+    folder from `whisperforge export --format onnx`, run on onnxruntime's CPU provider (word
+    timestamps then load the PyTorch model the export came from: see `export.OnnxDecoder`).
     device: "auto" (CUDA when present), "cpu" or "cuda[:N]".
-    compute_type: "default" (float16 on CUDA, float32 on CPU), "float32", "float16", "bfloat16".
+    compute_type: "default" (float16 on CUDA, float32 on CPU; a quantized checkpoint's own type),
+    "float32", "float16", "bfloat16"; or quantized weights (see `quantize.py`): "int8" (on the
+    CPU every linear in int8, activations quantized per call; on CUDA weight-only int8 for the
+    decoder's step linears with float16 activations), "int8_float32", "int8_float16",
+    "int8_bfloat16" (int8 weights, activations in that float type; 16-bit ones fall back to
+    float32 on the CPU), "float8" (fp8 e4m3 weights and activations on Ada/Hopper GPUs). The
+    token embedding and tied logits projection are quantized with per-row scales too.
     """
 
     def __init__(
@@ -169,18 +215,31 @@ class WhisperModel:
         self.device = resolve_device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", device_index)
-        self.dtype = resolve_compute_type(compute_type, self.device)
+        compute = resolve_compute_type(compute_type, self.device)  # a bad name fails before loading
+        self.dtype = compute.dtype
         if cpu_threads > 0:
             torch.set_num_threads(cpu_threads)
-        self.checkpoint = (
-            model_size_or_path
-            if isinstance(model_size_or_path, Checkpoint)
-            else resolve_checkpoint(model_size_or_path, local_files_only, download_root)
-        )
-        self.model = build_model(self.checkpoint, self.device, self.dtype)
         self.runtime = None  # on a GPU: encoder and decode loop on static caches, CUDA graphs
-        if self.device.type == "cuda":
-            self.runtime = Runtime(self.model, max_windows=1, max_rows=5)
+        if not isinstance(model_size_or_path, Checkpoint) and is_export_folder(model_size_or_path):
+            # `whisperforge export --format onnx`: encoder and decoder on onnxruntime.
+            self.checkpoint, self.model = load_onnx_export(
+                model_size_or_path, device, compute_type, cpu_threads
+            )
+            self.device, self.dtype = self.model.device, self.model.dtype
+        else:
+            self.checkpoint = (
+                model_size_or_path
+                if isinstance(model_size_or_path, Checkpoint)
+                else resolve_checkpoint(model_size_or_path, local_files_only, download_root)
+            )
+            if compute_type == "default":  # a quantized checkpoint's own compute type
+                saved = self.checkpoint.compute_type
+                compute = resolve_compute_type("default", self.device, saved)
+            self.dtype = compute.dtype
+            self.model = build_model(self.checkpoint, self.device, self.dtype)
+            quantize_model(self.model, compute.weights, self.checkpoint.weight_scales)
+            if self.device.type == "cuda":
+                self.runtime = Runtime(self.model, max_windows=1, max_rows=5)
         self.decode_model = RuntimeWhisper(self.runtime) if self.runtime else self.model
         self.tokenizer = build_tokenizer(self.checkpoint)
         heads = self.checkpoint.alignment_heads
@@ -253,6 +312,47 @@ class WhisperModel:
         Returns a lazy generator of segments and the `TranscriptionInfo` (language, duration).
         Long-form semantics are openai-whisper's; `beam_size=1` is greedy decoding.
         """
+        options = TranscriptionOptions.from_arguments(
+            beam_size=beam_size,
+            best_of=best_of,
+            patience=patience,
+            length_penalty=length_penalty,
+            temperature=temperature,
+            compression_ratio_threshold=compression_ratio_threshold,
+            log_prob_threshold=log_prob_threshold,
+            no_speech_threshold=no_speech_threshold,
+            condition_on_previous_text=condition_on_previous_text,
+            prompt_reset_on_temperature=prompt_reset_on_temperature,
+            initial_prompt=initial_prompt,
+            carry_initial_prompt=carry_initial_prompt,
+            prefix=prefix,
+            suppress_blank=suppress_blank,
+            suppress_tokens=suppress_tokens,
+            without_timestamps=without_timestamps,
+            max_initial_timestamp=max_initial_timestamp,
+            word_timestamps=word_timestamps,
+            prepend_punctuations=prepend_punctuations,
+            append_punctuations=append_punctuations,
+            clip_timestamps=clip_timestamps,
+            hallucination_silence_threshold=hallucination_silence_threshold,
+            max_new_tokens=max_new_tokens,
+        )
+        steps, info = self.long_form(audio, language, task, options, vad_filter, vad_parameters)
+        return self.decode_sequentially(steps), info
+
+    def long_form(
+        self,
+        audio: AudioInput,
+        language: str | None,
+        task: str,
+        options: TranscriptionOptions,
+        vad_filter: bool = False,
+        vad_parameters: VadOptions | dict | None = None,
+    ) -> tuple[LongForm, TranscriptionInfo]:
+        """`transcribe`, with the caller decoding the windows: the audio is read and its language
+        found now, and the long-form loop comes back as a generator that yields a `WindowRequest`
+        per window (send back its `WindowResult`) and each final `Segment`. The server's batched
+        backend runs many loops at once and decodes their windows together."""
         if task not in ("transcribe", "translate"):
             raise InvalidOptionError(f"unknown task {task!r}; use transcribe or translate")
         if not self.is_multilingual and task == "translate":
@@ -261,50 +361,6 @@ class WhisperModel:
             )
         if language is not None:
             language = normalize_language(language, self.supported_languages)
-        temperatures = (
-            (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
-        )
-        if not temperatures:
-            raise InvalidOptionError("temperature needs at least one value")
-        if beam_size < 1 or best_of < 1:
-            raise InvalidOptionError("beam_size and best_of must be at least 1")
-        if isinstance(clip_timestamps, str):
-            try:
-                clips = tuple(float(t) for t in clip_timestamps.split(",") if t.strip())
-            except ValueError:
-                raise InvalidOptionError(
-                    f"clip_timestamps {clip_timestamps!r} must be comma-separated seconds, e.g. '0,10,20'"
-                ) from None
-        else:
-            clips = tuple(clip_timestamps)
-        options = TranscriptionOptions(
-            beam_size=beam_size,
-            best_of=best_of,
-            patience=patience,
-            length_penalty=length_penalty,
-            temperatures=temperatures,
-            compression_ratio_threshold=compression_ratio_threshold,
-            log_prob_threshold=log_prob_threshold,
-            no_speech_threshold=no_speech_threshold,
-            condition_on_previous_text=condition_on_previous_text,
-            prompt_reset_on_temperature=prompt_reset_on_temperature,
-            initial_prompt=initial_prompt
-            if isinstance(initial_prompt, (str, type(None)))
-            else list(initial_prompt),
-            carry_initial_prompt=carry_initial_prompt,
-            prefix=prefix,
-            suppress_blank=suppress_blank,
-            suppress_tokens=tuple(suppress_tokens) if suppress_tokens else None,
-            without_timestamps=without_timestamps,
-            max_initial_timestamp=max_initial_timestamp,
-            word_timestamps=word_timestamps,
-            prepend_punctuations=prepend_punctuations,
-            append_punctuations=append_punctuations,
-            clip_timestamps=clips,
-            hallucination_silence_threshold=hallucination_silence_threshold,
-            max_new_tokens=max_new_tokens,
-        )
-
         samples = load_audio(audio)
         duration = len(samples) / SAMPLE_RATE
         timeline = None
@@ -322,7 +378,7 @@ class WhisperModel:
             info = TranscriptionInfo(
                 language or "en", 0.0, duration, 0.0, None, options, vad_options
             )
-            return iter(()), info
+            return _no_windows(), info
         # The whole file's mel with 30 s of zeros after it, sliced per window like the reference.
         mel = log_mel_spectrogram(samples, self.checkpoint.config.n_mels, N_SAMPLES, self.device)
 
@@ -349,8 +405,23 @@ class WhisperModel:
             vad_options=vad_options,
         )
         tokenizer = self.tokenizer.with_options(language, task)
-        segments = self.generate_segments(mel, tokenizer, options, frame_peaks(samples))
-        return (segments if timeline is None else restore_times(segments, timeline)), info
+        return self.window_steps(mel, tokenizer, options, frame_peaks(samples), timeline), info
+
+    def decode_sequentially(self, steps: LongForm) -> Iterator[Segment]:
+        """Run a long-form loop, decoding each window when it asks: `transcribe`'s segments."""
+        sent: WindowResult | None = None
+        while True:
+            try:
+                item = steps.send(sent)
+            except StopIteration:
+                return
+            if isinstance(item, Segment):
+                sent = None
+                yield item
+                continue
+            features = self.encode(item.mel[None])
+            result = self.decode_with_fallback(features, item.tokenizer, item.options, item.prompt)
+            sent = (result, features[0])
 
     def decode_with_fallback(
         self,
@@ -371,16 +442,19 @@ class WhisperModel:
         assert result is not None
         return result
 
-    def generate_segments(
+    def window_steps(
         self,
         mel: Tensor,
         tokenizer: Tokenizer,
         options: TranscriptionOptions,
         peaks: np.ndarray | None = None,
-    ) -> Iterator[Segment]:
-        """The sequential long-form loop over 30 s windows; yields each window's final segments.
+        timeline: TimelineMap | None = None,
+    ) -> LongForm:
+        """The long-form loop over 30 s windows: yields a `WindowRequest` for each window it needs
+        decoded, to be sent back its `WindowResult`, and then the window's final segments.
 
         `peaks` (see `frame_peaks`) lets windows of digital silence be skipped undecoded.
+        `timeline` maps the times of VAD-collected speech back to the original audio.
         """
         content_frames = mel.shape[-1] - N_FRAMES
         content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
@@ -426,16 +500,13 @@ class WhisperModel:
                 # A deliberate departure from the reference, which hallucinates ("You") here.
                 seek += segment_size
                 continue
-            audio_features = self.encode(
-                pad_or_trim(mel[:, seek : seek + segment_size], N_FRAMES)[None]
-            )
-
+            window = pad_or_trim(mel[:, seek : seek + segment_size], N_FRAMES)
             if options.carry_initial_prompt:
                 ignored = max(len(initial_prompt_tokens), prompt_reset_since)
                 prompt = initial_prompt_tokens + all_tokens[ignored:][-remaining_prompt_length:]
             else:
                 prompt = all_tokens[prompt_reset_since:]
-            result = self.decode_with_fallback(audio_features, tokenizer, options, prompt)
+            result, audio_features = yield WindowRequest(window, prompt, tokenizer, options)
 
             if is_no_speech(result, options):
                 seek += segment_size  # fast-forward to the next window
@@ -453,7 +524,7 @@ class WhisperModel:
                     current,
                     self.model,
                     tokenizer,
-                    audio_features[0],
+                    audio_features,
                     segment_size,
                     self.alignment_heads,
                     options.prepend_punctuations,
@@ -492,7 +563,7 @@ class WhisperModel:
                 if segment.text:
                     segment.id = segment_id
                     segment_id += 1
-                    yield segment
+                    yield segment if timeline is None else restore_times(segment, timeline)
 
 
 def good_enough(result: DecodingResult, options: TranscriptionOptions) -> bool:
@@ -589,15 +660,19 @@ def split_segments(
     return segments, (tokens[last_slice - 1] - timestamp_begin) * input_stride, False
 
 
-def restore_times(segments: Iterator[Segment], timeline: TimelineMap) -> Iterator[Segment]:
-    """Segments of the speech-only audio, with times on the original audio's timeline."""
-    for segment in segments:
-        segment.start = round(timeline.original_time(segment.start), 3)
-        segment.end = round(timeline.original_time(segment.end, is_end=True), 3)
-        for word in segment.words or []:
-            word.start = round(timeline.original_time(word.start), 3)
-            word.end = round(timeline.original_time(word.end, is_end=True), 3)
-        yield segment
+def restore_times(segment: Segment, timeline: TimelineMap) -> Segment:
+    """A segment of the speech-only audio, with times on the original audio's timeline."""
+    segment.start = round(timeline.original_time(segment.start), 3)
+    segment.end = round(timeline.original_time(segment.end, is_end=True), 3)
+    for word in segment.words or []:
+        word.start = round(timeline.original_time(word.start), 3)
+        word.end = round(timeline.original_time(word.end, is_end=True), 3)
+    return segment
+
+
+def _no_windows() -> LongForm:
+    """The loop of audio with nothing to decode (VAD found no speech)."""
+    yield from ()
 
 
 def _new_segment(

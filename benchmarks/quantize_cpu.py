@@ -1,0 +1,214 @@
+"""int8 on the CPU: whisperforge int8 vs fp32 vs faster-whisper int8 (and fp32), in one process.
+
+Same tiny.en weights for all (faster-whisper runs the packaged CTranslate2 folder itself), the
+exact-reference English dev clips decoded once, the same thread count. Speed: each engine
+transcribes every clip once to warm up, then `--runs` times; the median wall time per pass.
+Memory: the bytes whisperforge's weights take as stored, and the process RSS growth while each
+engine's model loads (engines load in the order listed; allocator reuse makes RSS approximate).
+WER (EnglishTextNormalizer + jiwer) of every engine's transcripts; then, greedy, for each of
+`--wer-models`: fp32, int8 (the CPU's: every linear dynamic int8) and the GPU's recipes run on the
+CPU (weight-only int8 step linears; float8 through torch._scaled_mm), on the same clips and, with
+`--long`, the 19-minute file.
+
+    python benchmarks/quantize_cpu.py                       # speed + WER, tiny.en and base
+    python benchmarks/quantize_cpu.py --runs 1 --modes greedy --wer-models tiny.en --long
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jiwer
+import torch
+
+DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
+LONG_FILE = "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"
+ENGINES = [
+    "whisperforge-float32",
+    "whisperforge-int8",
+    "faster-whisper-float32",
+    "faster-whisper-int8",
+]
+# The GPU's recipes, emulated on the CPU for their accuracy (quantize_model(..., dynamic=False)).
+WER_VARIANTS = ["float32", "int8", "int8-weight-only", "float8"]
+
+
+def manifest() -> list[dict]:
+    lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def rss_mb() -> float:
+    gc.collect()
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights as stored: parameters, buffers, and the int8 weights and scales that
+    PyTorch's dynamic int8 linears keep packed outside them."""
+    total = sum(t.nbytes for t in (*model.parameters(), *model.buffers()))
+    for module in model.modules():
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            weight, bias = module._weight_bias()
+            total += weight.numel() + weight.q_per_channel_scales().numel() * 4
+            total += 0 if bias is None else bias.nbytes
+    return total
+
+
+def whisperforge(name: str, variant: str, threads: int):
+    """WhisperModel for a WER variant: a compute type, or a GPU recipe on the CPU."""
+    from whisperforge import WhisperModel
+    from whisperforge.quantize import quantize_model
+
+    if variant in ("float32", "int8"):
+        return WhisperModel(name, device="cpu", compute_type=variant, cpu_threads=threads)
+    model = WhisperModel(name, device="cpu", compute_type="float32", cpu_threads=threads)
+    quantize_model(model.model, variant.removesuffix("-weight-only"), dynamic=False)
+    return model
+
+
+def build_engine(name: str, threads: int) -> tuple[Any, int | None]:
+    """engine name -> (its model, whisperforge's weight bytes or None)."""
+    engine, compute_type = name.rsplit("-", 1)
+    if engine == "whisperforge":
+        model = whisperforge("tiny.en", compute_type, threads)
+        return model, weight_bytes(model.model)
+    from faster_whisper import WhisperModel as FasterWhisperModel
+
+    from whisperforge.checkpoints import packaged_model_folders
+
+    folder = str(packaged_model_folders("tiny.en")[0])
+    return FasterWhisperModel(folder, "cpu", compute_type=compute_type, cpu_threads=threads), None
+
+
+def text(model: Any, audio: Any, beam_size: int) -> str:
+    """The transcript: both engines share faster-whisper's API."""
+    return "".join(s.text for s in model.transcribe(audio, beam_size=beam_size)[0])
+
+
+def wer(references: list[str], hypotheses: list[str]) -> float:
+    from whisper.normalizers import EnglishTextNormalizer
+
+    normalize = EnglishTextNormalizer()
+    return jiwer.wer([normalize(r) for r in references], [normalize(h) for h in hypotheses])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--engines", nargs="*", default=ENGINES, choices=ENGINES)
+    parser.add_argument(
+        "--modes", nargs="*", default=["greedy", "beam5"], choices=["greedy", "beam5"]
+    )
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--wer-models", nargs="*", default=["tiny.en", "base"])
+    parser.add_argument("--wer-variants", nargs="*", default=WER_VARIANTS, choices=WER_VARIANTS)
+    parser.add_argument("--long", action="store_true", help="WER on the 19-minute file too")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", UserWarning)  # torch.ao's quantized tensors: deprecation
+
+    from whisperforge import load_audio
+
+    torch.set_num_threads(args.threads)
+    clips = [r for r in manifest() if r["language"] == "en" and r["ref_kind"] == "exact"]
+    audios = [load_audio(DEV_DIR / r["audio"]) for r in clips]
+    references = [r["text"] for r in clips]
+    seconds = sum(len(a) for a in audios) / 16000
+    print(f"{len(clips)} clips, {seconds:.1f} s of audio, {args.threads} threads, "
+          f"median of {args.runs}; torch {torch.__version__}, "
+          f"CPU capability {torch.backends.cpu.get_cpu_capability()}", flush=True)  # fmt: skip
+
+    report: dict = {"speed": {}, "memory": {}, "wer": {}}
+    built = {}
+    for name in args.engines:
+        before = rss_mb()
+        built[name], nbytes = build_engine(name, args.threads)
+        report["memory"][name] = {
+            "rss_growth_MB": rss_mb() - before,
+            "weights_MB": nbytes and nbytes / 1e6,
+        }
+        print(f"  loaded {name}: RSS +{report['memory'][name]['rss_growth_MB']:.0f} MB", flush=True)
+    for mode in args.modes:
+        beam = 5 if mode == "beam5" else 1
+        for name, model in built.items():
+            texts = [text(model, audio, beam) for audio in audios]  # the warm-up pass
+            times = []
+            for _ in range(args.runs):
+                start = time.perf_counter()
+                for audio in audios:
+                    text(model, audio, beam)
+                times.append(time.perf_counter() - start)
+            median = statistics.median(times)
+            report["speed"][f"{mode}/{name}"] = median
+            report["wer"][f"{mode}/{name}"] = wer(references, texts)
+            print(f"  {mode:6} {name:24} {median:7.2f} s  RTFx {seconds / median:6.1f}  "
+                  f"WER {100 * report['wer'][f'{mode}/{name}']:.2f} %", flush=True)  # fmt: skip
+
+    print("\n| mode | engine | median s | RTFx | time / whisperforge fp32 | WER % |")
+    print("|---|---|---|---|---|---|")
+    for key, median in report["speed"].items():
+        mode = key.split("/")[0]
+        ours = report["speed"].get(f"{mode}/whisperforge-float32")
+        ratio = f"{median / ours:.2f}" if ours else "-"
+        wer_pct = 100 * report["wer"][key]
+        print(f"| {mode} | {key.split('/')[1]} | {median:.2f} | {seconds / median:.1f} | {ratio} | {wer_pct:.2f} |")  # fmt: skip
+    for mode in args.modes:
+        ours = report["speed"].get(f"{mode}/whisperforge-int8")
+        fw = report["speed"].get(f"{mode}/faster-whisper-int8")
+        if ours and fw:
+            print(
+                f"{mode}: whisperforge int8 takes {ours / fw:.2f}x the time of faster-whisper int8"
+            )
+    print("\n| engine | weights MB (as stored) | RSS growth on load MB |\n|---|---|---|")
+    for name, memory in report["memory"].items():
+        weights = f"{memory['weights_MB']:.1f}" if memory["weights_MB"] else "-"
+        print(f"| {name} | {weights} | {memory['rss_growth_MB']:.0f} |")
+    del built
+    gc.collect()
+
+    sets = [("dev clips", audios, references)]
+    if args.long:
+        row = next(r for r in manifest() if r["audio"] == LONG_FILE)
+        sets.append(("19-minute file", [load_audio(DEV_DIR / LONG_FILE)], [row["text"]]))
+    rows = []
+    for model_name in args.wer_models:
+        for variant in args.wer_variants:
+            model = whisperforge(model_name, variant, args.threads)
+            for set_name, set_audios, set_references in sets:
+                start = time.perf_counter()
+                texts = [text(model, audio, 1) for audio in set_audios]
+                figure = wer(set_references, texts)
+                rows.append((model_name, variant, set_name, figure, time.perf_counter() - start))
+                report["wer"][f"greedy/{model_name}/{variant}/{set_name}"] = figure
+                print(f"  {model_name} {variant} {set_name}: WER {100 * figure:.2f} % "
+                      f"({rows[-1][-1]:.0f} s)", flush=True)  # fmt: skip
+            del model
+            gc.collect()
+    print(
+        "\n| model | variant | set | greedy WER % | vs float32 (points) | s |\n|---|---|---|---|---|---|"
+    )
+    for model_name, variant, set_name, figure, took in rows:
+        fp32 = report["wer"].get(f"greedy/{model_name}/float32/{set_name}")
+        delta = f"{100 * (figure - fp32):+.2f}" if fp32 is not None else "-"
+        print(
+            f"| {model_name} | {variant} | {set_name} | {100 * figure:.2f} | {delta} | {took:.0f} |"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,723 @@
+"""Corpus transcription: `whisperforge batch INPUT --output OUT`, in one process or on Ray.
+
+INPUT is a folder (audio files by extension, recursive), a glob, a text file of paths, a
+Parquet or JSONL manifest (column `path` or `audio`), or one audio file. Relative paths in a
+list or manifest are relative to the list's folder. A row's `path` is the input's own name for
+the file (as the list or manifest writes it), which is what a rerun matches on.
+
+OUT is written as an append-only JSONL journal, one row per file, flushed per row, so a crash
+loses no finished row and a rerun skips every path already in it. Rows with an error are
+skipped too (a corrupt file stays corrupt) unless `retry_errors`, which drops them from the
+journal first so each path keeps exactly one row. A `.parquet` OUT is the journal
+`OUT.journal.jsonl` merged into Parquet when the job ends; the journal is then removed (a rerun
+seeds it from the Parquet file). A job that dies before the merge leaves the journal, and the
+rerun merges it.
+
+Without `ray_address` everything runs in this process: files are decoded a few ahead on
+threads and transcribed by `BatchedInferencePipeline.transcribe_many`. With it, Ray Data
+decodes files in CPU tasks and streams the arrays to a pool of model actors (one per GPU, or
+`actors` CPU actors on a cluster without GPUs), each running `transcribe_many` on a batch of
+files; the driver writes rows as they stream back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import socket
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import WhisperforgeError
+
+if TYPE_CHECKING:
+    from .batched import BatchedInferencePipeline, FileTranscription
+    from .transcribe import WhisperModel
+
+SAMPLE_RATE = 16000  # audio.SAMPLE_RATE, without importing torch here
+AUDIO_EXTENSIONS = frozenset(
+    {".wav", ".flac", ".mp3", ".m4a", ".ogg", ".oga", ".opus", ".webm", ".mp4", ".m4v", ".mkv",
+     ".mka", ".mov", ".aac", ".wma", ".aif", ".aiff", ".amr", ".npy"}
+)  # fmt: skip
+READ_AHEAD = 4  # files decoded ahead of the model in one process
+MAX_DECODE_TASKS = 10_000  # Ray: one decode task per file, up to this many (then several each)
+RAY_INSTALL_HINT = "pip install 'whisperforge[ray]'"
+
+
+@dataclass(frozen=True)
+class Source:
+    path: str  # the input's name for the file: the row's key
+    location: str  # where to open it
+
+
+@dataclass
+class Decoded:
+    source: Source
+    audio: np.ndarray | None
+    error: str | None
+    decode_s: float
+    duration: float | None = None  # seconds of audio, once decoded
+
+
+@dataclass
+class Summary:
+    listed: int  # files in INPUT
+    skipped: int  # already in OUT
+    ok: int = 0
+    failed: int = 0
+    audio_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def rtfx(self) -> float:
+        return self.audio_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def line(self) -> str:
+        return (
+            f"{self.ok} ok, {self.failed} failed, {self.skipped} already done; "
+            f"{self.audio_s / 3600:.2f} h of audio in {self.wall_s:.1f} s (RTFx {self.rtfx:.1f})"
+        )
+
+
+# --- INPUT -----------------------------------------------------------------------------------
+
+
+def list_inputs(spec: str | Iterable[str]) -> list[Source]:
+    """The files of INPUT (see the module's docstring), each once, in a stable order. A list
+    of paths (Python) is taken as is."""
+    if not isinstance(spec, str):
+        return _unique(Source(str(p), str(p)) for p in spec)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*") if _is_audio(p) and p.is_file())
+        sources = [Source(str(p), str(p)) for p in found]
+    elif path.is_file():
+        suffix = path.suffix.lower()
+        if suffix == ".parquet":
+            sources = _manifest(path, _parquet_rows(path))
+        elif suffix in (".jsonl", ".ndjson"):
+            sources = _manifest(path, _jsonl_rows(path))
+        elif _is_audio(path):
+            sources = [Source(spec, spec)]
+        else:
+            sources = _path_list(path)
+    elif glob.has_magic(spec):
+        found = sorted(p for p in glob.glob(os.path.expanduser(spec), recursive=True))
+        sources = [Source(p, p) for p in found if os.path.isfile(p)]
+    else:
+        raise WhisperforgeError(
+            f"INPUT {spec}: no such file or folder; pass a folder, a glob in quotes, a text file "
+            "of paths, or a .parquet/.jsonl manifest"
+        )
+    if not sources:
+        raise WhisperforgeError(
+            f"INPUT {spec}: no audio files in it (extensions read from folders: "
+            f"{' '.join(sorted(AUDIO_EXTENSIONS))})"
+        )
+    return _unique(sources)
+
+
+def _is_audio(path: Path) -> bool:
+    return path.suffix.lower() in AUDIO_EXTENSIONS
+
+
+def _unique(sources: Iterable[Source]) -> list[Source]:
+    seen: set[str] = set()
+    return [s for s in sources if not (s.path in seen or seen.add(s.path))]
+
+
+def _located(listing: Path, name: str) -> Source:
+    return Source(name, str(listing.parent / Path(name).expanduser()))
+
+
+def _path_list(listing: Path) -> list[Source]:
+    try:
+        lines = listing.read_text().splitlines()
+    except UnicodeDecodeError:
+        raise WhisperforgeError(
+            f"INPUT {listing}: neither an audio file (by its extension) nor a text list of "
+            "paths; rename it or pass the folder holding it"
+        ) from None
+    names = (line.strip() for line in lines)
+    return [_located(listing, n) for n in names if n and not n.startswith("#")]
+
+
+def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
+    column = next((c for c in ("path", "audio") if rows and c in rows[0]), None)
+    if column is None:
+        raise WhisperforgeError(f"INPUT {listing}: the manifest needs a `path` or `audio` column")
+    return [_located(listing, str(row[column])) for row in rows if row.get(column)]
+
+
+def _jsonl_rows(listing: Path) -> list[dict]:
+    rows = []
+    with open(listing) as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise WhisperforgeError(f"INPUT {listing}, line {number}: {error}") from None
+    return rows
+
+
+def _parquet_rows(listing: Path) -> list[dict]:
+    pq = _pyarrow_parquet()
+    names = pq.read_schema(listing).names
+    columns = [c for c in ("path", "audio") if c in names][:1]
+    return pq.read_table(listing, columns=columns).to_pylist() if columns else [{}]
+
+
+def _pyarrow_parquet() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise WhisperforgeError(
+            "Parquet needs pyarrow: pip install 'whisperforge[corpus]' (or use .jsonl)"
+        ) from None
+    return pq
+
+
+# --- decoding --------------------------------------------------------------------------------
+
+
+def read_audio(location: str) -> np.ndarray:
+    """16 kHz mono float32. `.npy` files hold 16 kHz samples (int16 or float) and are read with
+    numpy, so corpora of arrays need no FFmpeg."""
+    from .audio import load_audio  # torch is slow to import: only where audio is read
+
+    if location.lower().endswith(".npy"):
+        return load_audio(np.load(location, allow_pickle=False))
+    return load_audio(location)
+
+
+def decode(source: Source) -> Decoded:
+    start = time.perf_counter()
+    try:
+        audio, error = read_audio(source.location), None
+    except (WhisperforgeError, OSError, ValueError) as exc:
+        audio, error = None, f"{type(exc).__name__}: {exc}"
+    duration = None if audio is None else audio.size / SAMPLE_RATE
+    return Decoded(source, audio, error, time.perf_counter() - start, duration)
+
+
+def decode_ahead(sources: Iterable[Source], threads: int = READ_AHEAD) -> Iterator[Decoded]:
+    """`decode` on threads a few files ahead (PyAV releases the GIL), in input order."""
+    items = iter(sources)
+    with ThreadPoolExecutor(threads) as pool:
+        ahead: deque[Future[Decoded]] = deque()
+        while True:
+            while len(ahead) < threads and (source := next(items, None)) is not None:
+                ahead.append(pool.submit(decode, source))
+            if not ahead:
+                return
+            yield ahead.popleft().result()
+
+
+# --- transcription ---------------------------------------------------------------------------
+
+
+def transcribe_decoded(
+    pipeline: BatchedInferencePipeline,
+    decoded: Iterable[Decoded],
+    batch_size: int | None,
+    options: dict[str, Any],
+    worker: str = "",
+) -> Iterator[dict]:
+    """One output row per decoded file (files that failed to decode included), as each is done.
+    A file's `transcribe` time is the wall time since the previous file's result: files share
+    batches, so that is its share of the model's time, not an isolated measurement."""
+    fed: deque[Decoded] = deque()  # files handed to transcribe_many, whose results come in order
+    failed: list[dict] = []
+
+    def audios() -> Iterator[np.ndarray]:
+        for item in decoded:
+            if item.audio is None:
+                failed.append(make_row(item, None, 0.0, worker))
+                continue
+            fed.append(Decoded(item.source, None, None, item.decode_s, item.duration))  # no audio
+            yield item.audio
+
+    last = time.perf_counter()
+    for result in pipeline.transcribe_many(audios(), batch_size=batch_size, **options):
+        now = time.perf_counter()
+        yield from _drain(failed)
+        yield make_row(fed.popleft(), result, now - last, worker)
+        last = now
+    yield from _drain(failed)
+
+
+def _drain(rows: list[dict]) -> Iterator[dict]:
+    while rows:
+        yield rows.pop(0)
+
+
+def make_row(
+    item: Decoded, result: FileTranscription | None, transcribe_s: float, worker: str
+) -> dict:
+    info = result.info if result is not None else None
+    error = item.error or (result.error if result is not None else None)
+    segments = [] if result is None or error else result.segments
+    rows = []
+    for s in segments:
+        row: dict[str, Any] = {"start": s.start, "end": s.end, "text": s.text}
+        if s.words is not None:
+            row["words"] = [
+                {"start": w.start, "end": w.end, "word": w.word, "probability": w.probability}
+                for w in s.words
+            ]
+        rows.append(row)
+    return {
+        "path": item.source.path,
+        "language": info.language if info and not error else None,
+        "duration": None if item.duration is None else round(item.duration, 3),
+        "text": "".join(s.text for s in segments).strip() if not error else None,
+        "segments": rows,
+        "error": error,
+        "timings": {"decode": round(item.decode_s, 4), "transcribe": round(transcribe_s, 4)},
+        "worker": worker,
+    }
+
+
+def _worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _load_model(model: Any, device: str, compute_type: str, threads: int) -> WhisperModel:
+    from .transcribe import WhisperModel
+
+    if isinstance(model, WhisperModel):
+        return model
+    if callable(model):
+        return model()
+    return WhisperModel(model, device=device, compute_type=compute_type, cpu_threads=threads)
+
+
+def run_local(
+    sources: list[Source],
+    model: Any,
+    device: str = "auto",
+    compute_type: str = "default",
+    threads: int = 0,
+    batch_size: int | None = None,
+    options: dict[str, Any] | None = None,
+) -> Iterator[dict]:
+    """Rows for `sources`, transcribed in this process with the batched pipeline."""
+    from .batched import BatchedInferencePipeline
+
+    pipeline = BatchedInferencePipeline(_load_model(model, device, compute_type, threads))
+    yield from transcribe_decoded(
+        pipeline, decode_ahead(sources), batch_size, options or {}, _worker_name()
+    )
+
+
+# --- Ray -------------------------------------------------------------------------------------
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise WhisperforgeError(f"--ray-address needs Ray: {RAY_INSTALL_HINT}") from None
+    return ray
+
+
+def _decode_batch(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Ray Data CPU stage: paths in, 16 kHz float32 arrays out (empty where decoding failed)."""
+    done = [decode(Source(str(p), str(loc))) for p, loc in zip(batch["path"], batch["location"])]
+    return {
+        "path": np.array([d.source.path for d in done]),
+        "audio": [d.audio if d.audio is not None else np.zeros(0, np.float32) for d in done],
+        "error": np.array([d.error or "" for d in done]),  # "": fine (a column without nulls)
+        "decode_s": np.array([d.decode_s for d in done]),
+    }
+
+
+class RayTranscriber:
+    """Ray Data actor: one model, `transcribe_many` over each batch of decoded files."""
+
+    def __init__(
+        self,
+        model: Any,
+        device: str,
+        compute_type: str,
+        threads: int,
+        batch_size: int | None,
+        options: dict[str, Any],
+    ):
+        from .batched import BatchedInferencePipeline
+
+        loaded = _load_model(model, device, compute_type, threads)
+        self.pipeline = BatchedInferencePipeline(loaded)
+        self.batch_size = batch_size
+        self.options = options
+        self.worker = _worker_name()
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
+        columns = zip(batch["path"], batch["audio"], batch["error"], batch["decode_s"])
+        items = [
+            Decoded(Source(str(p), ""), None, e, d)
+            if e
+            else Decoded(
+                Source(str(p), ""), np.asarray(a, np.float32), None, d, a.size / SAMPLE_RATE
+            )
+            for p, a, e, d in columns
+        ]
+        rows = transcribe_decoded(self.pipeline, items, self.batch_size, self.options, self.worker)
+        return {"row": np.array([json.dumps(r) for r in rows])}
+
+
+def run_ray(
+    sources: list[Source],
+    model: Any,
+    address: str,
+    compute_type: str = "default",
+    threads: int = 0,
+    batch_size: int | None = None,
+    options: dict[str, Any] | None = None,
+    actors: int = 1,
+    num_gpus_per_actor: float = 1.0,
+    files_per_task: int = 16,
+    num_cpus: int | None = None,
+) -> Iterator[dict]:
+    """Rows for `sources` from a Ray cluster, as they stream back. `address`: "local" starts
+    Ray in this process (`num_cpus` of this machine), anything else is `ray.init`'s address.
+    An already initialized Ray is used as it is."""
+    ray = _import_ray()
+    if not ray.is_initialized():
+        if address == "local":
+            ray.init(num_cpus=num_cpus, include_dashboard=False)
+        else:
+            ray.init(address=address)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # the job prints its own progress line
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    if gpus > 0:
+        size = max(1, int(gpus / num_gpus_per_actor))
+        resources: dict[str, float] = {"num_gpus": num_gpus_per_actor}
+        device = "cuda"
+    else:  # a CPU-only cluster: `actors` actors, each with `threads` (default 1) cores
+        size = actors
+        threads = threads or 1
+        resources = {"num_cpus": threads}
+        device = "cpu"
+    # Absolute paths: Ray's workers may run in another folder (on a cluster: a shared disk).
+    items = [{"path": s.path, "location": os.path.abspath(s.location)} for s in sources]
+    blocks = min(len(items), MAX_DECODE_TASKS)
+    dataset = ray.data.from_items(items, override_num_blocks=blocks)
+    dataset = dataset.map_batches(_decode_batch, batch_size=1, batch_format="numpy", num_cpus=1)
+    actor_arguments = {
+        "model": model, "device": device, "compute_type": compute_type, "threads": threads,
+        "batch_size": batch_size, "options": options or {},
+    }  # fmt: skip
+    dataset = dataset.map_batches(
+        RayTranscriber,
+        batch_size=files_per_task,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=size),
+        fn_constructor_kwargs=actor_arguments,
+        # A crashed actor is restarted and its unfinished calls run again; a file that
+        # crashes it every time stops the job after a few tries instead of looping forever.
+        max_restarts=3,
+        max_task_retries=3,
+        **resources,
+    )
+    try:
+        for row in dataset.iter_rows():
+            yield json.loads(row["row"])
+    except Exception as error:
+        cause = _user_error(error)
+        if cause is None:
+            raise
+        raise cause from None  # the user's mistake (a bad option), not Ray's traceback
+
+
+def _user_error(error: BaseException | None) -> WhisperforgeError | None:
+    """The WhisperforgeError that a Ray task failed with, through Ray's wrappers."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, WhisperforgeError):
+            return error
+        seen.add(id(error))
+        error = getattr(error, "cause", None) or error.__cause__
+    return None
+
+
+# --- OUT -------------------------------------------------------------------------------------
+
+
+class Journal:
+    """OUT as an append-only JSONL journal (see the module's docstring)."""
+
+    def __init__(self, output: str | Path, retry_errors: bool = False):
+        out = Path(output).expanduser()
+        suffix = out.suffix.lower()
+        if suffix not in (".jsonl", ".parquet"):
+            raise WhisperforgeError(f"--output {output}: must end in .jsonl or .parquet")
+        self.parquet = out if suffix == ".parquet" else None
+        self.path = out.with_name(out.name + ".journal.jsonl") if self.parquet else out
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            rows = self._load()
+            if retry_errors and any(r.get("error") for r in rows):
+                rows = [r for r in rows if not r.get("error")]
+                self._rewrite(rows)
+            self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed in close()
+        except OSError as error:
+            raise WhisperforgeError(
+                f"--output {output}: cannot write there ({error.strerror or error}); "
+                "pick a writable path"
+            ) from None
+        self.done = {r["path"] for r in rows}
+
+    def _load(self) -> list[dict]:
+        if not self.path.exists() and self.parquet is not None and self.parquet.exists():
+            rows = _pyarrow_parquet().read_table(self.parquet).to_pylist()
+            self._rewrite(rows)  # seed the journal with the finished Parquet's rows
+            return rows
+        if not self.path.exists():
+            return []
+        data = self.path.read_bytes()
+        complete = data.rfind(b"\n") + 1
+        if complete < len(data):  # a row cut off by a crash: drop it, the file is redone
+            with open(self.path, "r+b") as f:
+                f.truncate(complete)
+        rows = []
+        for line in data[:complete].splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # not a row of ours: its file (if any) is transcribed again
+            if isinstance(row, dict) and "path" in row:
+                rows.append(row)
+        return rows
+
+    def _rewrite(self, rows: list[dict]) -> None:
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        os.replace(temporary, self.path)
+
+    def write(self, row: dict) -> None:
+        self.file.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self.file.flush()  # a crash after this loses nothing
+        self.done.add(row["path"])
+
+    def close(self, merge: bool = True) -> None:
+        self.file.close()
+        if merge and self.parquet is not None:
+            self._merge(self.parquet)
+
+    def _merge(self, target: Path) -> None:
+        pq = _pyarrow_parquet()
+        import pyarrow as pa
+
+        rows = self._load()
+        word = pa.struct(
+            [("start", pa.float64()), ("end", pa.float64()), ("word", pa.string()),
+             ("probability", pa.float64())]
+        )  # fmt: skip
+        segment = pa.struct(
+            [("start", pa.float64()), ("end", pa.float64()), ("text", pa.string()),
+             ("words", pa.list_(word))]
+        )  # fmt: skip
+        timings = pa.struct([("decode", pa.float64()), ("transcribe", pa.float64())])
+        schema = pa.schema(
+            [("path", pa.string()), ("language", pa.string()), ("duration", pa.float64()),
+             ("text", pa.string()), ("segments", pa.list_(segment)), ("error", pa.string()),
+             ("timings", timings), ("worker", pa.string())]
+        )  # fmt: skip
+        temporary = target.with_name(target.name + ".tmp")
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), temporary)
+        os.replace(temporary, target)
+        self.path.unlink()  # the Parquet file now holds every row; a rerun seeds from it
+
+
+# --- the job ---------------------------------------------------------------------------------
+
+
+class Progress:
+    """One line on stderr, rewritten in place: files, audio hours, RTFx."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled
+        self.start = time.perf_counter()
+        self.shown = 0.0
+
+    def update(self, summary: Summary, final: bool = False) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (now - self.shown < 0.5 and not final):
+            return
+        self.shown = now
+        wall = now - self.start
+        rtfx = summary.audio_s / wall if wall > 0 else 0.0
+        line = (
+            f"{summary.ok + summary.failed}/{self.total} files ({summary.failed} failed), "
+            f"{summary.audio_s / 3600:.2f} h audio, RTFx {rtfx:.1f}"
+        )
+        print("\r" + line, end="\n" if final else "", file=sys.stderr, flush=True)
+
+
+def transcribe_corpus(
+    inputs: str | Iterable[str],
+    output: str | Path,
+    model: Any = "tiny.en",
+    *,
+    device: str = "auto",
+    compute_type: str = "default",
+    threads: int = 0,
+    batch_size: int | None = None,
+    retry_errors: bool = False,
+    ray_address: str | None = None,
+    ray_num_cpus: int | None = None,
+    actors: int = 1,
+    num_gpus_per_actor: float = 1.0,
+    files_per_task: int = 16,
+    progress: bool = False,
+    on_row: Callable[[dict], None] | None = None,
+    **options: Any,
+) -> Summary:
+    """Transcribe every file of `inputs` not yet in `output`; see the module's docstring.
+
+    model: a name or path, a loaded `WhisperModel` (this process only), or a function that
+    returns one (on Ray it must pickle: a module-level function). options: as
+    `BatchedInferencePipeline.transcribe_many` (language, word_timestamps, beam_size, ...).
+    on_row: called with each row once it is written.
+    """
+    start = time.perf_counter()
+    sources = list_inputs(inputs)
+    journal = Journal(output, retry_errors)
+    todo = [s for s in sources if s.path not in journal.done]
+    summary = Summary(listed=len(sources), skipped=len(sources) - len(todo))
+    bar = Progress(len(todo), progress)
+    finished = False
+    try:
+        if not todo:
+            rows: Iterable[dict] = ()
+        elif ray_address is None:
+            rows = run_local(todo, model, device, compute_type, threads, batch_size, options)
+        else:
+            rows = run_ray(
+                todo, model, ray_address, compute_type, threads, batch_size, options, actors,
+                num_gpus_per_actor, files_per_task, ray_num_cpus,
+            )  # fmt: skip
+        for row in rows:
+            if row["path"] in journal.done:
+                continue  # a retried Ray task never repeats a row, but the journal makes sure
+            journal.write(row)
+            summary.ok += row["error"] is None
+            summary.failed += row["error"] is not None
+            summary.audio_s += row["duration"] or 0.0
+            bar.update(summary)
+            if on_row is not None:
+                on_row(row)
+        finished = True
+    finally:
+        journal.close(merge=finished)  # a failed job keeps its journal: the rerun merges it
+        summary.wall_s = time.perf_counter() - start
+        if summary.ok + summary.failed:
+            bar.update(summary, final=True)
+    return summary
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
+    return value
+
+
+# --- the command -----------------------------------------------------------------------------
+
+BATCH_EPILOG = """\
+INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text file of paths,
+  or a .parquet/.jsonl manifest with a `path` or `audio` column (relative paths are relative to
+  the list's folder); .npy files hold 16 kHz samples.
+OUT: .jsonl, written row by row as files finish, or .parquet, merged from OUT.journal.jsonl at
+  the end. One row per file: path, language, duration, text, segments, error, timings, worker.
+Rerunning with the same OUT skips the files already in it, failed ones too unless
+  --retry-errors.
+
+examples:
+  whisperforge batch recordings/ --output out.jsonl
+  whisperforge batch manifest.parquet --output out.parquet --model base --language de
+  whisperforge batch 'data/**/*.flac' --output out.jsonl --ray-address auto
+"""
+
+
+def add_batch_parser(commands: Any) -> None:
+    """`whisperforge batch`, for cli.py."""
+    from .cli import _add_model_options, _positive_int
+
+    b = commands.add_parser(
+        "batch",
+        help="transcribe a corpus into one JSONL/Parquet file, resumable; on Ray if asked",
+        description="Transcribe many files with the batched pipeline (VAD-cut windows of many "
+        "files share batches), in this process or over a Ray cluster's GPUs.",
+        epilog=BATCH_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    b.add_argument("input", metavar="INPUT", help="folder, glob, list of paths or manifest")
+    b.add_argument("--output", required=True, metavar="OUT", help=".jsonl or .parquet")
+    b.add_argument("--batch-size", metavar="N", type=_positive_int, default=None,
+                   help="windows per batch (default: as many as fit the device)")  # fmt: skip
+    b.add_argument("--language", metavar="LANG", default=None,
+                   help="spoken language; detected per file when omitted")  # fmt: skip
+    b.add_argument("--beam-size", metavar="N", type=_positive_int, default=5,
+                   help="(default: %(default)s)")  # fmt: skip
+    b.add_argument("--word-timestamps", action="store_true", help="add each segment's words")
+    b.add_argument("--retry-errors", action="store_true",
+                   help="transcribe again the files whose rows in OUT hold an error")  # fmt: skip
+    b.add_argument("--progress", action="store_true",
+                   help="show the progress line even when stderr is not a terminal")  # fmt: skip
+    ray = b.add_argument_group(f"Ray (needs: {RAY_INSTALL_HINT})")
+    ray.add_argument("--local", action="store_true",
+                     help="run in this process (the default without --ray-address)")  # fmt: skip
+    ray.add_argument("--ray-address", metavar="ADDRESS", default=None,
+                     help="auto (a running cluster), ray://HOST:PORT, or local (start Ray "
+                     "here)")  # fmt: skip
+    ray.add_argument("--num-gpus-per-actor", metavar="N", type=_positive_float, default=1.0,
+                     help="GPUs per model actor; 0.5 puts two on a GPU (default: 1)")  # fmt: skip
+    ray.add_argument("--actors", metavar="N", type=_positive_int, default=1,
+                     help="model actors on a cluster without GPUs (default: 1)")  # fmt: skip
+    ray.add_argument("--files-per-task", metavar="N", type=_positive_int, default=16,
+                     help="files an actor transcribes per call (default: %(default)s)")  # fmt: skip
+    _add_model_options(b)
+    b.set_defaults(run=run_batch)
+
+
+def run_batch(args: Any) -> int:
+    if args.local and args.ray_address:
+        raise WhisperforgeError("--local and --ray-address contradict each other; drop one")
+    summary = transcribe_corpus(
+        args.input, args.output, args.model, device=args.device,
+        compute_type=args.compute_type, threads=args.threads, batch_size=args.batch_size,
+        retry_errors=args.retry_errors, ray_address=args.ray_address, actors=args.actors,
+        num_gpus_per_actor=args.num_gpus_per_actor, files_per_task=args.files_per_task,
+        progress=args.progress or sys.stderr.isatty(), language=args.language,
+        beam_size=args.beam_size, word_timestamps=args.word_timestamps,
+    )  # fmt: skip
+    print(f"{args.output}: {summary.line()}", file=sys.stderr)
+    if summary.failed:
+        print(
+            f"{summary.failed} file(s) failed: their rows in {args.output} hold the error; "
+            "rerun with --retry-errors to try them again",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

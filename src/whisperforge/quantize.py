@@ -1,0 +1,426 @@
+"""Quantized weights: int8 and fp8 linears swapped into the plain model at load time.
+
+In the spirit of gpt-fast's `WeightOnlyInt8QuantHandler`: after the model is built, its
+`nn.Linear` modules are replaced by modules that hold quantized weights with one scale per
+output channel (w ~ q * scale[n], symmetric, absmax / 127 for int8, absmax / 448 for fp8 e4m3).
+The network code does not change; on a GPU the runtime's `linear()` seam hands a
+`QuantizedWeight` to its kernel here.
+
+What is quantized, and how (`compute_type`, faster-whisper's names plus `float8`):
+
+- `int8` on the CPU: every linear of the encoder and decoder becomes PyTorch's dynamic int8
+  linear (fbgemm: int8 weights, activations quantized per call), where the int8 GEMM beats
+  fp32 in the compute-bound encoder.
+- `int8`, `int8_float16`, `int8_bfloat16` on CUDA: weight-only int8 for the decoder's per-step
+  linears (fp16/bf16 activations), through a Triton stream kernel or dequantize + cuBLAS, the
+  faster per shape. A decode step is bound by reading the decoder's weights; the encoder and
+  the cross K,V projection run once per window at 1500+ rows, compute-bound, and stay float.
+- `float8` (Ada/Hopper): the same linears as fp8 e4m3 weights, multiplied by
+  `torch._scaled_mm` with each activation row quantized to fp8 on the fly (its own scale).
+
+The token embedding, which is also the output projection (tied logits), is quantized too, with
+one scale per vocabulary row (`QuantizedEmbedding`): it is the largest single matrix, 71 % of
+the weights a decode step reads for tiny.en, 42 % for large-v3-turbo (8 % for large-v3), so
+leaving it float would cap a step's speed-up well short of 2x. Per-row scales keep each token's logit
+exact up to int8 rounding of its own row; the WER figures in benchmarks/RESULTS.md show the
+words do not change (within 0.3 points) with it quantized.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .errors import InvalidOptionError
+from .model import Whisper
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the torch kernels below serve
+    triton = None
+
+# name -> (activation dtype, None for the device's default; quantized weights, None for float)
+COMPUTE_TYPES: dict[str, tuple[torch.dtype | None, str | None]] = {
+    "float32": (torch.float32, None),
+    "float16": (torch.float16, None),
+    "bfloat16": (torch.bfloat16, None),
+    "int8": (None, "int8"),
+    "int8_float32": (torch.float32, "int8"),
+    "int8_float16": (torch.float16, "int8"),
+    "int8_bfloat16": (torch.bfloat16, "int8"),
+    "float8": (None, "float8"),
+}
+QMAX = {"int8": 127.0, "float8": 448.0}  # the largest magnitude each weight format holds
+# The decoder's linears that run at every decode step (the cross K,V projection runs per window).
+STEP_LINEARS = ("attn.qkv", "attn.out", "cross_attn.query", "cross_attn.out", "mlp.0", "mlp.2")
+
+
+@dataclass(frozen=True)
+class ComputeType:
+    dtype: torch.dtype  # activations, and the weights that stay float
+    weights: str | None  # "int8" or "float8"; None: float weights
+
+
+def resolve_compute_type(
+    compute_type: str, device: torch.device, saved: str | None = None
+) -> ComputeType:
+    """`compute_type` on `device`. "default" is the type a quantized checkpoint was saved for
+    (`saved`), else float16 on CUDA and float32 on the CPU. On the CPU, 16-bit activations
+    fall back to float32 as in CTranslate2 (with a warning when asked for by name)."""
+    name = saved if compute_type == "default" and saved else compute_type
+    if name == "default":
+        return ComputeType(torch.float16 if device.type == "cuda" else torch.float32, None)
+    if name not in COMPUTE_TYPES:
+        raise InvalidOptionError(
+            f"unsupported compute_type {name!r}; use one of default, {', '.join(COMPUTE_TYPES)}"
+        )
+    dtype, weights = COMPUTE_TYPES[name]
+    if weights == "float8" and not (
+        device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+    ):
+        raise InvalidOptionError(
+            f"compute_type {name!r} needs an NVIDIA GPU with fp8 tensor cores (Ada or Hopper); "
+            "use int8 (or float32) here"
+        )
+    if device.type == "cpu":
+        if dtype not in (None, torch.float32) and compute_type != "default":
+            fallback = "int8" if weights else "float32"
+            warnings.warn(
+                f"{name} is slow or unsupported on the CPU; using {fallback}", stacklevel=3
+            )
+        return ComputeType(torch.float32, weights)
+    return ComputeType(dtype or torch.float16, weights)
+
+
+# --- weights ---------------------------------------------------------------------------------
+
+
+def quantize_weight(
+    weight: Tensor, weights: str, scale: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """[N, K] float -> (q [N, K] int8 or float8_e4m3fn, scale [N] float32), w ~ q * scale[:, None].
+    A given `scale` (a quantized checkpoint's) reproduces the saved q exactly from q * scale."""
+    w = weight.detach().float()
+    if scale is None:
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / QMAX[weights]
+    scale = scale.to(device=w.device, dtype=torch.float32)
+    q = w / scale[:, None]
+    if weights == "int8":
+        return q.round_().clamp_(-127, 127).to(torch.int8), scale
+    return q.to(torch.float8_e4m3fn), scale
+
+
+def dequantize(q: Tensor, scale: Tensor) -> Tensor:
+    """q * scale per output channel, in float32."""
+    return q.float() * scale.float()[:, None]
+
+
+class QuantizedWeight(NamedTuple):
+    """What the runtime's `linear()` receives for a quantized linear: it calls `linear` here."""
+
+    data: Tensor  # [N, K] int8 or float8_e4m3fn
+    scale: Tensor  # [N] float32
+
+    def linear(self, x: Tensor, bias: Tensor | None = None, gelu: bool = False) -> Tensor:
+        return quantized_linear(x, self, bias, gelu)
+
+
+class _Quantized(nn.Module):
+    """A module holding `qweight` and `scale`. The scales stay float32 through `.to(dtype)` or
+    `.half()` (in 16 bits they would add their own error); `dtype`, the dtype of the
+    activations, follows such conversions."""
+
+    dtype: torch.dtype
+
+    def __init__(self, q: Tensor, scale: Tensor, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("qweight", q)
+        self.register_buffer("scale", scale)
+        self.dtype = dtype
+
+    @property
+    def weight(self) -> QuantizedWeight:
+        return QuantizedWeight(self.qweight, self.scale)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> _Quantized:
+        self.dtype = fn(torch.zeros((), dtype=self.dtype)).dtype
+        scale = self.scale
+        super()._apply(fn, recurse)
+        self.scale = scale.to(self.scale.device)
+        return self
+
+
+class QuantizedLinear(_Quantized):
+    """nn.Linear with quantized weights; the bias stays in the activations' dtype."""
+
+    def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None, dtype: torch.dtype):
+        super().__init__(q, scale, dtype)
+        self.in_features, self.out_features = q.shape[1], q.shape[0]
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = quantized_linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, weights={self.qweight.dtype}"
+
+
+class QuantizedEmbedding(_Quantized):
+    """The token embedding and the tied output projection (`TokenEmbedding`'s interface), with
+    one scale per vocabulary row. fp8 rows are padded to a multiple of 16, as _scaled_mm needs."""
+
+    def __init__(self, q: Tensor, scale: Tensor, dtype: torch.dtype, n_vocab: int):
+        super().__init__(q, scale, dtype)
+        self.num_embeddings, self.embedding_dim = n_vocab, q.shape[1]
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        rows = self.qweight[tokens].float() * self.scale[tokens, None]
+        return rows.to(self.dtype)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        scores = quantized_linear(hidden.reshape(-1, hidden.shape[-1]), self.weight)
+        return scores[:, : self.num_embeddings].float().reshape(*hidden.shape[:-1], -1)
+
+
+# --- the module swap -------------------------------------------------------------------------
+
+
+def _fused_scale(scales: dict[str, Tensor], name: str) -> Tensor | None:
+    """The saved (canonical, unfused) scales of the model's linear `name`: a fused qkv / kv
+    projection's output channels are its parts', in order."""
+    base, _, proj = name.rpartition(".")
+    parts = {"qkv": ("query", "key", "value"), "kv": ("key", "value")}.get(proj, (proj,))
+    found = [scales.get(f"{base}.{part}.weight") for part in parts]
+    return None if any(s is None for s in found) else torch.cat(found)  # type: ignore[arg-type]
+
+
+def quantize_model(
+    model: Whisper,
+    weights: str | None,
+    scales: dict[str, Tensor] | None = None,
+    dynamic: bool | None = None,
+) -> Whisper:
+    """Swap the model's linears and token embedding for quantized ones, in place (see the module
+    docstring for which, per device). Call it on the model in its final device and dtype.
+    `scales`: a quantized checkpoint's, by canonical name, so its weights come back exactly.
+    `dynamic`: every linear as PyTorch's dynamic int8 (the CPU's int8; the default there), or
+    weight-only step linears (the GPU's; on the CPU too for tests and accuracy figures)."""
+    if weights is None:
+        return model
+    if dynamic is None:
+        dynamic = weights == "int8" and model.device.type == "cpu"
+    scales = scales or {}
+    dtype = model.dtype
+
+    def swap(name: str, make: Callable[[nn.Linear, Tensor, Tensor], nn.Module]) -> None:
+        parent, _, child = name.rpartition(".")
+        module = model.get_submodule(parent)
+        linear = getattr(module, child)
+        q, scale = quantize_weight(linear.weight, weights, _fused_scale(scales, name))
+        setattr(module, child, make(linear, q, scale))
+
+    if dynamic:
+        for name in [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]:
+            swap(name, _dynamic_int8_linear)
+    else:
+        for i in range(len(model.decoder.blocks)):
+            for part in STEP_LINEARS:
+                swap(
+                    f"decoder.blocks.{i}.{part}",
+                    lambda linear, q, scale: QuantizedLinear(q, scale, linear.bias, dtype),
+                )
+    embedding = model.decoder.token_embedding
+    name = "decoder.token_embedding.weight"
+    q, scale = quantize_weight(embedding.weight, weights, scales.get(name))
+    if weights == "float8" and q.shape[0] % 16:
+        pad = 16 - q.shape[0] % 16
+        q = torch.cat([q, q.new_zeros(pad, q.shape[1])])
+        scale = torch.cat([scale, scale.new_ones(pad)])
+    model.decoder.token_embedding = QuantizedEmbedding(q, scale, dtype, embedding.num_embeddings)
+    return model
+
+
+def _dynamic_int8_linear(linear: nn.Linear, q: Tensor, scale: Tensor) -> nn.Module:
+    """PyTorch's dynamic int8 linear (fbgemm / oneDNN on x86) with exactly these q and scales.
+    It quantizes activations per call to 7 bits (reduce_range: no int16 overflow on AVX2)."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    module = DynamicLinear(q.shape[1], q.shape[0], bias_=linear.bias is not None)
+    zero = torch.zeros(q.shape[0], dtype=torch.long)
+    qweight = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
+    bias = None if linear.bias is None else linear.bias.detach().float()
+    module.set_weight_bias(qweight, bias)
+    return module
+
+
+# --- kernels ---------------------------------------------------------------------------------
+
+
+def quantized_linear(
+    x: Tensor, w: QuantizedWeight, bias: Tensor | None = None, gelu: bool = False
+) -> Tensor:
+    """x [M, K] @ dequantized w^T (+ bias, then GELU), in x's dtype."""
+    if w.data.dtype == torch.float8_e4m3fn:
+        y = _fp8_linear(x, w)
+    else:
+        key = (x.shape[0], *w.data.shape, x.dtype, x.device.type)
+        choice = _int8_choice.get(key)
+        if choice is None:
+            choice = _int8_choice[key] = _pick_int8(x, w)
+        if isinstance(choice, tuple):  # the Triton kernel applies bias and GELU itself
+            return _int8_triton(x, w, bias, gelu, choice)
+        y = choice(x, w)
+    if bias is not None:
+        y = y + bias
+    return F.gelu(y) if gelu else y
+
+
+def _int8_dequantized(x: Tensor, w: QuantizedWeight) -> Tensor:
+    """Dequantize, then the float matmul (cuBLAS): for many rows, and the reference."""
+    return F.linear(x, (w.data.to(x.dtype) * w.scale[:, None].to(x.dtype)))
+
+
+def _int8_pack_mm(x: Tensor, w: QuantizedWeight) -> Tensor:
+    """PyTorch's weight-only int8 matmul (the CPU's is vectorized)."""
+    return torch._weight_int8pack_mm(x.contiguous(), w.data, w.scale.to(x.dtype))
+
+
+_INT8_CONFIGS = [  # (block_n, block_k, warps) of the Triton stream kernel
+    (16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 128, 4), (64, 256, 4), (128, 128, 4),
+    (128, 256, 8),
+]  # fmt: skip
+_int8_choice: dict[tuple, Callable[[Tensor, QuantizedWeight], Tensor] | tuple[int, int, int]] = {}
+
+
+def _pick_int8(x: Tensor, w: QuantizedWeight):
+    """The CPU uses PyTorch's int8 matmul; CUDA, for many rows (a prefill: compute-bound, and of
+    ever new shapes), dequantize + cuBLAS. For the few rows of a decode step the first call of
+    each shape times the candidates (outside graph capture: a step runs once before it is
+    captured) and keeps the fastest that agrees with the reference."""
+    if not x.is_cuda:
+        return _int8_pack_mm if x.dtype == torch.float32 else _int8_dequantized
+    if triton is None or x.shape[0] > 64:
+        return _int8_dequantized
+    from triton.testing import do_bench
+
+    reference = _int8_dequantized(x, w).float()
+    candidates: list = [_int8_dequantized, _int8_pack_mm]
+    if x.dtype != torch.float32:  # tl.dot would round float32 to tf32
+        candidates += [c for c in _INT8_CONFIGS if x.shape[1] % c[1] == 0]
+    best, best_ms = _int8_dequantized, float("inf")
+    for choice in candidates:
+
+        def run(choice=choice) -> Tensor:
+            if isinstance(choice, tuple):
+                return _int8_triton(x, w, None, False, choice)
+            return choice(x, w)
+
+        try:
+            error = (run().float() - reference).norm() / reference.norm().clamp(min=1e-12)
+        except Exception:  # noqa: BLE001, S112 - e.g. an int8 matmul this build lacks
+            continue
+        if not error < 1e-2:  # a candidate that is wrong here is never used
+            continue
+        ms = do_bench(run, warmup=5, rep=20)
+        if ms < best_ms:
+            best, best_ms = choice, ms
+    return best
+
+
+if triton is not None:
+
+    @triton.jit
+    def _int8_linear_kernel(
+        x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N,
+        K: tl.constexpr, GELU: tl.constexpr, BIAS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """y[M, N] = (x[M, K] @ q[N, K]^T) * scale[N] (+ bias, then GELU): the runtime's skinny
+        stream kernel over int8 weights, widened to x's dtype in registers (exact: |q| <= 127),
+        so a step reads half the bytes. Each program: a band of BLOCK_N weight rows for
+        BLOCK_M activation rows."""
+        m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x = tl.load(x_ptr + m[:, None] * K + (k0 + k)[None, :], mask=m[:, None] < M, other=0.0)
+            w = tl.load(w_ptr + n[:, None] * K + (k0 + k)[None, :], mask=n[:, None] < N, other=0)
+            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        acc *= tl.load(s_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        if BIAS:
+            acc = acc.to(y_ptr.dtype.element_ty).to(tl.float32)  # rounded as the matmul's output
+            acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        if GELU:
+            acc = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+            acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+        out = y_ptr + m[:, None] * N + n[None, :]
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(m[:, None] < M) & (n[None, :] < N))
+
+    @triton.jit
+    def _fp8_rows_kernel(x_ptr, q_ptr, s_ptr, K, BLOCK: tl.constexpr):
+        """One row of x to fp8 e4m3 with its own scale (absmax / 448), in one pass."""
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < K
+        x = tl.load(x_ptr + row.to(tl.int64) * K + cols, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / 448.0
+        q = (x / scale).to(q_ptr.dtype.element_ty)
+        tl.store(q_ptr + row.to(tl.int64) * K + cols, q, mask=mask)
+        tl.store(s_ptr + row, scale)
+
+
+def _int8_triton(
+    x: Tensor, w: QuantizedWeight, bias: Tensor | None, gelu: bool, config: tuple[int, int, int]
+) -> Tensor:
+    x = x.contiguous()  # the kernel indexes rows of K
+    M, K = x.shape
+    N = w.data.shape[0]
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    block_n, block_k, warps = config
+    _int8_linear_kernel[(triton.cdiv(N, block_n), triton.cdiv(M, 16))](
+        x, w.data, w.scale, bias if bias is not None else w.scale, y, M, N, K=K, GELU=gelu,
+        BIAS=bias is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+    )  # fmt: skip
+    return y
+
+
+def fp8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x [M, K] -> (fp8 e4m3 [M, K], float32 scales [M, 1]): each row scaled by its absmax."""
+    if x.is_cuda and triton is not None:
+        M, K = x.shape
+        q = torch.empty(M, K, device=x.device, dtype=torch.float8_e4m3fn)
+        scale = torch.empty(M, 1, device=x.device, dtype=torch.float32)
+        block = triton.next_power_of_2(K)
+        _fp8_rows_kernel[(M,)](x.contiguous(), q, scale, K, BLOCK=block, num_warps=8)
+        return q, scale
+    x = x.float()
+    scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
+    return (x / scale).to(torch.float8_e4m3fn), scale
+
+
+_fp8_out: dict[torch.dtype, torch.dtype] = {}  # activation dtype -> what _scaled_mm can write
+
+
+def _fp8_linear(x: Tensor, w: QuantizedWeight) -> Tensor:
+    """fp8 activations (per-row scales) times fp8 weights (per-channel scales): _scaled_mm.
+    Older cuBLAS writes row-wise scaled products only in bf16; then the result is cast."""
+    q, x_scale = fp8_rows(x)
+    out = _fp8_out.setdefault(x.dtype, x.dtype)
+    kwargs = {"scale_a": x_scale, "scale_b": w.scale.float()[None, :]}
+    try:
+        y = torch._scaled_mm(q, w.data.t(), out_dtype=out, **kwargs)
+    except RuntimeError:
+        if out == torch.bfloat16 or not x.is_cuda:
+            raise
+        out = _fp8_out[x.dtype] = torch.bfloat16
+        y = torch._scaled_mm(q, w.data.t(), out_dtype=out, **kwargs)
+    return y.to(x.dtype)

@@ -1,0 +1,175 @@
+"""Export (issue 9): tiny.en exported to ONNX decodes token for token like the PyTorch fp32 path
+on onnxruntime; torch.export of the decoder step with static caches matches eager; bad inputs
+get errors that say what to do."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import DEV_DIR, JFK, short_english_clips
+
+from whisperforge import (
+    BatchedInferencePipeline,
+    InvalidOptionError,
+    ModelFormatError,
+    ModelNotFoundError,
+    WhisperModel,
+    cli,
+    load_audio,
+)
+from whisperforge.export import (
+    MANIFEST,
+    example_inputs,
+    export_model,
+    export_program,
+    quiet_exporter,
+    wrappers,
+)
+
+onnxruntime = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+
+@pytest.fixture(scope="session")
+def onnx_dir(tmp_path_factory):
+    return export_model("tiny.en", tmp_path_factory.mktemp("export") / "tiny.en-onnx")
+
+
+@pytest.fixture(scope="session")
+def onnx_tiny_en(onnx_dir):
+    return WhisperModel(onnx_dir, device="cpu")
+
+
+def tokens_of(model: WhisperModel, audio, **options) -> list[int]:
+    segments, _ = model.transcribe(audio, beam_size=1, temperature=0.0, **options)
+    return [t for s in segments for t in s.tokens]
+
+
+def test_onnx_greedy_is_token_identical_on_every_short_english_clip(tiny_en, onnx_tiny_en):
+    differ = []
+    for clip in short_english_clips():
+        audio = load_audio(DEV_DIR / clip["audio"])
+        expected, got = tokens_of(tiny_en, audio), tokens_of(onnx_tiny_en, audio)
+        assert expected, f"{clip['audio']}: the PyTorch path decoded nothing"
+        if got != expected:
+            differ.append(clip["audio"])
+    assert not differ, f"ONNX tokens differ from PyTorch on {differ}"
+
+
+def test_onnx_beam_search_word_timestamps_and_batched_pipeline(tiny_en, onnx_tiny_en):
+    # Beam search reorders the ONNX cache; word timestamps run the PyTorch fallback.
+    audio = load_audio(JFK)
+    expected, _ = tiny_en.transcribe(audio, beam_size=5, word_timestamps=True)
+    got, _ = onnx_tiny_en.transcribe(audio, beam_size=5, word_timestamps=True)
+    expected, got = list(expected), list(got)
+    assert [s.tokens for s in got] == [s.tokens for s in expected]
+    expected_words = [(w.word, w.start, w.end) for s in expected for w in s.words]
+    assert [(w.word, w.start, w.end) for s in got for w in s.words] == expected_words
+
+    expected, _ = BatchedInferencePipeline(tiny_en).transcribe(audio, beam_size=1)
+    got, _ = BatchedInferencePipeline(onnx_tiny_en).transcribe(audio, beam_size=1)
+    assert [s.tokens for s in got] == [s.tokens for s in expected]
+
+
+def test_torch_export_of_the_step_matches_eager(tiny_en):
+    model = tiny_en.model
+    n_layer = model.config.n_text_layer
+    step = wrappers(model)["decoder_step"]
+    tokens, position, *caches = example_inputs(model.config, torch.float32)["decoder_step"]
+    with quiet_exporter():
+        program = export_program(step, (tokens, position, *caches), "decoder_step", n_layer)
+    ops = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert not [op for op in ops if "higher_order" in op], f"control flow in the step: {ops}"
+    exported = program.module()
+    with torch.no_grad():
+        for batch in (1, 2, 3):  # dynamic batch
+            rows = [[c[:1].repeat(batch, 1, 1, 1) for c in layers] for layers in caches]
+            inputs = (tokens[:1].repeat(batch, 1), position, *rows)
+            for got, expected in zip(exported(*inputs), step(*inputs)):
+                assert got.shape == expected.shape
+                torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_export_wrappers_match_the_plain_cached_decoder(tiny_en):
+    # The graphs' static-cache attention against the reference network's cache, on real audio.
+    model = tiny_en.model
+    graphs = wrappers(model)
+    tokenizer = tiny_en.tokenizer
+    prompt = torch.tensor([list(tokenizer.sot_sequence)])
+    following = torch.tensor([[tokenizer.timestamp_begin]])
+    mel = jfk_mel(tiny_en)
+    with torch.no_grad():
+        features = tiny_en.encode(mel)
+        cache = model.decoder.new_cache(features)
+        expected_prompt = model.decoder(prompt, cache)
+        expected_step = model.decoder(following, cache)
+
+        cross_k, cross_v = graphs["cross_kv"](features)
+        hidden, keys, values = graphs["decoder_prefill"](prompt, cross_k, cross_v)
+        n, length = prompt.shape[1], model.config.n_text_ctx
+        self_k = [torch.zeros(*k.shape[:2], length, k.shape[3]) for k in cross_k]
+        self_v = [torch.zeros_like(k) for k in self_k]
+        for i in range(model.config.n_text_layer):
+            self_k[i][:, :, :n], self_v[i][:, :, :n] = keys[i], values[i]
+        step_hidden, _, _ = graphs["decoder_step"](
+            following, torch.tensor(n), self_k, self_v, cross_k, cross_v
+        )
+        torch.testing.assert_close(graphs["encoder"](mel), features)
+    torch.testing.assert_close(hidden, expected_prompt, atol=1e-4, rtol=0)
+    torch.testing.assert_close(step_hidden, expected_step, atol=1e-4, rtol=0)
+
+
+def jfk_mel(model: WhisperModel) -> torch.Tensor:
+    from whisperforge.audio import N_FRAMES, N_SAMPLES, log_mel_spectrogram, pad_or_trim
+
+    mel = log_mel_spectrogram(load_audio(JFK), model.checkpoint.config.n_mels, N_SAMPLES)
+    return pad_or_trim(mel, N_FRAMES)[None]
+
+
+def test_onnx_export_is_deterministic(tiny_en):
+    from whisperforge.export import _onnx_proto
+
+    graph = wrappers(tiny_en.model)["cross_kv"]
+    config = tiny_en.model.config
+    args = example_inputs(config, torch.float32)["cross_kv"]
+    with quiet_exporter():
+        first, second = (
+            _onnx_proto(graph, args, "cross_kv", config.n_text_layer) for _ in range(2)
+        )
+    assert first.SerializeToString(deterministic=True) == second.SerializeToString(
+        deterministic=True
+    )
+
+
+@pytest.mark.filterwarnings("ignore:float16 is slow")
+def test_bad_inputs_get_clear_errors(onnx_dir, tmp_path, capsys):
+    with pytest.raises(ModelNotFoundError, match="no such file or folder"):
+        WhisperModel(tmp_path / "no-such-export", device="cpu")
+    with pytest.raises(InvalidOptionError, match="use one of onnx, torch-export"):
+        export_model("tiny.en", tmp_path / "out", format="tflite")
+    assert cli.main(["export", "tiny.en", "--format", "tflite", "--out", str(tmp_path)]) == 2
+    assert "invalid choice: 'tflite'" in capsys.readouterr().err
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(InvalidOptionError, match="new or empty folder"):
+        export_model("tiny.en", tmp_path)
+    with pytest.raises(InvalidOptionError, match="export the model it came from"):
+        export_model(onnx_dir, tmp_path / "again")
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(onnx_dir / MANIFEST, broken / MANIFEST)
+    with pytest.raises(ModelFormatError, match="missing; export again"):
+        WhisperModel(broken, device="cpu")
+
+    manifest = json.loads((onnx_dir / MANIFEST).read_text())
+    manifest.update(format="torch-export", files=[])
+    (broken / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(InvalidOptionError, match="export with --format onnx"):
+        WhisperModel(broken, device="cpu")
+
+    with pytest.raises(InvalidOptionError, match="float32 export"):
+        WhisperModel(onnx_dir, device="cpu", compute_type="float16")
