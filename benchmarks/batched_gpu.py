@@ -18,6 +18,7 @@ pipeline, in one process.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -45,7 +46,9 @@ def timed(fn, runs: int) -> tuple[float, object]:
     return statistics.median(times), result
 
 
-def real_weights(model_dir: str, audio: np.ndarray, reference: str | None, runs: int) -> None:
+def real_weights(
+    model_dir: str, audio: np.ndarray, reference: str | None, runs: int, out: Path | None
+) -> None:
     from whisperforge import BatchedInferencePipeline, WhisperModel
 
     model = WhisperModel(model_dir, device="cuda")
@@ -61,9 +64,13 @@ def real_weights(model_dir: str, audio: np.ndarray, reference: str | None, runs:
     score = wer_against(reference)
     print(f"\n{model_dir} float16, {seconds:.0f} s, batch {pipeline.auto_batch_size()} (auto)")
     print("| mode | median s | RTFx | WER % |\n|---|---|---|---|")
+    texts = {}
     for name, run in modes.items():
         median, text = timed(lambda run=run: "".join(s.text for s in run()), runs)
+        texts[name] = {"seconds": median, "text": text}
         print(f"| {name} | {median:.2f} | {seconds / median:.0f} | {score(text)} |", flush=True)
+    if out is not None:  # WER can then be scored where jiwer is installed
+        (out / "batched_gpu_texts.json").write_text(json.dumps(texts, indent=1))
 
 
 def wer_against(reference: str | None):
@@ -102,7 +109,7 @@ def forced_options(eot: int) -> dict:
     }  # fmt: skip
 
 
-def turbo(audio: np.ndarray, minutes: float, batch: int, runs: int) -> None:
+def turbo(audio: np.ndarray, minutes: float, batches: list[int], runs: int) -> None:
     from gpu import hf_model
 
     from whisperforge import BatchedInferencePipeline
@@ -120,19 +127,22 @@ def turbo(audio: np.ndarray, minutes: float, batch: int, runs: int) -> None:
           "100 forced tokens per window")  # fmt: skip
     print("| engine | median s | RTFx | windows |\n|---|---|---|---|")
 
-    def batched() -> int:
+    def batched(batch: int) -> int:
         results = pipeline.transcribe_many(files, batch_size=batch, **forced)
         return sum(len(r.segments) for r in results)
 
-    median, windows = timed(batched, runs)
-    print(f"| whisperforge batched ({batch}) | {median:.2f} | {seconds / median:.0f} | {windows} |")
+    for batch in batches:
+        median, windows = timed(lambda batch=batch: batched(batch), runs)
+        print(f"| whisperforge batched ({batch}) | {median:.2f} | {seconds / median:.0f} | "
+              f"{windows} |", flush=True)  # fmt: skip
     from whisperforge.vad import detect_speech
 
-    start = time.perf_counter()
-    for f in files:
-        detect_speech(f)
-    vad = time.perf_counter() - start
-    print(f"| (of which VAD, if run alone on one thread) | {vad:.2f} | | |", flush=True)
+    for device in ("cuda", "cpu"):
+        start = time.perf_counter()
+        for f in files:
+            detect_speech(f, device=device)
+        vad = time.perf_counter() - start
+        print(f"| (VAD alone, {device}, one thread) | {vad:.2f} | | |", flush=True)
 
     def sequential() -> int:
         return len(list(model.transcribe(long, **forced)[0]))
@@ -178,7 +188,8 @@ def main() -> None:
     parser.add_argument("--audio", required=True, help="16 kHz int16 .npy recording")
     parser.add_argument("--reference", help="its reference text, for WER")
     parser.add_argument("--minutes", type=float, default=60)
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--batch", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--out", type=Path, help="folder for the real-weights texts (JSON)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--skip-turbo", action="store_true")
     args = parser.parse_args()
@@ -187,7 +198,7 @@ def main() -> None:
     reference = Path(args.reference).read_text() if args.reference else None
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     if args.model:
-        real_weights(args.model, audio, reference, args.runs)
+        real_weights(args.model, audio, reference, args.runs, args.out)
     if not args.skip_turbo:
         turbo(audio, args.minutes, args.batch, args.runs)
 

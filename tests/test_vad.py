@@ -1,4 +1,4 @@
-"""Silero VAD on onnxruntime (the model shipped in the silero-vad wheel), regions, packing,
+"""Silero VAD (the model shipped in the silero-vad wheel) in PyTorch, regions, packing,
 and `vad_filter=True` in the sequential transcription."""
 
 from __future__ import annotations
@@ -10,7 +10,16 @@ import pytest
 from conftest import JFK
 
 from whisperforge import load_audio
-from whisperforge.vad import SpeechRegion, TimelineMap, VadOptions, detect_speech, pack_windows
+from whisperforge.vad import (
+    FRAME,
+    SileroVad,
+    SpeechRegion,
+    TimelineMap,
+    VadOptions,
+    detect_speech,
+    pack_windows,
+    silero_model_path,
+)
 
 SR = 16000
 
@@ -20,6 +29,23 @@ def jfk_in_silence() -> np.ndarray:
     """jfk at 40 s and again at 71 s, silence around: 82 s in all."""
     jfk = load_audio(JFK)
     return np.concatenate([np.zeros(40 * SR), jfk, np.zeros(20 * SR), jfk]).astype(np.float32)
+
+
+def test_probabilities_equal_silero_frame_by_frame():
+    """The whole-sequence run gives the package's own frame-by-frame TorchScript outputs."""
+    import torch
+
+    audio = load_audio(JFK)[: 5 * SR]
+    scripted = torch.jit.load(str(silero_model_path()))
+    scripted.reset_states()
+    with torch.inference_mode():
+        reference = [
+            scripted(torch.from_numpy(audio[i : i + FRAME])[None], SR).item()
+            for i in range(0, len(audio) - FRAME + 1, FRAME)
+        ]
+    ours = SileroVad().speech_probs(audio)[: len(reference)]
+    assert max(reference) > 0.9  # speech is in there
+    np.testing.assert_allclose(ours, reference, atol=1e-4)
 
 
 def test_regions_find_the_speech(jfk_in_silence):

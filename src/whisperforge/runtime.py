@@ -150,20 +150,24 @@ if triton is not None:
 
     @triton.jit
     def _skinny_linear_kernel(
-        x_ptr, w_ptr, b_ptr, y_ptr, M, N,
-        K: tl.constexpr, GELU: tl.constexpr, BIAS: tl.constexpr,
+        x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N,
+        K: tl.constexpr, SCALE: tl.constexpr, GELU: tl.constexpr, BIAS: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
-        """y[M, N] = x[M, K] @ w[N, K]^T (+ bias, then GELU) for a few rows (M <= BLOCK_M): a
-        decode step's matmul is a stream over the weights, each program a band of BLOCK_N rows."""
-        m = tl.arange(0, BLOCK_M)
+        """y[M, N] = x[M, K] @ w[N, K]^T (* scale[N], + bias, then GELU) for a few rows: a
+        decode step's matmul is a stream over the weights, each program a band of BLOCK_N rows
+        for BLOCK_M rows of x. int8 weights (quantize.py, with SCALE) are widened to x's dtype
+        in registers (exact: |q| <= 127), so a step reads half the bytes."""
+        m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         k = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             x = tl.load(x_ptr + m[:, None] * K + (k0 + k)[None, :], mask=m[:, None] < M, other=0.0)
-            w = tl.load(w_ptr + n[:, None] * K + (k0 + k)[None, :], mask=n[:, None] < N, other=0.0)
-            acc += tl.dot(x, tl.trans(w))
+            w = tl.load(w_ptr + n[:, None] * K + (k0 + k)[None, :], mask=n[:, None] < N, other=0)
+            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        if SCALE:
+            acc *= tl.load(s_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
         if BIAS:
             acc = acc.to(y_ptr.dtype.element_ty).to(tl.float32)  # rounded as the matmul's output
             acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
@@ -178,16 +182,24 @@ _SKINNY_CONFIGS = [(16, 128, 4), (16, 256, 4), (32, 128, 4), (32, 256, 8), (64, 
 _linear_choice: dict[tuple, tuple[int, int, int] | None] = {}
 
 
-def _skinny(
-    x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, config: tuple[int, int, int]
+def skinny_linear(
+    x: Tensor,
+    w: Tensor,
+    b: Tensor | None,
+    gelu: bool,
+    config: tuple[int, int, int],
+    scale: Tensor | None = None,
 ) -> Tensor:
+    """The Triton stream kernel: x [M, K] @ w^T (* scale per output channel, + b, then GELU).
+    config: (block_n, block_k, warps); K must be a multiple of block_k."""
     x = x.contiguous()  # the kernel indexes rows of K
     M, K = x.shape
     N = w.shape[0]
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     block_n, block_k, warps = config
-    _skinny_linear_kernel[(triton.cdiv(N, block_n),)](
-        x, w, b if b is not None else w, y, M, N, K=K, GELU=gelu, BIAS=b is not None,
+    _skinny_linear_kernel[(triton.cdiv(N, block_n), triton.cdiv(M, 16))](
+        x, w, scale if scale is not None else w, b if b is not None else w, y, M, N, K=K,
+        SCALE=scale is not None, GELU=gelu, BIAS=b is not None,
         BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
     )  # fmt: skip
     return y
@@ -211,7 +223,7 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None, gelu: bool = False) ->
         usable = triton is not None and x.is_cuda and M <= 16 and w.dtype != torch.float32
         _linear_choice[key] = _pick_linear(x, w, b, gelu) if usable else None
     config = _linear_choice[key]
-    return _torch_linear(x, w, b, gelu) if config is None else _skinny(x, w, b, gelu, config)
+    return _torch_linear(x, w, b, gelu) if config is None else skinny_linear(x, w, b, gelu, config)
 
 
 def _pick_linear(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool) -> tuple[int, int, int] | None:
@@ -222,10 +234,10 @@ def _pick_linear(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool) -> tuple[in
     for config in _SKINNY_CONFIGS:
         if x.shape[1] % config[1]:
             continue
-        error = (_skinny(x, w, b, gelu, config).float() - reference).norm() / reference.norm()
+        error = (skinny_linear(x, w, b, gelu, config).float() - reference).norm() / reference.norm()
         if not error < 1e-2:  # a config that is wrong here is never used
             continue
-        ms = do_bench(lambda config=config: _skinny(x, w, b, gelu, config), warmup=5, rep=20)
+        ms = do_bench(lambda config=config: skinny_linear(x, w, b, gelu, config), warmup=5, rep=20)
         if ms < best_ms:
             best, best_ms = config, ms
     return best
@@ -383,7 +395,8 @@ class Runtime:
             for t, s in zip(self._loop_state(), saved):
                 t.copy_(s)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: other threads (the batched pipeline's VAD) may use the GPU meanwhile.
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 fn()
             self._graphs[key] = graph
         graph.replay()
