@@ -2,7 +2,8 @@
 
 Same tiny.en weights for all (faster-whisper runs the packaged CTranslate2 folder itself), the
 exact-reference English dev clips decoded once, the same thread count. Speed: each engine
-transcribes every clip once to warm up, then `--runs` times; the median wall time per pass.
+transcribes every clip once to warm up, then `--runs` times (the engines take turns within each
+run); the median wall time per pass.
 Memory: the bytes whisperforge's weights take as stored, and the process RSS growth while each
 engine's model loads (engines load in the order listed; allocator reuse makes RSS approximate).
 WER (EnglishTextNormalizer + jiwer) of every engine's transcripts; then, greedy, for each of
@@ -143,17 +144,18 @@ def main() -> None:
         print(f"  loaded {name}: RSS +{report['memory'][name]['rss_growth_MB']:.0f} MB", flush=True)
     for mode in args.modes:
         beam = 5 if mode == "beam5" else 1
-        for name, model in built.items():
-            texts = [text(model, audio, beam) for audio in audios]  # the warm-up pass
-            times = []
-            for _ in range(args.runs):
+        texts = {n: [text(m, audio, beam) for audio in audios] for n, m in built.items()}  # warm-up
+        times: dict[str, list[float]] = {name: [] for name in built}
+        for _ in range(args.runs):  # engines interleaved, so a load change hits all alike
+            for name, model in built.items():
                 start = time.perf_counter()
                 for audio in audios:
                     text(model, audio, beam)
-                times.append(time.perf_counter() - start)
-            median = statistics.median(times)
+                times[name].append(time.perf_counter() - start)
+        for name in built:
+            median = statistics.median(times[name])
             report["speed"][f"{mode}/{name}"] = median
-            report["wer"][f"{mode}/{name}"] = wer(references, texts)
+            report["wer"][f"{mode}/{name}"] = wer(references, texts[name])
             print(f"  {mode:6} {name:24} {median:7.2f} s  RTFx {seconds / median:6.1f}  "
                   f"WER {100 * report['wer'][f'{mode}/{name}']:.2f} %", flush=True)  # fmt: skip
 

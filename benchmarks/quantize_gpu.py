@@ -1,12 +1,17 @@
 """Quantized weights on the GPU: decode step ms at batch 1 and 16, int8 and fp8 against fp16.
 
-One job, the runtime only (benchmarks/gpu.py's measurement: `bench_runtime`, 128 forced tokens,
+One job, the runtime only (benchmarks/gpu.py's measurement: `bench_runtime`, 64 forced tokens,
 EOT suppressed), random fp16 weights of the real architectures (seed 0), quantized in place by
 `quantize.quantize_model` as `WhisperModel(..., compute_type=...)` does. Before timing, a check
 on the `tiny` preset: the graphed runtime on quantized weights against the plain quantized model
 (eager), and the Triton fp8 row quantizer against its torch reference. Weight memory is
 `torch.cuda.memory_allocated` after building (and quantizing) a model; "step weights" is what
-one decode step reads (the decoder's step linears and the tied embedding). Prints markdown.
+one decode step reads (the decoder's step linears and the tied embedding). Prints markdown, and
+writes the figures as JSON to --out (default: $OUT/quantize_gpu.json when $OUT is set).
+
+Time: each (preset, type) is measured only while the job is under --budget-s (default 75 s;
+the rest is reported as skipped), so the whole run stays under ~90 s on an H100. The order puts
+batch 1 of every type first, then batch 16.
 
     python benchmarks/quantize_gpu.py                  # turbo and large-v3, batch 1 and 16
     python benchmarks/quantize_gpu.py --preset large-v3-turbo --types float16 int8 --batch 1
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,7 +59,7 @@ def step_weight_bytes(model: Whisper) -> int:
 
 
 @torch.inference_mode()
-def check(steps: int = 24) -> list[str]:
+def check(steps: int = 16) -> list[str]:
     """tiny preset: graphed runtime on quantized weights vs the plain quantized model (eager,
     teacher-forced, 2 windows x 2 rows), and fp8 rows (Triton) vs the torch reference."""
     c = preset("tiny")
@@ -98,8 +104,11 @@ def main() -> None:
     parser.add_argument("--preset", nargs="+", default=["large-v3-turbo", "large-v3"])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--types", nargs="+", default=["float16", "int8", "float8"])
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--out", type=Path, help="also write the figures as JSON")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--budget-s", type=float, default=75.0, help="start no measurement after")
+    out_dir = os.environ.get("OUT")
+    default_out = Path(out_dir) / "quantize_gpu.json" if out_dir else None
+    parser.add_argument("--out", type=Path, default=default_out, help="the figures as JSON")
     args = parser.parse_args()
     start = time.perf_counter()
     name = torch.cuda.get_device_name()
@@ -108,39 +117,47 @@ def main() -> None:
     bw, tflops = bench.ceilings()
     print(f"device: {name}; copy {bw:.0f} GB/s, fp16 matmul {tflops:.0f} TFLOP/s; "
           f"torch {torch.__version__}; fp8: {fp8}")  # fmt: skip
-    for line in check():
-        print("check:", line, flush=True)
+    try:
+        for line in check():
+            print("check:", line, flush=True)
+    except Exception as error:  # noqa: BLE001 - reported; the timings still run
+        print(f"check failed: {type(error).__name__}: {error}"[:600], flush=True)
 
-    results: dict = {"device": name, "copy_GBps": bw, "presets": {}}
-    for preset_name in args.preset:
-        c = preset(preset_name)
-        entry: dict = results["presets"].setdefault(preset_name, {})
-        for compute_type in types:
-            model = rt = None
-            try:
-                model, nbytes = build(c, compute_type)
-                rt = Runtime(model, max_windows=max(args.batch))
-                row: dict = {"weights_GB": nbytes / 1e9, "batches": {}}
-                row["step_weights_GB"] = step_weight_bytes(model) / 1e9
-                entry[compute_type] = row
-                for batch in args.batch:
-                    figures = bench.bench_runtime(rt, c, batch, args.tokens, bw, tflops)
-                    # The floor with this model's step weights instead of fp16 ones.
-                    fp16_weights = bench.step_bytes(c, windows=0, rows=0, length=0)
-                    extra = (row["step_weights_GB"] * 1e9 - fp16_weights) / bw / 1e6
-                    figures["step_floor_ms"] += extra
-                    row["batches"][batch] = figures
-                    print(f"{preset_name} {compute_type} b{batch}: {figures['step_ms']:.3f} ms/step "
-                          f"(floor {figures['step_floor_ms']:.3f}), prefill {figures['prefill_ms']:.2f} ms, "
-                          f"weights {row['weights_GB']:.2f} GB ({time.perf_counter() - start:.0f} s)",
-                          flush=True)  # fmt: skip
-            except Exception as error:  # noqa: BLE001 - one failing type is reported, not fatal
-                message = f"{type(error).__name__}: {error}"[:400]
-                entry.setdefault(compute_type, {})["error"] = message
-                print(f"{preset_name} {compute_type} failed: {message}", flush=True)
-            finally:
-                del model, rt
-                torch.cuda.empty_cache()
+    results: dict = {"device": name, "copy_GBps": bw, "presets": {}, "skipped": []}
+    for batches in ([b] for b in args.batch):  # every type at batch 1 before any at batch 16
+        for preset_name in args.preset:
+            c = preset(preset_name)
+            entry: dict = results["presets"].setdefault(preset_name, {})
+            for compute_type in types:
+                if time.perf_counter() - start > args.budget_s:
+                    results["skipped"].append(f"{preset_name} {compute_type} b{batches[0]}")
+                    print(f"skipped (over --budget-s): {results['skipped'][-1]}", flush=True)
+                    continue
+                model = rt = None
+                try:
+                    model, nbytes = build(c, compute_type)
+                    rt = Runtime(model, max_windows=max(batches))
+                    row: dict = entry.setdefault(compute_type, {"batches": {}})
+                    row["weights_GB"] = nbytes / 1e9
+                    row["step_weights_GB"] = step_weight_bytes(model) / 1e9
+                    for batch in batches:
+                        figures = bench.bench_runtime(rt, c, batch, args.tokens, bw, tflops)
+                        # The floor with this model's step weights instead of fp16 ones.
+                        fp16_weights = bench.step_bytes(c, windows=0, rows=0, length=0)
+                        extra = (row["step_weights_GB"] * 1e9 - fp16_weights) / bw / 1e6
+                        figures["step_floor_ms"] += extra
+                        row["batches"][batch] = figures
+                        print(f"{preset_name} {compute_type} b{batch}: {figures['step_ms']:.3f} "
+                              f"ms/step (floor {figures['step_floor_ms']:.3f}), prefill "
+                              f"{figures['prefill_ms']:.2f} ms, weights {row['weights_GB']:.2f} GB "
+                              f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
+                except Exception as error:  # noqa: BLE001 - one failing type is reported, not fatal
+                    message = f"{type(error).__name__}: {error}"[:400]
+                    entry.setdefault(compute_type, {})["error"] = message
+                    print(f"{preset_name} {compute_type} failed: {message}", flush=True)
+                finally:
+                    del model, rt
+                    torch.cuda.empty_cache()
     choices = {str(k[:3]) + f" {str(k[3])[6:]}": getattr(v, "__name__", v)
                for k, v in quantize._int8_choice.items()}  # fmt: skip
     print(
@@ -158,7 +175,7 @@ def main() -> None:
             for t in types:
                 figures = entry.get(t, {}).get("batches", {}).get(batch)
                 if figures is None:
-                    cells.append("failed")
+                    cells.append("-")  # failed or skipped: said above
                     continue
                 ratio = f" ({base / figures['step_ms']:.2f}x)" if base and t != "float16" else ""
                 cells.append(
@@ -171,12 +188,13 @@ def main() -> None:
     for preset_name, entry in results["presets"].items():
         cells = [
             f"{entry[t]['weights_GB']:.2f} / {entry[t]['step_weights_GB']:.2f}"
-            if "weights_GB" in entry.get(t, {}) else "failed"
+            if "weights_GB" in entry.get(t, {}) else "-"
             for t in types
         ]  # fmt: skip
         print(f"| {preset_name} | " + " | ".join(cells) + " |")
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1, default=str))
 
 

@@ -4,6 +4,7 @@ and compare the final committed text with offline sequential transcription of th
     python benchmarks/streaming.py                      # the >= 20 s English dev clips
     python benchmarks/streaming.py --long               # ... and the 19-minute file
     python benchmarks/streaming.py --beam-size 5 --chunk 0.5 --min-chunk 1.0 --compute-aware
+    python benchmarks/streaming.py --score results.json   # WER of a --json run elsewhere
 
 Per file: WER of offline and of streaming against the reference (where the manifest's text is
 an exact transcript), WER of streaming against offline, and the commit delay per word (clock
@@ -35,15 +36,64 @@ CLIPS = [
 LONG = ("derived__longform_en_amateur_LJ001-LJ003_prompts.flac", None)
 
 
-def main() -> None:
+def score(rows: list[dict]) -> None:
+    """WER of offline and streaming against the references (exact ones), of streaming against
+    offline, and the commit delays: per file and pooled. Needs jiwer and openai-whisper's
+    English normalizer."""
     import jiwer
     from whisper.normalizers import EnglishTextNormalizer
 
+    normalize = EnglishTextNormalizer()
+    lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
+    manifest = {r["audio"]: r for r in map(json.loads, filter(None, lines))}
+    header = (f"{'file':<34} {'dur':>6} {'WER off':>7} {'WER str':>7} {'str/off':>7} "
+              f"{'delay':>6} {'p90':>6} {'upd':>5} {'s/upd':>6}")  # fmt: skip
+    print(header)
+    sums = {"off_err": 0, "str_err": 0, "ref_words": 0, "vs_off_err": 0, "off_words": 0}
+    for row in rows:
+        offline, streamed = normalize(row["offline_text"]), normalize(row["streaming_text"])
+        measures = jiwer.process_words(offline, streamed)
+        sums["vs_off_err"] += measures.substitutions + measures.deletions + measures.insertions
+        sums["off_words"] += len(offline.split())
+        row["wer_streaming_vs_offline"] = measures.wer
+        delays = np.array(row["delays"] or [0.0])
+        row["delay_mean_s"] = float(delays.mean())
+        row["delay_p90_s"] = float(np.percentile(delays, 90))
+        reference = manifest[row["name"]]
+        if reference["ref_kind"] == "exact" and not row["crop_s"]:
+            ref = normalize(reference["text"])
+            for key, text in (("off", offline), ("str", streamed)):
+                measures = jiwer.process_words(ref, text)
+                row[f"wer_{key}"] = measures.wer
+                sums[f"{key}_err"] += (
+                    measures.substitutions + measures.deletions + measures.insertions
+                )
+            sums["ref_words"] += len(ref.split())
+        off = f"{100 * row['wer_off']:.1f}" if "wer_off" in row else "-"
+        ours = f"{100 * row['wer_str']:.1f}" if "wer_str" in row else "-"
+        print(f"{row['file']:<34} {row['duration_s']:>6} {off:>7} {ours:>7} "
+              f"{100 * row['wer_streaming_vs_offline']:>7.1f} {row['delay_mean_s']:>6.2f} "
+              f"{row['delay_p90_s']:>6.2f} {row['updates']:>5} "
+              f"{row['compute_per_update_s']:>6.2f}")  # fmt: skip
+    if sums["ref_words"]:
+        print(f"exact-reference clips, pooled WER: offline "
+              f"{100 * sums['off_err'] / sums['ref_words']:.1f}%, streaming "
+              f"{100 * sums['str_err'] / sums['ref_words']:.1f}%")  # fmt: skip
+    print(f"all files, pooled WER of streaming vs offline: "
+          f"{100 * sums['vs_off_err'] / max(sums['off_words'], 1):.1f}%")  # fmt: skip
+    d = np.array([delay for row in rows for delay in row["delays"]])
+    print(f"all words ({d.size}): commit delay mean {d.mean():.2f} s, "
+          f"p90 {np.percentile(d, 90):.2f} s")  # fmt: skip
+
+
+def main() -> None:
     from whisperforge import WhisperModel, load_audio
     from whisperforge.streaming import StreamingOptions, replay
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny.en")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compute-type", default="float32")
     parser.add_argument("--beam-size", type=int, default=1)
     parser.add_argument("--chunk", type=float, default=0.5, help="seconds per fed chunk")
     parser.add_argument("--min-chunk", type=float, default=1.0, help="new audio per update (s)")
@@ -51,35 +101,36 @@ def main() -> None:
     parser.add_argument("--silence-db", type=float, default=None, help="energy gate (dBFS)")
     parser.add_argument("--compute-aware", action="store_true")
     parser.add_argument("--long", action="store_true", help="also the 19-minute file")
+    parser.add_argument("--long-npy", type=Path,
+                        help="read the 19-minute file from this 16 kHz int16 .npy (no PyAV)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", nargs="*", help="file names to run (default: all)")
-    parser.add_argument("--json", help="write per-file results here")
+    parser.add_argument("--json", type=Path, help="write per-file results here")
+    parser.add_argument("--score", type=Path, help="score a --json written elsewhere, and exit")
     args = parser.parse_args()
+    if args.score:
+        score(json.loads(args.score.read_text()))
+        return
 
     torch.set_num_threads(args.threads)
-    model = WhisperModel(args.model, device="cpu", compute_type="float32")
-    normalize = EnglishTextNormalizer()
-    lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
-    manifest = {r["audio"]: r for r in map(json.loads, filter(None, lines))}
+    model = WhisperModel(args.model, device=args.device, compute_type=args.compute_type)
     options = StreamingOptions(
         language="en", beam_size=args.beam_size, min_chunk_s=args.min_chunk,
         silence_db=args.silence_db, agreement=args.agreement,
     )  # fmt: skip
-    clips = CLIPS + ([LONG] if args.long else [])
+    clips = CLIPS + ([LONG] if args.long or args.long_npy else [])
     if args.only:
         clips = [c for c in clips if c[0] in args.only]
 
-    print(f"model {args.model}, beam {args.beam_size}, agreement {args.agreement}, "
-          f"chunk {args.chunk}s, min_chunk "
-          f"{args.min_chunk}s, gate {args.silence_db}, compute_aware {args.compute_aware}, "
-          f"threads {args.threads}")  # fmt: skip
-    header = (f"{'file':<34} {'dur':>6} {'WER off':>7} {'WER str':>7} {'str/off':>7} "
-              f"{'delay':>6} {'p90':>6} {'upd':>5} {'s/upd':>6}")  # fmt: skip
-    print(header)
-    results, all_delays = [], []
-    sums = {"off_err": 0, "str_err": 0, "ref_words": 0}
+    print(f"model {args.model} on {args.device} ({args.compute_type}), beam {args.beam_size}, "
+          f"agreement {args.agreement}, chunk {args.chunk}s, min_chunk {args.min_chunk}s, "
+          f"gate {args.silence_db}, compute_aware {args.compute_aware}, threads {args.threads}")  # fmt: skip
+    rows = []
     for name, crop in clips:
-        audio = load_audio(DEV_DIR / name)
+        if name == LONG[0] and args.long_npy:
+            audio = np.load(args.long_npy).astype(np.float32) / 32768
+        else:
+            audio = load_audio(DEV_DIR / name)
         if crop:
             audio = audio[: round(crop * 16000)]
         started = time.perf_counter()
@@ -89,45 +140,28 @@ def main() -> None:
         offline = "".join(s.text for s in segments).strip()
         offline_s = time.perf_counter() - started
         run = replay(model, audio, args.chunk, options, compute_aware=args.compute_aware)
-        delays = np.array(run.delays) if run.words else np.zeros(1)
-        all_delays.extend(run.delays)
-        row = {
+        rows.append({
+            "name": name,
+            "crop_s": crop,
             "file": name + (f"[:{crop:g}s]" if crop else ""),
             "duration_s": round(audio.size / 16000, 1),
             "offline_s": round(offline_s, 1),
-            "wer_streaming_vs_offline": jiwer.wer(normalize(offline), normalize(run.text)),
-            "delay_mean_s": float(delays.mean()),
-            "delay_p90_s": float(np.percentile(delays, 90)),
             "updates": run.updates,
             "compute_per_update_s": run.compute_s / max(run.updates, 1),
+            "delays": run.delays,
             "offline_text": offline,
             "streaming_text": run.text,
-        }
-        reference = manifest[name]
-        if reference["ref_kind"] == "exact" and not crop:
-            ref = normalize(reference["text"])
-            for key, text in (("off", offline), ("str", run.text)):
-                measures = jiwer.process_words(ref, normalize(text))
-                errors = measures.substitutions + measures.deletions + measures.insertions
-                row[f"wer_{key}"] = measures.wer
-                sums[f"{key}_err"] += errors
-            sums["ref_words"] += len(ref.split())
-        results.append(row)
-        off = f"{100 * row['wer_off']:.1f}" if "wer_off" in row else "-"
-        ours = f"{100 * row['wer_str']:.1f}" if "wer_str" in row else "-"
-        print(f"{row['file']:<34} {row['duration_s']:>6} {off:>7} {ours:>7} "
-              f"{100 * row['wer_streaming_vs_offline']:>7.1f} {row['delay_mean_s']:>6.2f} "
-              f"{row['delay_p90_s']:>6.2f} {row['updates']:>5} "
-              f"{row['compute_per_update_s']:>6.2f}", flush=True)  # fmt: skip
-    if sums["ref_words"]:
-        print(f"exact-reference clips, pooled WER: offline "
-              f"{100 * sums['off_err'] / sums['ref_words']:.1f}%, streaming "
-              f"{100 * sums['str_err'] / sums['ref_words']:.1f}%")  # fmt: skip
-    d = np.array(all_delays)
-    p90 = np.percentile(d, 90)
-    print(f"all words ({d.size}): commit delay mean {d.mean():.2f} s, p90 {p90:.2f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        })  # fmt: skip
+        print(f"{rows[-1]['file']}: {run.updates} updates, "
+              f"{rows[-1]['compute_per_update_s']:.3f} s per update", flush=True)  # fmt: skip
+        if args.json:  # after every file, so a cut-off run keeps what it did
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(rows, indent=1))
+    try:
+        score(rows)
+    except (ImportError, OSError) as error:  # no jiwer, or no dev manifest here
+        print(f"not scored here ({error}); score the --json where jiwer and openai-whisper are "
+              "installed: python benchmarks/streaming.py --score FILE")  # fmt: skip
 
 
 if __name__ == "__main__":

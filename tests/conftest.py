@@ -29,6 +29,20 @@ def tiny_en():
 
 
 @pytest.fixture(scope="session")
+def tiny_en_greedy(tiny_en) -> dict[str, list]:
+    """tiny.en's greedy segments (PyTorch, fp32) of every short English clip, by file name:
+    decoded once for the tests that compare other paths with them."""
+    from whisperforge import load_audio
+
+    return {
+        clip["audio"]: list(
+            tiny_en.transcribe(load_audio(DEV_DIR / clip["audio"]), beam_size=1, temperature=0.0)[0]
+        )
+        for clip in short_english_clips()
+    }
+
+
+@pytest.fixture(scope="session")
 def base():
     from whisperforge import WhisperModel
 

@@ -1,12 +1,16 @@
-"""Export (issue 9): tiny.en exported to ONNX decodes token for token like the PyTorch fp32 path
-on onnxruntime; torch.export of the decoder step with static caches matches eager; bad inputs
-get errors that say what to do."""
+"""Export (issue 9): tiny.en exported to ONNX (once per session, through `whisperforge export`)
+decodes token for token like the PyTorch fp32 path on onnxruntime, through the same pipelines
+and writers; torch.export of the decoder step with static caches matches eager; fp16 graphs
+have the right types and shapes; bad inputs get errors that say what to do."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
+import wave
 
+import numpy as np
 import pytest
 import torch
 from conftest import DEV_DIR, JFK, short_english_clips
@@ -22,12 +26,15 @@ from whisperforge import (
 )
 from whisperforge.export import (
     MANIFEST,
+    _onnx_proto,
     example_inputs,
     export_model,
     export_program,
+    graph_names,
     quiet_exporter,
     wrappers,
 )
+from whisperforge.writers import FORMATS
 
 onnxruntime = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -35,7 +42,10 @@ pytest.importorskip("onnxscript")
 
 @pytest.fixture(scope="session")
 def onnx_dir(tmp_path_factory):
-    return export_model("tiny.en", tmp_path_factory.mktemp("export") / "tiny.en-onnx")
+    """tiny.en exported once per session, through the command."""
+    out = tmp_path_factory.mktemp("export") / "tiny.en-onnx"
+    assert cli.main(["export", "tiny.en", "--format", "onnx", "--out", str(out)]) == 0
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -43,19 +53,20 @@ def onnx_tiny_en(onnx_dir):
     return WhisperModel(onnx_dir, device="cpu")
 
 
-def tokens_of(model: WhisperModel, audio, **options) -> list[int]:
-    segments, _ = model.transcribe(audio, beam_size=1, temperature=0.0, **options)
+def greedy_tokens(model: WhisperModel, audio) -> list[int]:
+    segments, _ = model.transcribe(audio, beam_size=1, temperature=0.0)
     return [t for s in segments for t in s.tokens]
 
 
-def test_onnx_greedy_is_token_identical_on_every_short_english_clip(tiny_en, onnx_tiny_en):
+def test_onnx_greedy_is_token_identical_on_every_short_english_clip(tiny_en_greedy, onnx_tiny_en):
+    clips = [clip["audio"] for clip in short_english_clips()]
+    assert len(clips) >= 50
     differ = []
-    for clip in short_english_clips():
-        audio = load_audio(DEV_DIR / clip["audio"])
-        expected, got = tokens_of(tiny_en, audio), tokens_of(onnx_tiny_en, audio)
-        assert expected, f"{clip['audio']}: the PyTorch path decoded nothing"
-        if got != expected:
-            differ.append(clip["audio"])
+    for clip in clips:
+        expected = [t for s in tiny_en_greedy[clip] for t in s.tokens]
+        assert expected, f"{clip}: the PyTorch path decoded nothing"
+        if greedy_tokens(onnx_tiny_en, load_audio(DEV_DIR / clip)) != expected:
+            differ.append(clip)
     assert not differ, f"ONNX tokens differ from PyTorch on {differ}"
 
 
@@ -129,19 +140,57 @@ def jfk_mel(model: WhisperModel) -> torch.Tensor:
     return pad_or_trim(mel, N_FRAMES)[None]
 
 
-def test_onnx_export_is_deterministic(tiny_en):
-    from whisperforge.export import _onnx_proto
-
-    graph = wrappers(tiny_en.model)["cross_kv"]
+def test_fp16_step_export_is_deterministic_and_runs_on_onnxruntime(tiny_en):
+    # fp16 on the CPU: the graph's types and shapes, not its speed or its tokens.
     config = tiny_en.model.config
-    args = example_inputs(config, torch.float32)["cross_kv"]
+    step = wrappers(copy.deepcopy(tiny_en.model).half())["decoder_step"]
+    args = example_inputs(config, torch.float16)["decoder_step"]
     with quiet_exporter():
         first, second = (
-            _onnx_proto(graph, args, "cross_kv", config.n_text_layer) for _ in range(2)
+            _onnx_proto(step, args, "decoder_step", config.n_text_layer) for _ in range(2)
         )
-    assert first.SerializeToString(deterministic=True) == second.SerializeToString(
-        deterministic=True
-    )
+    data = first.SerializeToString(deterministic=True)
+    assert data == second.SerializeToString(deterministic=True)
+
+    session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    tokens, position, *caches = args
+    names, _ = graph_names(config.n_text_layer)["decoder_step"]
+    arrays = [tokens, position, *(c for layers in caches for c in layers)]
+    hidden, new_k, new_v = session.run(None, dict(zip(names, (a.numpy() for a in arrays))))
+    B, L, H = tokens.shape[0], config.n_text_layer, config.n_text_head
+    assert hidden.dtype == new_k.dtype == new_v.dtype == np.float16
+    assert hidden.shape == (B, 1, config.n_text_state)
+    assert new_k.shape == new_v.shape == (L, B, H, 1, config.n_text_state // H)
+    assert np.isfinite(hidden).all()
+
+
+def test_cli_transcribes_long_form_with_an_export_like_the_model(onnx_dir, tmp_path, capsys):
+    # Two windows (the second prompted with the first's text) through the same writers.
+    audio = np.concatenate([load_audio(JFK), load_audio(DEV_DIR / "mfa__cold_corpus.wav")])
+    path = tmp_path / "long.wav"
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(16000)
+        wav.writeframes((audio * 32767).astype("<i2").tobytes())
+    options = [str(path), "--beam-size", "1", "--output-format", "all"]
+    for name, model in (
+        ("pytorch", ["tiny.en", "--compute-type", "float32"]),
+        ("onnx", [str(onnx_dir)]),
+    ):
+        out = tmp_path / name
+        assert cli.main(["transcribe", *options, "--model", *model, "--output-dir", str(out)]) == 0
+    capsys.readouterr()
+    for format in FORMATS:
+        expected = (tmp_path / "pytorch" / f"long.{format}").read_text()
+        got = (tmp_path / "onnx" / f"long.{format}").read_text()
+        if format == "json":  # log-probabilities agree to float rounding only
+            expected, got = json.loads(expected), json.loads(got)
+            assert len(got["segments"]) == len(expected["segments"]) > 1
+            for segments in (expected["segments"], got["segments"]):
+                for segment in segments:
+                    del segment["avg_logprob"], segment["no_speech_prob"]
+        assert got == expected, format
 
 
 @pytest.mark.filterwarnings("ignore:float16 is slow")
@@ -153,9 +202,15 @@ def test_bad_inputs_get_clear_errors(onnx_dir, tmp_path, capsys):
     assert cli.main(["export", "tiny.en", "--format", "tflite", "--out", str(tmp_path)]) == 2
     assert "invalid choice: 'tflite'" in capsys.readouterr().err
 
+    assert cli.main(["export", "no-such-model", "--out", str(tmp_path / "out")]) == 1
+    assert "error: unknown model 'no-such-model'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing written before the model loads
+
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(InvalidOptionError, match="new or empty folder"):
         export_model("tiny.en", tmp_path)
+    assert cli.main(["export", "tiny.en", "--out", str(tmp_path / "notes.txt")]) == 1
+    assert "notes.txt is a file; give --out a new or empty folder" in capsys.readouterr().err
     with pytest.raises(InvalidOptionError, match="export the model it came from"):
         export_model(onnx_dir, tmp_path / "again")
 

@@ -46,6 +46,9 @@ from .vad import VadOptions, Window, detect_speech, pack_windows
 BATCHED_VAD = VadOptions(max_speech_duration_s=30, min_silence_duration_ms=160)
 CPU_BATCH_SIZE = 8  # on the CPU a larger batch only costs memory: the cores are busy already
 MAX_AUTO_BATCH_SIZE = 64
+# A window decoded only up to this many mel frames (1 s) before its end is done; more, and the
+# rest is decoded as a window of its own.
+MIN_CONTINUATION_FRAMES = 100
 READ_AHEAD = 4  # threads decoding files and finding their speech for `transcribe_many`
 
 
@@ -68,7 +71,18 @@ class _File:
     windows: list[Window]
     tokenizer: Tokenizer
     remaining: int = 0  # windows not decoded yet
-    next_id: int = 0  # the id of the file's next segment
+    # For each window, the packed window it continues (itself unless it is a continuation).
+    roots: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.roots = list(range(len(self.windows)))
+
+    def continue_window(self, index: int, window: Window) -> int:
+        """Queue the rest of window `index` (decoded only up to a point) as a new window."""
+        self.windows.append(window)
+        self.roots.append(self.roots[index])
+        self.remaining += 1
+        return len(self.windows) - 1
 
 
 class BatchedInferencePipeline:
@@ -94,12 +108,27 @@ class BatchedInferencePipeline:
         vad = self._vad(vad_parameters)
         file = self._open(0, *self._read(audio, vad), language, task, options, vad)
         assert file.result.info is not None
-        segments = (
-            segment
-            for _, window_segments in self._decode(iter([file]), options, batch_size)
-            for segment in window_segments
-        )
-        return segments, file.result.info
+        return self._in_order(file, options, batch_size), file.result.info
+
+    def _in_order(
+        self, file: _File, options: TranscriptionOptions, batch_size: int | None
+    ) -> Iterator[Segment]:
+        """One file's segments in time order, each packed window's as soon as it and the ones
+        before it are done (a window's continuation may be decoded batches later)."""
+        parts: dict[int, list[Segment]] = {}
+        open_chains = dict.fromkeys(range(len(file.windows)), 1)  # root -> windows pending
+        next_root = number = 0
+        for _, index, window_segments, continued in self._decode(iter([file]), options, batch_size):
+            if index < 0:  # no speech: no windows
+                return
+            root = file.roots[index]
+            parts.setdefault(root, []).extend(window_segments)
+            open_chains[root] += int(continued) - 1
+            while next_root in open_chains and open_chains[next_root] == 0:
+                for segment in parts.pop(next_root, []):
+                    segment.id, number = number, number + 1
+                    yield segment
+                next_root += 1
 
     def transcribe_many(
         self,
@@ -141,9 +170,14 @@ class BatchedInferencePipeline:
 
         def finished() -> Iterator[FileTranscription]:
             while opened and opened[0].remaining == 0:
-                yield opened.popleft().result
+                result = opened.popleft().result
+                # Continuations are decoded after later windows: put the segments in time order.
+                result.segments.sort(key=lambda segment: segment.start)
+                for number, segment in enumerate(result.segments):
+                    segment.id = number
+                yield result
 
-        for file, window_segments in self._decode(files(), options, batch_size):
+        for file, _, window_segments, _ in self._decode(files(), options, batch_size):
             if file is not None:
                 file.result.segments.extend(window_segments)
             yield from finished()
@@ -255,30 +289,59 @@ class BatchedInferencePipeline:
         files: Iterator[_File],
         options: TranscriptionOptions,
         batch_size: int | None,
-    ) -> Iterator[tuple[_File | None, list[Segment]]]:
-        """(file, segments of one window) for every window of every file, in order. Consecutive
-        windows with the same language and task share batches. A file without windows yields
-        (None, []) when it is reached, so callers can hand it out."""
+    ) -> Iterator[tuple[_File | None, int, list[Segment], bool]]:
+        """(file, window index, its segments, whether it left a continuation) for every window
+        of every file. Consecutive windows with the same language and task share batches. A
+        window whose decode stopped before its end (Whisper ends a window at its last complete
+        segment, leaving the sequential loop to seek there) goes on as a new window from that
+        point, at the front of the next batch. A file without windows yields (None, -1, [],
+        False) when it is reached, so callers can hand it out."""
         size = batch_size or self.auto_batch_size()
+        continued: deque[tuple[_File, int]] = deque()
+
+        def drain() -> Iterator[tuple[_File | None, int]]:
+            while continued:
+                yield continued.popleft()
+
+        def queued() -> Iterator[tuple[_File | None, int]]:
+            """Windows in order, continuations first; then (None, 0) asks for the batch in hand
+            to run, until it leaves no continuation."""
+            for file in files:
+                if not file.windows:
+                    yield file, -1
+                for i in range(len(file.windows)):
+                    yield from drain()
+                    yield file, i
+            while True:
+                yield from drain()
+                yield None, 0
+                if not continued:
+                    return
+
+        def run(batch: list[tuple[_File, int]]):
+            for file, i, segments, rest in self._decode_batch(batch, options):
+                if rest is not None:
+                    continued.append((file, file.continue_window(i, rest)))
+                yield file, i, segments, rest is not None
+
         batch: list[tuple[_File, int]] = []
-        for file in files:
-            if not file.windows:
-                yield None, []
+        for file, i in queued():
+            if i < 0:
+                yield None, -1, [], False
                 continue
-            for i in range(len(file.windows)):
-                if batch and (
-                    len(batch) >= min(size, self._batch_ceiling or size)
-                    or batch[0][0].tokenizer.sot_sequence != file.tokenizer.sot_sequence
-                ):
-                    yield from self._decode_batch(batch, options)
-                    batch = []
+            if batch and (
+                file is None
+                or len(batch) >= min(size, self._batch_ceiling or size)
+                or batch[0][0].tokenizer.sot_sequence != file.tokenizer.sot_sequence
+            ):
+                yield from run(batch)
+                batch = []
+            if file is not None:
                 batch.append((file, i))
-        if batch:
-            yield from self._decode_batch(batch, options)
 
     def _decode_batch(
         self, batch: list[tuple[_File, int]], options: TranscriptionOptions
-    ) -> Iterator[tuple[_File, list[Segment]]]:
+    ) -> Iterator[tuple[_File, int, list[Segment], Window | None]]:
         """Decode a batch; on out-of-memory, in halves, and remember the smaller size."""
         try:
             results, features = self._decode_windows(batch, options)
@@ -293,10 +356,10 @@ class BatchedInferencePipeline:
             return
         for (file, i), window_features, result in zip(batch, features, results):
             file.remaining -= 1
-            segments = self._window_segments(
+            segments, rest = self._window_segments(
                 file, file.windows[i], window_features, result, options
             )
-            yield file, segments
+            yield file, i, segments, rest
 
     def _decode_windows(
         self, batch: list[tuple[_File, int]], options: TranscriptionOptions
@@ -340,24 +403,28 @@ class BatchedInferencePipeline:
         features: torch.Tensor,
         result: DecodingResult,
         options: TranscriptionOptions,
-    ) -> list[Segment]:
-        """A decoded window's segments on the file's timeline, numbered after the file's last."""
+    ) -> tuple[list[Segment], Window | None]:
+        """A decoded window's segments on the file's timeline (numbered once in time order), and
+        the rest of the window when its decode stopped short of the end."""
         if is_no_speech(result, options):
-            return []
+            return [], None
         seek = round(window.start / HOP_LENGTH)
         size = min(N_FRAMES, -(-(window.end - window.start) // HOP_LENGTH))
-        segments, _, _ = split_segments(file.tokenizer, result, seek, size, keep_unfinished=True)
+        segments, consumed, _ = split_segments(
+            file.tokenizer, result, seek, size, keep_unfinished=True
+        )
+        rest = None
+        if 0 < consumed and size - consumed >= MIN_CONTINUATION_FRAMES:
+            start = window.start + consumed * HOP_LENGTH
+            regions = tuple(r for r in window.regions if r.end > start)
+            rest = Window(start, window.end, regions)
         if options.word_timestamps:
             add_word_timestamps(
                 segments, self.model.model, file.tokenizer, features, size,
                 self.model.alignment_heads, options.prepend_punctuations,
                 options.append_punctuations,
             )  # fmt: skip
-        kept = [s for s in segments if s.start != s.end and s.text.strip()]
-        for segment in kept:
-            segment.id = file.next_id
-            file.next_id += 1
-        return kept
+        return [s for s in segments if s.start != s.end and s.text.strip()], rest
 
 
 def prompt_of(tokenizer: Tokenizer, options: TranscriptionOptions) -> list[int]:

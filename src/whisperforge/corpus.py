@@ -17,7 +17,10 @@ Without `ray_address` everything runs in this process: files are decoded a few a
 threads and transcribed by `BatchedInferencePipeline.transcribe_many`. With it, Ray Data
 decodes files in CPU tasks and streams the arrays to a pool of model actors (one per GPU, or
 `actors` CPU actors on a cluster without GPUs), each running `transcribe_many` on a batch of
-files; the driver writes rows as they stream back.
+files; the driver writes rows as they stream back. (Without GPUs the decode stage asks for the
+actors' resources, so Ray Data fuses the two: each CPU actor decodes its own files.) A crashed
+actor is restarted and its unfinished calls run again (Ray Data's default); rows already written
+stay.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import logging
 import math
 import os
 import socket
@@ -86,8 +90,15 @@ class Summary:
     def line(self) -> str:
         return (
             f"{self.ok} ok, {self.failed} failed, {self.skipped} already done; "
-            f"{self.audio_s / 3600:.2f} h of audio in {self.wall_s:.1f} s (RTFx {self.rtfx:.1f})"
+            f"{audio_length(self.audio_s)} of audio in {self.wall_s:.1f} s (RTFx {self.rtfx:.1f})"
         )
+
+
+def audio_length(seconds: float) -> str:
+    """`seconds` in hours, minutes or seconds, whichever reads best."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
 # --- INPUT -----------------------------------------------------------------------------------
@@ -398,26 +409,32 @@ def run_ray(
     ray = _import_ray()
     if not ray.is_initialized():
         if address == "local":
-            ray.init(num_cpus=num_cpus, include_dashboard=False)
+            ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
         else:
-            ray.init(address=address)
+            ray.init(address=address, logging_level=logging.WARNING)
     context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False  # the job prints its own progress line
+    context.enable_progress_bars = False  # the job prints its own progress line and summary
+    context.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     gpus = ray.cluster_resources().get("GPU", 0.0)
-    if gpus > 0:
+    if gpus > 0:  # decoding in 1-CPU tasks, overlapping the actors' GPU work
         size = max(1, int(gpus / num_gpus_per_actor))
         resources: dict[str, float] = {"num_gpus": num_gpus_per_actor}
-        device = "cuda"
+        decode_cpus, device = 1, "cuda"
     else:  # a CPU-only cluster: `actors` actors, each with `threads` (default 1) cores
         size = actors
         threads = threads or 1
         resources = {"num_cpus": threads}
-        device = "cpu"
+        # The same CPUs as an actor: Ray fuses decoding into the actors, so no decode task
+        # waits for a CPU that the actors hold (`--threads` = every core would starve them).
+        decode_cpus, device = threads, "cpu"
     # Absolute paths: Ray's workers may run in another folder (on a cluster: a shared disk).
     items = [{"path": s.path, "location": os.path.abspath(s.location)} for s in sources]
     blocks = min(len(items), MAX_DECODE_TASKS)
     dataset = ray.data.from_items(items, override_num_blocks=blocks)
-    dataset = dataset.map_batches(_decode_batch, batch_size=1, batch_format="numpy", num_cpus=1)
+    dataset = dataset.map_batches(
+        _decode_batch, batch_size=1, batch_format="numpy", num_cpus=decode_cpus
+    )
     actor_arguments = {
         "model": model, "device": device, "compute_type": compute_type, "threads": threads,
         "batch_size": batch_size, "options": options or {},
@@ -428,10 +445,8 @@ def run_ray(
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=size),
         fn_constructor_kwargs=actor_arguments,
-        # A crashed actor is restarted and its unfinished calls run again; a file that
-        # crashes it every time stops the job after a few tries instead of looping forever.
-        max_restarts=3,
-        max_task_retries=3,
+        # Ray Data restarts a crashed actor and runs its unfinished calls again (its default;
+        # `max_restarts` as a map_batches argument is deprecated since Ray 2.60).
         **resources,
     )
     try:
@@ -565,7 +580,7 @@ class Progress:
         rtfx = summary.audio_s / wall if wall > 0 else 0.0
         line = (
             f"{summary.ok + summary.failed}/{self.total} files ({summary.failed} failed), "
-            f"{summary.audio_s / 3600:.2f} h audio, RTFx {rtfx:.1f}"
+            f"{audio_length(summary.audio_s)} of audio, RTFx {rtfx:.1f}"
         )
         print("\r" + line, end="\n" if final else "", file=sys.stderr, flush=True)
 

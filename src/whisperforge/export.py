@@ -90,15 +90,19 @@ class Encoder(nn.Module):
 
 
 class CrossKV(nn.Module):
+    """Holds only the cross-attention K,V projections: a torch.export program keeps every
+    parameter of its module, used or not."""
+
     def __init__(self, model: Whisper):
         super().__init__()
-        self.decoder = model.decoder
+        self.kv = nn.ModuleList(block.cross_attn.kv for block in model.decoder.blocks)
         self.n_head = model.config.n_text_head
 
     def forward(self, audio_features: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        keys, values = self.decoder.cross_kv(audio_features)
+        # `TextDecoder.cross_kv`, head-major.
+        pairs = [kv(audio_features).chunk(2, dim=-1) for kv in self.kv]
         H = self.n_head
-        return [split_heads(k, H) for k in keys], [split_heads(v, H) for v in values]
+        return [split_heads(k, H) for k, _ in pairs], [split_heads(v, H) for _, v in pairs]
 
 
 def _cross_attention(block: nn.Module, x: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
@@ -187,12 +191,12 @@ class DecoderStep(nn.Module):
 class Logits(nn.Module):
     def __init__(self, model: Whisper):
         super().__init__()
-        self.decoder = model.decoder
+        self.token_embedding = model.decoder.token_embedding  # only it: see `CrossKV`
 
     def forward(self, hidden: Tensor) -> Tensor:
         # `TextDecoder.logits` as a linear layer: exported, `hidden @ W.T` would store a
         # transposed copy of the embedding instead of sharing it with the decoder graphs.
-        return F.linear(hidden, self.decoder.token_embedding.weight).float()
+        return F.linear(hidden, self.token_embedding.weight).float()
 
 
 def example_inputs(config: ModelConfig, dtype: torch.dtype) -> dict[str, tuple[Any, ...]]:
