@@ -48,7 +48,9 @@ class LayerNorm(nn.LayerNorm):
     """LayerNorm computed in fp32 whatever the weights' dtype."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return super().forward(x.float()).type(x.dtype)
+        weight = None if self.weight is None else self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type(x.dtype)
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> Tensor:
