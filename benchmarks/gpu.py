@@ -8,10 +8,11 @@ HF transformers (sdpa, eager generate), HF with a static cache (generate compile
 openai-whisper. A peer's step is the median gap between two calls of a logits processor.
 
     python benchmarks/gpu.py --preset large-v3-turbo --batch 1 16 --tokens 128
-    python benchmarks/gpu.py --check MODEL_DIR --audio clips.npz --out check.json  # real weights
+    python benchmarks/gpu.py --check MODEL_DIR --audio clips.npz long.npy --out check.json  # real weights
 
---check transcribes int16 16 kHz clips on the GPU in float16 and float32 through WhisperModel
-(which runs on the runtime there) and writes texts and tokens, to compare with a CPU reference.
+--check transcribes int16 16 kHz clips on the GPU through WhisperModel (which runs on the runtime
+there) in each of --compute-types (float16, float32, int8_float16, float8, ...) and writes texts
+and tokens, to compare with a CPU reference.
 """
 
 from __future__ import annotations
@@ -339,22 +340,31 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
 # --- correctness on real weights -----------------------------------------------------------
 
 
-def check(model_dir: str, audio_path: str, out: str) -> None:
+def check(
+    model_dir: str, audio_paths: list[str], out: str, compute_types: list[str], greedy: bool
+) -> None:
+    """Transcribe every clip of the npz (int16, 16 kHz) once per compute type; write texts and
+    tokens. "plain-float32" is the reference network on the GPU without the runtime. `greedy`:
+    temperature 0 and beam 1 (deterministic, for token comparisons); else the defaults (beam
+    5 and the fallback ladder)."""
     import numpy as np
 
     from whisperforge import WhisperModel
 
-    clips = dict(np.load(audio_path))
+    clips: dict[str, np.ndarray] = {}
+    for path in audio_paths:  # an .npz of clips by name, or one .npy clip named by its file
+        clips.update({Path(path).stem: np.load(path)} if path.endswith(".npy") else np.load(path))
     results: dict[str, dict] = {name: {} for name in clips}
     torch.backends.cudnn.allow_tf32 = False  # the plain model's convolutions too: fp32 is fp32
-    for compute_type in ("float16", "float32", "plain-float32"):
+    options = {"beam_size": 1, "temperature": 0.0} if greedy else {}
+    for compute_type in compute_types:
         model = WhisperModel(model_dir, device="cuda", compute_type=compute_type.split("-")[-1])
         assert model.runtime is not None
         if compute_type.startswith("plain"):  # the reference network on the GPU, no runtime
             model.runtime, model.decode_model = None, model.model
         start = time.perf_counter()
         for name, samples in clips.items():
-            segments, _ = model.transcribe(samples.astype(np.float32) / 32768)
+            segments, _ = model.transcribe(samples.astype(np.float32) / 32768, **options)
             segments = list(segments)
             results[name][compute_type] = {
                 "text": "".join(s.text for s in segments).strip(),
@@ -363,6 +373,8 @@ def check(model_dir: str, audio_path: str, out: str) -> None:
         print(
             f"{compute_type}: {len(clips)} clips in {time.perf_counter() - start:.1f} s", flush=True
         )
+        del model
+        torch.cuda.empty_cache()
     Path(out).write_text(json.dumps(results))
 
 
@@ -381,12 +393,16 @@ def main() -> None:
     parser.add_argument("--window", action="store_true", help="time a whole 30 s window at batch 1")
     parser.add_argument("--profile", action="store_true", help="kernel table of an eager step")
     parser.add_argument("--check", metavar="MODEL_DIR")
-    parser.add_argument("--audio")
+    parser.add_argument("--audio", nargs="+", help="--check: .npz of int16 clips, or .npy files")
     parser.add_argument("--out")
+    parser.add_argument(
+        "--compute-types", nargs="+", default=["float16", "float32", "plain-float32"]
+    )
+    parser.add_argument("--greedy", action="store_true", help="--check at temperature 0, beam 1")
     parser.add_argument("--selftest", action="store_true", help="runtime vs plain model on the GPU")
     args = parser.parse_args()
     if args.check:
-        check(args.check, args.audio, args.out)
+        check(args.check, args.audio, args.out, args.compute_types, args.greedy)
         return
     if args.selftest:
         selftest()
