@@ -40,7 +40,7 @@ from .transcribe import (
     is_no_speech,
     split_segments,
 )
-from .vad import VadOptions, Window, detect_speech, pack_windows
+from .vad import VadOptions, Window, detect_speech_many, pack_windows
 
 # Batched mode's VAD: short pauses split regions, regions never exceed a window.
 BATCHED_VAD = VadOptions(max_speech_duration_s=30, min_silence_duration_ms=160)
@@ -149,24 +149,38 @@ class BatchedInferencePipeline:
         opened: deque[_File] = deque()
 
         def files() -> Iterator[_File]:
-            # Decoding and VAD run on threads (PyAV and PyTorch release the GIL) a few
-            # files ahead, so they overlap the model's work on the batches.
+            # Audio decoding runs on threads (PyAV releases the GIL) a few files ahead, so it
+            # overlaps the model's work on the batches; the VAD then runs on the files read so
+            # far as one batch (its LSTM is as fast for several files as for one).
             inputs = enumerate(audios)
             with ThreadPoolExecutor(READ_AHEAD) as pool:
                 ahead: deque[tuple[int, Future]] = deque()
                 while True:
                     while len(ahead) < 2 * READ_AHEAD and (item := next(inputs, None)):
-                        ahead.append((item[0], pool.submit(self._read, item[1], vad)))
+                        ahead.append((item[0], pool.submit(load_audio, item[1])))
                     if not ahead:
                         return
-                    index, reading = ahead.popleft()
-                    try:
-                        file = self._open(index, *reading.result(), language, task, options, vad)
-                    except (WhisperforgeError, OSError, ValueError) as error:
-                        failed = FileTranscription(index, error=f"{type(error).__name__}: {error}")
-                        file = _File(failed, np.zeros(0, np.float32), [], self.model.tokenizer)
-                    opened.append(file)
-                    yield file
+                    group = [ahead.popleft()]  # the next file, and those already read after it
+                    while ahead and ahead[0][1].done():
+                        group.append(ahead.popleft())
+                    done: dict[int, _File] = {}
+                    read: list[tuple[int, np.ndarray]] = []
+                    for index, reading in group:
+                        try:
+                            read.append((index, reading.result()))
+                        except (WhisperforgeError, OSError, ValueError) as error:
+                            done[index] = self._failed(index, error)
+                    speech = self._windows([samples for _, samples in read], vad)
+                    for (index, samples), windows in zip(read, speech):
+                        try:
+                            done[index] = self._open(
+                                index, samples, windows, language, task, options, vad
+                            )
+                        except (WhisperforgeError, OSError, ValueError) as error:
+                            done[index] = self._failed(index, error)
+                    for index, _ in group:  # in input order
+                        opened.append(done[index])
+                        yield done[index]
 
         def finished() -> Iterator[FileTranscription]:
             while opened and opened[0].remaining == 0:
@@ -219,11 +233,19 @@ class BatchedInferencePipeline:
         return parameters or BATCHED_VAD
 
     def _read(self, audio: AudioInput, vad: VadOptions) -> tuple[np.ndarray, list[Window]]:
-        """Decode a file and cut its speech into windows (safe on a thread). VAD runs on the
-        model's device: on a GPU its LSTM over a whole file is one cuDNN call, ten times cheaper
-        than on CPU threads, which would then fall behind the batches."""
         samples = load_audio(audio)
-        return samples, pack_windows(detect_speech(samples, vad, str(self.model.device)))
+        return samples, self._windows([samples], vad)[0]
+
+    def _windows(self, audios: list[np.ndarray], vad: VadOptions) -> list[list[Window]]:
+        """Each file's speech packed into windows. The VAD runs on the model's device: on a GPU
+        its LSTM over whole files is one cuDNN call, ten times cheaper than on CPU threads."""
+        speech = detect_speech_many(audios, vad, str(self.model.device)) if audios else []
+        return [pack_windows(regions) for regions in speech]
+
+    def _failed(self, index: int, error: Exception) -> _File:
+        """A file that could not be read or opened: its result carries the error."""
+        result = FileTranscription(index, error=f"{type(error).__name__}: {error}")
+        return _File(result, np.zeros(0, np.float32), [], self.model.tokenizer)
 
     def _open(
         self,
