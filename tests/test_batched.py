@@ -3,6 +3,8 @@ and the same words as the sequential mode on real recordings."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import jiwer
 import numpy as np
 import pytest
@@ -57,7 +59,7 @@ def test_windows_cut_short_are_continued(tiny_en, pipeline):
     sequential = normalize("".join(s.text for s in tiny_en.transcribe(audio, beam_size=1)[0]))
     segments = list(pipeline.transcribe(audio, batch_size=8, beam_size=1)[0])
     batched = normalize("".join(s.text for s in segments))
-    assert all(a.start <= b.start for a, b in zip(segments, segments[1:]))
+    assert all(a.start <= b.start for a, b in pairwise(segments))
     assert [s.id for s in segments] == list(range(len(segments)))
     # Dropping each window's tail loses a sentence per 30 s (7 % of the words).
     missing = jiwer.process_words(sequential, batched).deletions
