@@ -343,7 +343,7 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
 def check(
     model_dir: str, audio_paths: list[str], out: str, compute_types: list[str], greedy: bool
 ) -> None:
-    """Transcribe every clip of the npz (int16, 16 kHz) once per compute type; write texts and
+    """Transcribe every clip (int16, 16 kHz; .npz of clips or .npy files) once per compute type; write texts and
     tokens. "plain-float32" is the reference network on the GPU without the runtime. `greedy`:
     temperature 0 and beam 1 (deterministic, for token comparisons); else the defaults (beam
     5 and the fallback ladder)."""

@@ -163,24 +163,9 @@ class BatchedInferencePipeline:
                     group = [ahead.popleft()]  # the next file, and those already read after it
                     while ahead and ahead[0][1].done():
                         group.append(ahead.popleft())
-                    done: dict[int, _File] = {}
-                    read: list[tuple[int, np.ndarray]] = []
-                    for index, reading in group:
-                        try:
-                            read.append((index, reading.result()))
-                        except (WhisperforgeError, OSError, ValueError) as error:
-                            done[index] = self._failed(index, error)
-                    speech = self._windows([samples for _, samples in read], vad)
-                    for (index, samples), windows in zip(read, speech):
-                        try:
-                            done[index] = self._open(
-                                index, samples, windows, language, task, options, vad
-                            )
-                        except (WhisperforgeError, OSError, ValueError) as error:
-                            done[index] = self._failed(index, error)
-                    for index, _ in group:  # in input order
-                        opened.append(done[index])
-                        yield done[index]
+                    for file in self._open_group(group, language, task, options, vad):
+                        opened.append(file)
+                        yield file
 
         def finished() -> Iterator[FileTranscription]:
             while opened and opened[0].remaining == 0:
@@ -239,8 +224,33 @@ class BatchedInferencePipeline:
     def _windows(self, audios: list[np.ndarray], vad: VadOptions) -> list[list[Window]]:
         """Each file's speech packed into windows. The VAD runs on the model's device: on a GPU
         its LSTM over whole files is one cuDNN call, ten times cheaper than on CPU threads."""
-        speech = detect_speech_many(audios, vad, str(self.model.device)) if audios else []
+        speech = detect_speech_many(audios, vad, str(self.model.device))
         return [pack_windows(regions) for regions in speech]
+
+    def _open_group(
+        self,
+        group: list[tuple[int, Future]],
+        language: str | None,
+        task: str,
+        options: TranscriptionOptions,
+        vad: VadOptions,
+    ) -> list[_File]:
+        """Files whose audio was read on threads, opened in input order with one VAD call for
+        them all; a file that could not be read or opened carries its error."""
+        done: dict[int, _File] = {}
+        read: list[tuple[int, np.ndarray]] = []
+        for index, reading in group:
+            try:
+                read.append((index, reading.result()))
+            except (WhisperforgeError, OSError, ValueError) as error:
+                done[index] = self._failed(index, error)
+        speech = self._windows([samples for _, samples in read], vad)
+        for (index, samples), windows in zip(read, speech):
+            try:
+                done[index] = self._open(index, samples, windows, language, task, options, vad)
+            except (WhisperforgeError, OSError, ValueError) as error:
+                done[index] = self._failed(index, error)
+        return [done[index] for index, _ in group]
 
     def _failed(self, index: int, error: Exception) -> _File:
         """A file that could not be read or opened: its result carries the error."""
