@@ -47,7 +47,12 @@ def timed(fn, runs: int) -> tuple[float, object]:
 
 
 def real_weights(
-    model_dir: str, audio: np.ndarray, reference: str | None, runs: int, out: Path | None
+    model_dir: str,
+    audio: np.ndarray,
+    reference: str | None,
+    runs: int,
+    out: Path | None,
+    chains: list[int],
 ) -> None:
     from whisperforge import BatchedInferencePipeline, WhisperModel
 
@@ -60,6 +65,13 @@ def real_weights(
         "batched, no timestamps": lambda: pipeline.transcribe(
             audio, beam_size=1, without_timestamps=True
         )[0],
+        # Each of `chains` stretches conditioned on its own text (transcribe's loop per chain).
+        **{
+            f"batched, conditioned, {n} chains": lambda n=n: pipeline.transcribe(
+                audio, batch_size=n, beam_size=1, condition_on_previous_text=True
+            )[0]
+            for n in chains
+        },
     }
     score = wer_against(reference)
     print(f"\n{model_dir} float16, {seconds:.0f} s, batch {pipeline.auto_batch_size()} (auto)")
@@ -85,14 +97,14 @@ def wer_against(reference: str | None):
     return lambda text: f"{100 * jiwer.wer(normalize(reference), normalize(text)):.2f}"
 
 
-def turbo_model(device: str = "cuda"):
-    """A WhisperModel of the large-v3-turbo architecture with random fp16 weights (no turbo
-    checkpoint loads offline; speed depends only on the shapes)."""
+def turbo_model(device: str = "cuda", name: str = "large-v3-turbo"):
+    """A WhisperModel of the large-v3-turbo architecture (or preset `name`) with random fp16
+    weights (no turbo checkpoint loads offline; speed depends only on the shapes)."""
     from whisperforge import WhisperModel
     from whisperforge.checkpoints import Checkpoint
     from whisperforge.presets import preset, random_model, unfuse_state_dict
 
-    config = preset("large-v3-turbo")
+    config = preset(name)
     canonical = unfuse_state_dict(
         random_model(config, device=device, dtype=torch.float16).state_dict()
     )
@@ -192,13 +204,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="folder for the real-weights texts (JSON)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--skip-turbo", action="store_true")
+    parser.add_argument("--chains", type=int, nargs="*", default=[8, 16, 64],
+                        help="conditioned batched mode with these numbers of chains")  # fmt: skip
     args = parser.parse_args()
 
     audio = np.load(args.audio).astype(np.float32) / 32768
     reference = Path(args.reference).read_text() if args.reference else None
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     if args.model:
-        real_weights(args.model, audio, reference, args.runs, args.out)
+        real_weights(args.model, audio, reference, args.runs, args.out, args.chains)
     if not args.skip_turbo:
         turbo(audio, args.minutes, args.batch, args.runs)
 

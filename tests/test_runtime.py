@@ -209,3 +209,34 @@ def test_greedy_loop_on_tiny_en_equals_decode(tiny_en, jfk_features):
     )  # fmt: skip
     tokens = result.tokens[0].tolist()
     assert result.finished[0] and tokens[: tokens.index(tokenizer.eot)] == reference.tokens
+
+
+@pytest.mark.parametrize("beam_size, without_timestamps", [(None, False), (5, False), (None, True)])
+@pytest.mark.parametrize("on_runtime", [False, True])
+def test_windows_with_their_own_prompts_decode_as_alone(
+    tiny_en, beam_size, without_timestamps, on_runtime
+):
+    """Each window of a batch after its own previous text (prompts of different lengths, left-
+    padded in `decode`, ragged in the runtime) gives the tokens of decoding it alone."""
+    from conftest import DEV_DIR, short_english_clips
+
+    clips = [DEV_DIR / c["audio"] for c in short_english_clips()[:3]]
+    mels = [log_mel_spectrogram(load_audio(str(c)), 80, 0) for c in clips]
+    features = tiny_en.encode(torch.stack([pad_or_trim(m, N_FRAMES) for m in mels]))
+    tokenizer = tiny_en.tokenizer.with_options("en", "transcribe")
+    prompts = [tokenizer.encode(" The printing press, and the art of printing."), [], "Yes."]
+    options = DecodingOptions(
+        language="en", beam_size=beam_size, without_timestamps=without_timestamps
+    )
+    model = tiny_en.model
+    if on_runtime:
+        model = RuntimeWhisper(Runtime(tiny_en.model, "float32", max_windows=3, max_rows=15))
+    together = decode(model, tiny_en.tokenizer, features, options, prompts)
+    for i, prompt in enumerate(prompts):
+        alone_options = DecodingOptions(
+            language="en", beam_size=beam_size, without_timestamps=without_timestamps, prompt=prompt
+        )
+        alone = decode(tiny_en.model, tiny_en.tokenizer, features[i : i + 1], alone_options)[0]
+        assert together[i].tokens == alone.tokens, i
+        assert together[i].avg_logprob == pytest.approx(alone.avg_logprob, abs=1e-4)
+        assert together[i].no_speech_prob == pytest.approx(alone.no_speech_prob, abs=1e-4)

@@ -5,8 +5,14 @@ and windows are decoded `batch_size` at a time, on the GPU runtime's batched ste
 is one. Windows from many files share batches (`transcribe_many`). Unlike faster-whisper's and
 WhisperX's batched modes, a window that fails the fallback thresholds is not kept as is: it is
 decoded again at the next temperature, batched with the other windows of its batch that failed.
-Windows are independent (no conditioning on previous text), which is what lets them share a
-batch.
+
+By default windows are independent (no conditioning on previous text), which is what lets all
+of them share batches. With `condition_on_previous_text=True` a file's windows are instead cut
+into up to `batch_size` chains of consecutive windows, split at pauses; each chain runs
+`transcribe`'s own long-form loop over its stretch of audio (seeking to the last complete
+segment, prompted with the chain's previous text, fallback per window), and a batch takes the
+window that each running chain waits for, every row with its own prompt. Only a chain's first
+window goes without context; one chain is exactly the sequential `transcribe`.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -34,8 +41,11 @@ from .results import Segment, TranscriptionInfo
 from .timing import add_word_timestamps
 from .tokenizer import Tokenizer, normalize_language
 from .transcribe import (
+    LongForm,
     TranscriptionOptions,
     WhisperModel,
+    WindowRequest,
+    WindowResult,
     good_enough,
     is_no_speech,
     split_segments,
@@ -106,19 +116,18 @@ class BatchedInferencePipeline:
         `batch_size=None` picks the largest batch that fits the device's free memory."""
         options = self._options(language, task, batch_size, temperature, options)
         vad = self._vad(vad_parameters)
-        file = self._open(0, *self._read(audio, vad), language, task, options, vad)
+        size = batch_size or self.auto_batch_size()
+        file = self._open(0, *self._read(audio, vad), language, task, options, vad, size)
         assert file.result.info is not None
-        return self._in_order(file, options, batch_size), file.result.info
+        return self._in_order(file, options, size), file.result.info
 
-    def _in_order(
-        self, file: _File, options: TranscriptionOptions, batch_size: int | None
-    ) -> Iterator[Segment]:
+    def _in_order(self, file: _File, options: TranscriptionOptions, size: int) -> Iterator[Segment]:
         """One file's segments in time order, each packed window's as soon as it and the ones
         before it are done (a window's continuation may be decoded batches later)."""
         parts: dict[int, list[Segment]] = {}
         open_chains = dict.fromkeys(range(len(file.windows)), 1)  # root -> windows pending
         next_root = number = 0
-        for _, index, window_segments, continued in self._decode(iter([file]), options, batch_size):
+        for _, index, window_segments, continued in self._decode(iter([file]), options, size):
             if index < 0:  # no speech: no windows
                 return
             root = file.roots[index]
@@ -146,6 +155,7 @@ class BatchedInferencePipeline:
         ahead of the batches, so a corpus never sits in memory at once."""
         options = self._options(language, task, batch_size, temperature, options)
         vad = self._vad(vad_parameters)
+        size = batch_size or self.auto_batch_size()
         opened: deque[_File] = deque()
 
         def files() -> Iterator[_File]:
@@ -163,7 +173,7 @@ class BatchedInferencePipeline:
                     group = [ahead.popleft()]  # the next file, and those already read after it
                     while ahead and ahead[0][1].done():
                         group.append(ahead.popleft())
-                    for file in self._open_group(group, language, task, options, vad):
+                    for file in self._open_group(group, language, task, options, vad, size):
                         opened.append(file)
                         yield file
 
@@ -176,7 +186,7 @@ class BatchedInferencePipeline:
                     segment.id = number
                 yield result
 
-        for file, _, window_segments, _ in self._decode(files(), options, batch_size):
+        for file, _, window_segments, _ in self._decode(files(), options, size):
             if file is not None:
                 file.result.segments.extend(window_segments)
             yield from finished()
@@ -208,7 +218,7 @@ class BatchedInferencePipeline:
         )
         if not temperatures:
             raise InvalidOptionError("temperature needs at least one value")
-        options["condition_on_previous_text"] = False  # windows are decoded side by side
+        options.setdefault("condition_on_previous_text", False)  # the throughput mode
         return TranscriptionOptions(temperatures=temperatures, **options)
 
     @staticmethod
@@ -234,6 +244,7 @@ class BatchedInferencePipeline:
         task: str,
         options: TranscriptionOptions,
         vad: VadOptions,
+        size: int,
     ) -> list[_File]:
         """Files whose audio was read on threads, opened in input order with one VAD call for
         them all; a file that could not be read or opened carries its error."""
@@ -247,7 +258,9 @@ class BatchedInferencePipeline:
         speech = self._windows([samples for _, samples in read], vad)
         for (index, samples), windows in zip(read, speech):
             try:
-                done[index] = self._open(index, samples, windows, language, task, options, vad)
+                done[index] = self._open(
+                    index, samples, windows, language, task, options, vad, size
+                )
             except (WhisperforgeError, OSError, ValueError) as error:
                 done[index] = self._failed(index, error)
         return [done[index] for index, _ in group]
@@ -266,8 +279,10 @@ class BatchedInferencePipeline:
         task: str,
         options: TranscriptionOptions,
         vad: VadOptions,
+        size: int,
     ) -> _File:
-        """A read file ready to decode: its language known (detected on its first window)."""
+        """A read file ready to decode: its language known (detected on its first window), and
+        with conditioning on, its windows joined into up to `size` chains."""
         model = self.model
         speech = sum(r.end - r.start for w in windows for r in w.regions) / SAMPLE_RATE
         language_probability = 1.0
@@ -285,6 +300,8 @@ class BatchedInferencePipeline:
         )
         tokenizer = model.tokenizer.with_options(language, task)
         result = FileTranscription(index, info=info)
+        if options.condition_on_previous_text:
+            windows = chains(windows, size)
         return _File(result, samples, windows, tokenizer, remaining=len(windows))
 
     def _mels(self, samples: np.ndarray, windows: list[Window]) -> torch.Tensor:
@@ -320,15 +337,18 @@ class BatchedInferencePipeline:
         self,
         files: Iterator[_File],
         options: TranscriptionOptions,
-        batch_size: int | None,
+        size: int,
     ) -> Iterator[tuple[_File | None, int, list[Segment], bool]]:
         """(file, window index, its segments, whether it left a continuation) for every window
         of every file. Consecutive windows with the same language and task share batches. A
         window whose decode stopped before its end (Whisper ends a window at its last complete
         segment, leaving the sequential loop to seek there) goes on as a new window from that
         point, at the front of the next batch. A file without windows yields (None, -1, [],
-        False) when it is reached, so callers can hand it out."""
-        size = batch_size or self.auto_batch_size()
+        False) when it is reached, so callers can hand it out. With conditioning on, a file's
+        windows are chains, each decoded by `_decode_chains`."""
+        if options.condition_on_previous_text:
+            yield from self._decode_chains(files, options, size)
+            return
         continued: deque[tuple[_File, int]] = deque()
 
         def drain() -> Iterator[tuple[_File | None, int]]:
@@ -371,6 +391,73 @@ class BatchedInferencePipeline:
             if file is not None:
                 batch.append((file, i))
 
+    def _decode_chains(
+        self, files: Iterator[_File], options: TranscriptionOptions, size: int
+    ) -> Iterator[tuple[_File | None, int, list[Segment], bool]]:
+        """`_decode`'s tuples for files whose windows are chains: (file, chain, its segments so
+        far, whether the chain goes on). Up to `size` chains run at once, from as many files as
+        it takes; each round decodes the window that every running chain waits for."""
+        waiting: deque[tuple[_File, int]] = deque()  # chains not started, in input order
+        running: list[_Chain] = []
+        while True:
+            while len(running) < min(size, self._batch_ceiling or size):
+                if not waiting:
+                    file = next(files, None)
+                    if file is None:
+                        break
+                    if not file.windows:
+                        yield None, -1, [], False
+                    waiting.extend((file, i) for i in range(len(file.windows)))
+                    continue
+                file, i = waiting.popleft()
+                window = file.windows[i]
+                steps = self.model.span_steps(
+                    file.samples, window.start, window.end, file.tokenizer, options
+                )
+                chain = _Chain(file, i, steps)
+                segments = chain.advance(None)
+                if chain.request is not None:
+                    running.append(chain)
+                yield from chain.report(segments)
+            if not running:
+                return
+            results = self.decode_requests([chain.request for chain in running])  # type: ignore[misc]
+            still = []
+            for chain, result in zip(running, results):
+                segments = chain.advance(result)
+                if chain.request is not None:
+                    still.append(chain)
+                yield from chain.report(segments)
+            running = still
+
+    def decode_requests(self, requests: list[WindowRequest]) -> list[WindowResult]:
+        """Decode long-form loops' windows: those that decode alike (language, task, options)
+        as one batch, each after its own prompt; on out-of-memory in halves (and the smaller
+        size is remembered). The server's batched backend shares this."""
+        groups: dict[tuple, list[int]] = {}
+        for index, request in enumerate(requests):
+            groups.setdefault(decode_key(request), []).append(index)
+        results: list[WindowResult | None] = [None] * len(requests)
+        for indices in groups.values():
+            for index, result in zip(indices, self._decode_group([requests[i] for i in indices])):
+                results[index] = result
+        return results  # type: ignore[return-value]
+
+    def _decode_group(self, requests: list[WindowRequest]) -> list[WindowResult]:
+        try:
+            features = self.model.encode(torch.stack([request.mel for request in requests]))
+            first = requests[0]
+            prompts = [request.prompt for request in requests]
+            results = self.decode_with_fallback(features, first.tokenizer, first.options, prompts)
+            return list(zip(results, features))
+        except torch.cuda.OutOfMemoryError:
+            if len(requests) == 1:
+                raise
+            torch.cuda.empty_cache()
+            half = len(requests) // 2
+            self._batch_ceiling = half
+            return self._decode_group(requests[:half]) + self._decode_group(requests[half:])
+
     def _decode_batch(
         self, batch: list[tuple[_File, int]], options: TranscriptionOptions
     ) -> Iterator[tuple[_File, int, list[Segment], Window | None]]:
@@ -399,25 +486,29 @@ class BatchedInferencePipeline:
         mels = torch.cat([self._mels(file.samples, [file.windows[i]]) for file, i in batch])
         features = self.model.encode(mels)
         tokenizer = batch[0][0].tokenizer
-        prompt = prompt_of(tokenizer, options)
-        return self.decode_with_fallback(features, tokenizer, options, prompt), features
+        prompts = [prompt_of(tokenizer, options)] * len(batch)
+        return self.decode_with_fallback(features, tokenizer, options, prompts), features
 
     def decode_with_fallback(
         self,
         features: torch.Tensor,
         tokenizer: Tokenizer,
         options: TranscriptionOptions,
-        prompt: list[int],
+        prompts: list[list[int]],
     ) -> list[DecodingResult]:
-        """Decode every window; the ones failing the thresholds again, batched, one temperature up."""
+        """Decode every window after its prompt; the ones failing the thresholds again, batched,
+        one temperature up."""
         results: list[DecodingResult | None] = [None] * features.shape[0]
         pending = list(range(features.shape[0]))
         for i, t in enumerate(options.temperatures):
             decode_options = options.decoding_options(
-                t, tokenizer.language or "en", tokenizer.task, prompt
+                t, tokenizer.language or "en", tokenizer.task, []
             )
             last = i == len(options.temperatures) - 1
-            decoded = decode(self.model.decode_model, tokenizer, features[pending], decode_options)
+            decoded = decode(
+                self.model.decode_model, tokenizer, features[pending], decode_options,
+                [prompts[index] for index in pending],
+            )  # fmt: skip
             still_pending = []
             for index, result in zip(pending, decoded):
                 results[index] = result
@@ -457,6 +548,61 @@ class BatchedInferencePipeline:
                 options.append_punctuations,
             )  # fmt: skip
         return [s for s in segments if s.start != s.end and s.text.strip()], rest
+
+
+@dataclass
+class _Chain:
+    """A chain of a file's windows being decoded: its long-form loop, paused at the window it
+    waits for (`request`; None once the loop is done)."""
+
+    file: _File
+    index: int  # the chain's place among the file's windows
+    steps: LongForm
+    request: WindowRequest | None = None
+
+    def advance(self, sent: WindowResult | None) -> list[Segment]:
+        """Run the loop to the next window it needs; the segments it finished on the way."""
+        segments: list[Segment] = []
+        try:
+            item = self.steps.send(sent)
+            while isinstance(item, Segment):
+                segments.append(item)
+                item = self.steps.send(None)
+        except StopIteration:
+            self.request = None
+            return segments
+        self.request = item
+        return segments
+
+    def report(self, segments: list[Segment]) -> Iterator[tuple[_File, int, list[Segment], bool]]:
+        """`_decode`'s tuple for what the last advance gave; a finished chain always reports."""
+        if self.request is None:
+            self.file.remaining -= 1
+            yield self.file, self.index, segments, False
+        elif segments:
+            yield self.file, self.index, segments, True
+
+
+def chains(windows: list[Window], count: int) -> list[Window]:
+    """Consecutive windows joined into `count` chains (fewer if there are fewer windows), of
+    as equal a number of windows as can be; a chain spans from its first window's start to its
+    last one's end, so chains meet only at pauses."""
+    count = min(count, len(windows))
+    if count == 0:
+        return []
+    bounds = [round(i * len(windows) / count) for i in range(count + 1)]
+    return [
+        Window(windows[a].start, windows[b - 1].end, sum((w.regions for w in windows[a:b]), ()))
+        for a, b in pairwise(bounds)
+    ]
+
+
+def decode_key(request: WindowRequest) -> tuple:
+    """Windows with equal keys decode alike but for their audio and prompt, so they share a
+    batch: the same language and task and decoding options. Word timestamps come after the
+    decode, and the initial prompt is in the prompt already, so those two may differ."""
+    options = replace(request.options, word_timestamps=False, initial_prompt=None)
+    return (request.tokenizer.sot_sequence, options)
 
 
 def prompt_of(tokenizer: Tokenizer, options: TranscriptionOptions) -> list[int]:

@@ -149,9 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     decode.add_argument(
         "--condition-on-previous-text",
-        default=True,
+        default=None,
         action=argparse.BooleanOptionalAction,
-        help="prompt each window with the previous text (default: on)",
+        help="prompt each window with the previous text (default: on; with --batch-size off, "
+        "and on it cuts the file into N chains of windows, each conditioned on its own text)",
     )
     decode.add_argument(
         "--word-timestamps",
@@ -177,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         help="the throughput mode: VAD-cut windows decoded N at a time, with temperature "
-        "fallback but no conditioning on previous text (default: sequential)",
+        "fallback and, unless --condition-on-previous-text, no conditioning "
+        "(default: sequential)",
     )
     decode.add_argument(
         "--hallucination-silence-threshold",
@@ -482,11 +484,16 @@ def _transcribe_one(
         from .batched import BatchedInferencePipeline
 
         pipeline = BatchedInferencePipeline(model)
-        segments_iter, info = pipeline.transcribe(path, batch_size=args.batch_size, **options)
+        segments_iter, info = pipeline.transcribe(
+            path,
+            batch_size=args.batch_size,
+            condition_on_previous_text=bool(args.condition_on_previous_text),
+            **options,
+        )
     else:
         segments_iter, info = model.transcribe(
             path,
-            condition_on_previous_text=args.condition_on_previous_text,
+            condition_on_previous_text=args.condition_on_previous_text is not False,
             clip_timestamps=args.clip_timestamps,
             hallucination_silence_threshold=args.hallucination_silence_threshold,
             vad_filter=args.vad_filter,

@@ -69,9 +69,17 @@ class Inference:
     the first call, the scores at the start-of-transcript position for the no-speech figure.
     """
 
-    def __init__(self, model: Whisper, audio_features: Tensor, n_group: int = 1):
+    def __init__(
+        self,
+        model: Whisper,
+        audio_features: Tensor,
+        n_group: int = 1,
+        padding: Tensor | None = None,
+    ):
         self.model = model
-        self.cache: KVCache = model.decoder.new_cache(audio_features, repeats=n_group)
+        self.cache: KVCache = model.decoder.new_cache(
+            audio_features, repeats=n_group, padding=padding
+        )
 
     def logits(self, tokens: Tensor, sot_index: int | None = None) -> tuple[Tensor, Tensor | None]:
         new_tokens = tokens[:, self.cache.length :]
@@ -373,16 +381,33 @@ def detect_language(
 
 @torch.inference_mode()
 def decode(
-    model: Whisper, tokenizer: Tokenizer, audio_features: Tensor, options: DecodingOptions
+    model: Whisper,
+    tokenizer: Tokenizer,
+    audio_features: Tensor,
+    options: DecodingOptions,
+    prompts: Sequence[str | list[int] | None] | None = None,
 ) -> list[DecodingResult]:
-    """Decode each window of `audio_features` [n_audio, n_audio_ctx, D] with one set of options."""
+    """Decode each window of `audio_features` [n_audio, n_audio_ctx, D] with one set of options.
+
+    `prompts`, one per window, replaces `options.prompt` (each window's own previous text).
+    Initial token sequences of different lengths are left-padded to the longest, so the
+    start-of-transcript and the first sampled token sit in the same column for every row; the
+    cache masks the padding and starts each row's positions after it.
+    """
     validate_options(options)
+    n_audio = audio_features.shape[0]
+    if prompts is not None and len(prompts) != n_audio:
+        raise ValueError(f"{len(prompts)} prompts for {n_audio} windows")
     if options.language is None:
         languages, _ = detect_language(model, tokenizer, audio_features)
         if len(set(languages)) > 1:  # one tokenizer per call: decode each language apart
             return [
                 decode(
-                    model, tokenizer, audio_features[i : i + 1], replace(options, language=language)
+                    model,
+                    tokenizer,
+                    audio_features[i : i + 1],
+                    replace(options, language=language),
+                    None if prompts is None else prompts[i : i + 1],
                 )[0]
                 for i, language in enumerate(languages)
             ]
@@ -391,11 +416,19 @@ def decode(
 
     n_ctx = model.config.n_text_ctx
     sample_len = options.sample_len or n_ctx // 2
-    prompt = initial_tokens(tokenizer, options, n_ctx, sample_len)
-    sample_begin = len(prompt)
-    sot_index = prompt.index(tokenizer.sot)
+    window_options = (
+        [options] * n_audio
+        if prompts is None
+        else [replace(options, prompt=prompt) for prompt in prompts]
+    )
+    starts = [initial_tokens(tokenizer, o, n_ctx, sample_len) for o in window_options]
+    sample_begin = max(len(start) for start in starts)
+    sot_index = sample_begin - len(starts[0]) + starts[0].index(tokenizer.sot)
     n_group = options.beam_size or options.best_of or 1
-    n_audio = audio_features.shape[0]
+    pad = [sample_begin - len(start) for start in starts]
+    padding = None  # rows all full: the plain cache path, bit for bit as before
+    if any(pad):
+        padding = torch.tensor(pad, device=audio_features.device).repeat_interleave(n_group)
 
     filters: list[LogitFilter] = []
     if options.suppress_blank:
@@ -409,14 +442,17 @@ def decode(
             max_index = round(options.max_initial_timestamp / precision)
         filters.append(ApplyTimestampRules(tokenizer, sample_begin, max_index))
 
-    inference = Inference(model, audio_features, n_group)
+    inference = Inference(model, audio_features, n_group, padding)
     search: TokenSearch
     if options.beam_size is not None:
         search = BeamSearch(options.beam_size, tokenizer.eot, inference, options.patience or 1.0)
     else:
         search = GreedySearch(options.temperature, tokenizer.eot)
 
-    tokens = torch.tensor([prompt], device=audio_features.device).repeat(n_audio * n_group, 1)
+    # The padding's token is never seen (masked); the start-of-transcript is a valid id.
+    tokens = torch.tensor(
+        [[tokenizer.sot] * p + start for p, start in zip(pad, starts)], device=audio_features.device
+    ).repeat_interleave(n_group, dim=0)
     sum_logprobs = torch.zeros(n_audio * n_group, device=audio_features.device)
     no_speech_probs = [float("nan")] * n_audio
     # Without timestamp rules every filter is a fixed set of tokens, so the GPU runtime can run

@@ -563,8 +563,17 @@ class OnnxDecoder:
         return self._plain
 
     def new_cache(
-        self, audio_features: Tensor, repeats: int = 1, max_length: int | None = None
+        self,
+        audio_features: Tensor,
+        repeats: int = 1,
+        max_length: int | None = None,
+        padding: Tensor | None = None,
     ) -> OnnxCache:
+        if padding is not None:
+            raise InvalidOptionError(
+                "the ONNX decoder takes one prompt for all windows of a batch; decode windows "
+                "with their own previous text one at a time, or on the PyTorch model"
+            )
         features = self.graphs.array(audio_features)
         outputs = self.graphs.run("cross_kv", {"audio_features": features})
         layers = range(self.graphs.n_layer)

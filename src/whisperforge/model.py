@@ -71,6 +71,16 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).flatten(2)
 
 
+def padding_mask(padding: Tensor, offset: int, T: int) -> Tensor:
+    """[B, 1, T, offset + T]: query t (at offset + t) sees the keys up to itself past its row's
+    padding. A padding position sees only itself, so it stays finite (a NaN there would leak
+    into the real rows through 0 * NaN in the attention's weighted sum)."""
+    query = torch.arange(offset, offset + T, device=padding.device)[:, None]
+    key = torch.arange(offset + T, device=padding.device)[None, :]
+    real = key >= padding[:, None, None]
+    return ((key <= query) & real | (key == query))[:, None]
+
+
 class SelfAttention(nn.Module):
     def __init__(self, n_state: int, n_head: int):
         super().__init__()
@@ -79,10 +89,16 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(n_state, n_state)
 
     def forward(
-        self, x: Tensor, causal: bool, cache: tuple[Tensor, Tensor] | None = None, offset: int = 0
+        self,
+        x: Tensor,
+        causal: bool,
+        cache: tuple[Tensor, Tensor] | None = None,
+        offset: int = 0,
+        padding: Tensor | None = None,
     ) -> Tensor:
         """x [B, T, D]. With a cache, K,V of x are written at [offset, offset + T) and the
-        queries attend to everything before them in the cache."""
+        queries attend to everything before them in the cache, except a row's first
+        `padding[b]` positions (left padding of prompts shorter than the batch's longest)."""
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         T = x.shape[1]
         mask = None
@@ -91,9 +107,10 @@ class SelfAttention(nn.Module):
             k_cache[:, offset : offset + T] = k
             v_cache[:, offset : offset + T] = v
             k, v = k_cache[:, : offset + T], v_cache[:, : offset + T]
-            if (
-                offset > 0 and T > 1
-            ):  # new tokens see all the past and the causal part of themselves
+            if padding is not None:
+                mask = padding_mask(padding, offset, T)
+                causal = False
+            elif offset > 0 and T > 1:  # new tokens: all the past, and causally themselves
                 mask = torch.ones(T, offset + T, dtype=torch.bool, device=x.device).tril(offset)
                 causal = False
         causal = causal and T > 1  # a single query attends to every key: no mask needed
@@ -169,8 +186,9 @@ class DecoderBlock(nn.Module):
         cache: tuple[Tensor, Tensor] | None,
         offset: int,
         weights: list[Tensor] | None = None,
+        padding: Tensor | None = None,
     ) -> Tensor:
-        x = x + self.attn(self.attn_ln(x), causal=True, cache=cache, offset=offset)
+        x = x + self.attn(self.attn_ln(x), causal=True, cache=cache, offset=offset, padding=padding)
         x = x + self.cross_attn(self.cross_attn_ln(x), cross_k, cross_v, weights)
         return x + self.mlp(self.mlp_ln(x))
 
@@ -200,6 +218,8 @@ class KVCache:
 
     cross_k/cross_v: per layer [B, n_audio_ctx, D], projected once from the audio features.
     self_k/self_v:   per layer [B, n_text_ctx, D], preallocated; positions < `length` are filled.
+    padding:         [B] leading positions of each row that hold no token (prompts of different
+                     lengths, left-padded to the longest), or None when every row is full.
     """
 
     cross_k: list[Tensor]
@@ -207,12 +227,15 @@ class KVCache:
     self_k: list[Tensor]
     self_v: list[Tensor]
     length: int = 0
+    padding: Tensor | None = None
 
     def reorder(self, source: Tensor) -> None:
         """Keep row `source[i]` as row i (beam search); cross K,V stay, beams share the audio."""
         n = self.length  # only the filled positions need to move
         for cache in (*self.self_k, *self.self_v):
             cache[:, :n] = cache[source, :n]
+        if self.padding is not None:
+            self.padding = self.padding[source]
 
 
 class TokenEmbedding(nn.Embedding):
@@ -241,9 +264,14 @@ class TextDecoder(nn.Module):
         return keys, values
 
     def new_cache(
-        self, audio_features: Tensor, repeats: int = 1, max_length: int | None = None
+        self,
+        audio_features: Tensor,
+        repeats: int = 1,
+        max_length: int | None = None,
+        padding: Tensor | None = None,
     ) -> KVCache:
-        """A cache for `repeats` sequences per window (beams, samples), rows grouped by window."""
+        """A cache for `repeats` sequences per window (beams, samples), rows grouped by window;
+        `padding` [rows]: left padding of each row's prompt (see KVCache)."""
         cross_k, cross_v = self.cross_kv(audio_features)
         if repeats > 1:
             cross_k = [k.repeat_interleave(repeats, dim=0) for k in cross_k]
@@ -256,6 +284,7 @@ class TextDecoder(nn.Module):
             cross_v,
             [like.new_zeros(shape) for _ in self.blocks],
             [like.new_zeros(shape) for _ in self.blocks],
+            padding=None if padding is None else padding.to(like.device),
         )
 
     def forward(
@@ -273,7 +302,13 @@ class TextDecoder(nn.Module):
         """
         offset = cache.length if cache is not None else 0
         T = tokens.shape[-1]
-        x = self.token_embedding(tokens) + self.positional_embedding[offset : offset + T]
+        padding = cache.padding if cache is not None else None
+        if padding is None:
+            positions = self.positional_embedding[offset : offset + T]
+        else:  # a left-padded row's tokens start at position 0 after its padding
+            index = torch.arange(offset, offset + T, device=tokens.device) - padding[:, None]
+            positions = self.positional_embedding[index.clamp(min=0)]
+        x = self.token_embedding(tokens) + positions
         if cache is None:
             assert audio_features is not None, "pass a cache or the audio features"
             cross_k, cross_v = self.cross_kv(audio_features)
@@ -281,7 +316,7 @@ class TextDecoder(nn.Module):
             cross_k, cross_v = cache.cross_k, cache.cross_v
         for i, block in enumerate(self.blocks):
             layer_cache = (cache.self_k[i], cache.self_v[i]) if cache is not None else None
-            x = block(x, cross_k[i], cross_v[i], layer_cache, offset, cross_weights)
+            x = block(x, cross_k[i], cross_v[i], layer_cache, offset, cross_weights, padding)
         if cache is not None:
             cache.length += T
         return self.ln(x)

@@ -723,9 +723,25 @@ class Runtime:
 class RuntimeCache:
     """What `decoding.Inference` holds as its cache, backed by the runtime's buffers."""
 
-    def __init__(self, runtime: Runtime, cross: Cross, group: int):
+    def __init__(self, runtime: Runtime, cross: Cross, group: int, padding: Tensor | None):
         self.runtime, self.cross, self.group = runtime, cross, group
+        self.padding = padding  # [rows] left padding of decoding's prompts, see KVCache
         self.batch: Batch | None = None
+
+    def prefill(self, tokens: Tensor) -> Tensor:
+        """Start the rows with decoding's (left-padded) prompts; their final hidden states
+        [rows, P, D] laid out as the prompts were. The runtime takes prompts of different
+        lengths as they are (right-padded, each row's positions its own)."""
+        if self.padding is None:
+            self.batch = self.runtime.prefill(self.cross, tokens, self.group)
+            return self.batch.hidden
+        pad = self.padding.tolist()
+        prompts = [row[p:] for row, p in zip(tokens.tolist(), pad)]
+        self.batch = self.runtime.prefill(self.cross, prompts, self.group)
+        P = tokens.shape[1]  # column c of a row is its token c - pad: shift the hidden back
+        index = (torch.arange(P, device=tokens.device) - self.padding[:, None]).clamp(min=0)
+        hidden = self.batch.hidden
+        return hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
 
     @property
     def length(self) -> int:
@@ -746,9 +762,13 @@ class RuntimeDecoder(nn.Module):
         self.plain = runtime.model.decoder
 
     def new_cache(
-        self, audio_features: Tensor, repeats: int = 1, max_length: int | None = None
+        self,
+        audio_features: Tensor,
+        repeats: int = 1,
+        max_length: int | None = None,
+        padding: Tensor | None = None,
     ) -> RuntimeCache:
-        return RuntimeCache(self.runtime, self.runtime.cross(audio_features), repeats)
+        return RuntimeCache(self.runtime, self.runtime.cross(audio_features), repeats, padding)
 
     def forward(
         self,
@@ -760,8 +780,7 @@ class RuntimeDecoder(nn.Module):
         if cache is None:
             return self.plain(tokens, audio_features=audio_features, cross_weights=cross_weights)
         if cache.batch is None:
-            cache.batch = self.runtime.prefill(cache.cross, tokens, cache.group)
-            return cache.batch.hidden
+            return cache.prefill(tokens)
         assert tokens.shape[1] == 1, "one token per row after the prompt"
         self.runtime.step(cache.batch, tokens[:, 0])
         return self.runtime.hidden[: tokens.shape[0], None]
@@ -779,8 +798,9 @@ class RuntimeDecoder(nn.Module):
         """`decoding.decode`'s greedy loop without timestamp rules, all on the device: the new
         tokens [rows, n] (EOT repeats after a row finished), their sums of log-probabilities,
         and the probabilities at the start-of-transcript position (for the no-speech figure)."""
-        cache.batch = self.runtime.prefill(cache.cross, prompts, cache.group)
-        sot_probs = self.plain.logits(cache.batch.hidden[:, sot_index]).float().softmax(dim=-1)
+        hidden = cache.prefill(prompts)
+        sot_probs = self.plain.logits(hidden[:, sot_index]).float().softmax(dim=-1)
+        assert cache.batch is not None
         result = self.runtime.greedy(cache.batch, max_new_tokens, eot, suppress, suppress_first)
         return result.tokens, result.sum_logprobs, sot_probs
 

@@ -24,17 +24,15 @@ already keeps busy.
 `BatchedBackend` (the default on CUDA, or `serve --batch-size N` with N > 1) is continuous
 batching at window granularity. Each active job is its own long-form loop
 (`WhisperModel.long_form`: 30 s windows, seek to the last complete segment, temperature
-fallback per window, the no-speech skip), paused at the window it needs decoded. A step takes
-that window from every active job (up to N), groups the windows that decode alike (language,
-task, prompt, beams, temperatures), and decodes each group as one batch: one encoder pass for
-all its mels, then one batched decode whose every step reads the decoder's weights once for
-all requests (on CUDA the GPU runtime's batched step), with the windows that fail the
-thresholds decoded again together one temperature up. Each job then cuts its window into
-segments, advances its seek and, when its audio is done, gets its answer. Jobs that arrive
-during a step join at the next one. As in faster-whisper's batched mode, a window is not
-prompted with the text of the window before it (that would keep a job's windows from sharing
-a batch with its prompt-less neighbours); a request's `prompt` prompts its first window.
-Joining in the middle of a window's decode, rather than between windows, would need a prefill
+fallback per window, the no-speech skip, conditioning on its previous text), paused at the
+window it needs decoded. A step takes that window from every active job (up to N), groups the
+windows that decode alike (language, task, beams, temperatures), and decodes each group as one
+batch (`BatchedInferencePipeline.decode_requests`): one encoder pass for all its mels, then one
+batched decode, every row after its own job's prompt, whose every step reads the decoder's
+weights once for all requests (on CUDA the GPU runtime's batched step), with the windows that
+fail the thresholds decoded again together one temperature up. Each job then cuts its window
+into segments, advances its seek and, when its audio is done, gets its answer: the same answer
+as `transcribe` alone. Jobs that arrive during a step join at the next one. Joining in the middle of a window's decode, rather than between windows, would need a prefill
 of the newcomer's prompt into free rows of the running runtime batch. Nothing above the
 Backend (HTTP, validation, streaming, timeouts) depends on which one runs.
 """
@@ -53,15 +51,15 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
 
 from .audio import SAMPLE_RATE, load_audio
+from .batched import BatchedInferencePipeline, decode_key
 from .errors import AudioError, InvalidOptionError
 from .results import Segment, TranscriptionInfo
 from .streaming import StreamingEvent, StreamingOptions, StreamingTranscriber
@@ -210,8 +208,6 @@ class BatchedBackend:
     """Continuous batching over the windows of all active jobs (see the module docstring)."""
 
     def __init__(self, model: WhisperModel, batch_size: int = GPU_BATCH_SIZE):
-        from .batched import BatchedInferencePipeline
-
         self.model = model
         self.capacity = batch_size  # one window per active job: jobs = windows per step
         self._pipeline = BatchedInferencePipeline(model)  # its batched temperature fallback
@@ -238,8 +234,6 @@ class BatchedBackend:
             return  # the client gave up while the job waited
         options = dict(job.options)
         language, task = options.pop("language", None), options.pop("task", "transcribe")
-        # A window prompted with its job's previous text could share a batch with no other.
-        options["condition_on_previous_text"] = False
         try:
             transcription = TranscriptionOptions.from_arguments(**options)
             steps, info = self.model.long_form(job.audio, language, task, transcription)
@@ -258,11 +252,11 @@ class BatchedBackend:
                 running.job.future.set_exception(TimeoutError("the request timed out"))
                 continue
             assert running.request is not None
-            groups.setdefault(batch_key(running.request), []).append(running)
+            groups.setdefault(decode_key(running.request), []).append(running)
         still: list[_Running] = []
         for group in groups.values():
             try:
-                results = self._decode([running.request for running in group])
+                results = self._pipeline.decode_requests([running.request for running in group])
             except BaseException as error:  # noqa: BLE001 -- fails this batch's jobs, not the server
                 for running in group:
                     running.steps.close()
@@ -275,15 +269,6 @@ class BatchedBackend:
         self.max_batch_windows = max(self.max_batch_windows, self.last_batch_windows)
         self.windows += sum(sizes)
         self.batches += len(sizes)
-
-    def _decode(self, requests: list[WindowRequest]) -> list[WindowResult]:
-        """One batch: the encoder on all its windows at once, then the batched decode."""
-        first = requests[0]
-        features = self.model.encode(torch.stack([request.mel for request in requests]))
-        results = self._pipeline.decode_with_fallback(
-            features, first.tokenizer, first.options, first.prompt
-        )
-        return list(zip(results, features))
 
     def _advance(self, running: _Running, sent: WindowResult | None) -> bool:
         """Run a job's loop to the next window it needs; False once the job is finished."""
@@ -303,14 +288,6 @@ class BatchedBackend:
             return False
         running.request = item
         return True
-
-
-def batch_key(request: WindowRequest) -> tuple:
-    """Windows with equal keys decode alike but for their audio, so they share a batch: the same
-    language and task, prompt and options. Word timestamps come after the decode, and the
-    initial prompt is in `prompt` already, so those two may differ."""
-    options = replace(request.options, word_timestamps=False, initial_prompt=None)
-    return (request.tokenizer.sot_sequence, tuple(request.prompt), options)
 
 
 def make_backend(model: WhisperModel, batch_size: int | None = None) -> Backend:

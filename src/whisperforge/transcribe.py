@@ -38,7 +38,7 @@ from .results import Segment, TranscriptionInfo, Word
 from .runtime import Runtime, RuntimeWhisper
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
 from .tokenizer import HuggingFaceCodec, TiktokenCodec, Tokenizer, normalize_language
-from .vad import TimelineMap, VadOptions, collect_speech, detect_speech
+from .vad import SpeechRegion, TimelineMap, VadOptions, collect_speech, detect_speech
 
 # Windows whose samples never exceed this (-60 dBFS) are silence: skipped without decoding.
 SILENCE_PEAK = 10 ** (-60 / 20)
@@ -441,6 +441,21 @@ class WhisperModel:
                 break
         assert result is not None
         return result
+
+    def span_steps(
+        self,
+        samples: np.ndarray,
+        start: int,
+        end: int,
+        tokenizer: Tokenizer,
+        options: TranscriptionOptions,
+    ) -> LongForm:
+        """The long-form loop over samples [start, end) of a file, on the file's timeline: what
+        `transcribe` does to a whole file, for one stretch of it (batched.py's chains)."""
+        span = samples[start:end]
+        mel = log_mel_spectrogram(span, self.checkpoint.config.n_mels, N_SAMPLES, self.device)
+        timeline = TimelineMap([SpeechRegion(start, end)])
+        return self.window_steps(mel, tokenizer, options, frame_peaks(span), timeline)
 
     def window_steps(
         self,
