@@ -4,7 +4,9 @@ wall time, in one process, tiny.en fp32.
 Wall times are medians over `--runs` runs after a warm-up on jfk; WER is of the last run (the
 output is deterministic).
 
-    python benchmarks/batched.py [--batch-size 16] [--beam-size 1] [--runs 3]
+    python benchmarks/batched.py [--batch-size 16] [--beam-size 1] [--runs 3] [--modes ...]
+
+The first mode's wall time is the one the others are divided into ("x sequential").
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--beam-size", type=int, default=1)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["sequential", "sequential, no conditioning", "batched",
+                 "batched, conditioned chains"],
+    )  # fmt: skip
     args = parser.parse_args()
 
     import jiwer
@@ -53,35 +61,43 @@ def main() -> None:
         "19-minute long-form file": (load_audio(DEV_DIR / LONGFORM), longform["text"]),
     }
 
-    def transcribe(mode: str, audio: np.ndarray) -> str:
-        if mode == "sequential":
-            segments = model.transcribe(audio, beam_size=args.beam_size)[0]
-        else:
-            segments = pipeline.transcribe(
-                audio, batch_size=args.batch_size, beam_size=args.beam_size
-            )[0]
-        return "".join(s.text for s in segments)
+    modes = {
+        "sequential": lambda audio: model.transcribe(audio, beam_size=args.beam_size)[0],
+        "sequential, no conditioning": lambda audio: model.transcribe(
+            audio, beam_size=args.beam_size, condition_on_previous_text=False
+        )[0],
+        "batched": lambda audio: pipeline.transcribe(
+            audio, batch_size=args.batch_size, beam_size=args.beam_size
+        )[0],
+        "batched, conditioned chains": lambda audio: pipeline.transcribe(
+            audio,
+            batch_size=args.batch_size,
+            beam_size=args.beam_size,
+            condition_on_previous_text=True,
+        )[0],
+    }
+    modes = {name: modes[name] for name in args.modes}
 
-    for mode in ("sequential", "batched"):  # warm-up
+    def transcribe(mode: str, audio: np.ndarray) -> str:
+        return "".join(s.text for s in modes[mode](audio))
+
+    for mode in modes:  # warm-up
         transcribe(mode, load_audio(DEV_DIR / "openai-whisper__jfk.flac"))
     for name, (audio, reference) in inputs.items():
-        figures = {}
-        for mode in ("sequential", "batched"):
+        print(f"\n{name} ({len(audio) / 16000:.0f} s), batch size {args.batch_size}, "
+              f"beam {args.beam_size}, medians of {args.runs}")  # fmt: skip
+        print("| mode | WER % | wall s | x sequential |\n|---|---|---|---|")
+        first = None
+        for mode in modes:
             times = []
             for _ in range(args.runs):
                 start = time.perf_counter()
                 text = transcribe(mode, audio)
                 times.append(time.perf_counter() - start)
             seconds = statistics.median(times)
-            figures[mode] = (jiwer.wer(normalize(reference), normalize(text)), seconds)
-        (wer_s, t_s), (wer_b, t_b) = figures["sequential"], figures["batched"]
-        print(
-            f"{name} ({len(audio) / 16000:.0f} s): WER sequential {100 * wer_s:.2f}% batched "
-            f"{100 * wer_b:.2f}% (diff {100 * (wer_b - wer_s):+.2f} points); wall sequential "
-            f"{t_s:.1f} s batched {t_b:.1f} s (medians of {args.runs}), batched speed-up "
-            f"{t_s / t_b:.2f}x",
-            flush=True,
-        )
+            first = first or seconds
+            wer = 100 * jiwer.wer(normalize(reference), normalize(text))
+            print(f"| {mode} | {wer:.2f} | {seconds:.1f} | {first / seconds:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

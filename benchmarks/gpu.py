@@ -378,6 +378,35 @@ def check(
     Path(out).write_text(json.dumps(results))
 
 
+def check_prompts(model_dir: str, audio_paths: list[str]) -> None:
+    """Windows decoded in one batch, each after its own prompt (lengths differ), against each
+    decoded alone, in fp32 through the runtime on the GPU: the tokens must be the same."""
+    import numpy as np
+
+    from whisperforge import WhisperModel
+    from whisperforge.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
+    from whisperforge.decoding import DecodingOptions, decode
+
+    clips = dict(np.load(audio_paths[0]))
+    names = sorted(clips)[:8]
+    model = WhisperModel(model_dir, device="cuda", compute_type="float32")
+    torch.backends.cudnn.allow_tf32 = False
+    mels = [log_mel_spectrogram(clips[n].astype(np.float32) / 32768, 80, 0) for n in names]
+    features = model.encode(torch.stack([pad_or_trim(m, N_FRAMES) for m in mels]).cuda())
+    tokenizer = model.tokenizer.with_options("en", "transcribe")
+    text = "the printing press and the art of printing is the art of arts, and more"
+    prompts = [tokenizer.encode(" " + text[: 9 * i]) if i else [] for i in range(8)]
+    for beam in (None, 5):
+        options = DecodingOptions(language="en", beam_size=beam)
+        together = decode(model.decode_model, tokenizer, features, options, prompts)
+        same = 0
+        for i, prompt in enumerate(prompts):
+            alone_options = DecodingOptions(language="en", beam_size=beam, prompt=prompt)
+            alone = decode(model.decode_model, tokenizer, features[i : i + 1], alone_options)[0]
+            same += together[i].tokens == alone.tokens
+        print(f"own prompts, fp32, beam {beam}: {same}/{len(names)} windows token-identical")
+
+
 # --- main ----------------------------------------------------------------------------------
 
 
@@ -400,7 +429,11 @@ def main() -> None:
     )
     parser.add_argument("--greedy", action="store_true", help="--check at temperature 0, beam 1")
     parser.add_argument("--selftest", action="store_true", help="runtime vs plain model on the GPU")
+    parser.add_argument("--check-prompts", metavar="MODEL_DIR", help="own prompts per window")
     args = parser.parse_args()
+    if args.check_prompts:
+        check_prompts(args.check_prompts, args.audio)
+        return
     if args.check:
         check(args.check, args.audio, args.out, args.compute_types, args.greedy)
         return
