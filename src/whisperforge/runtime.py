@@ -370,7 +370,11 @@ class Runtime:
 
     def _reserve(self, windows: int, rows: int) -> None:
         if windows > self.max_windows or rows > self.max_rows:
+            # `prefill` may grow the rows after `cross` projected its windows: keep those.
+            projected = self.cross_kv
             self._allocate(max(windows, self.max_windows), max(rows, self.max_rows))
+            for new, old in zip(self.cross_kv, projected):
+                new[: old.shape[0]].copy_(old)
 
     def _loop_state(self) -> list[Tensor]:
         return [self.token, self.pos, self.finished, self.sum_logprobs, self.history, self.logits]
