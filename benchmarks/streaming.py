@@ -5,6 +5,7 @@ and compare the final committed text with offline sequential transcription of th
     python benchmarks/streaming.py --long               # ... and the 19-minute file
     python benchmarks/streaming.py --beam-size 5 --chunk 0.5 --min-chunk 1.0 --compute-aware
     python benchmarks/streaming.py --score results.json   # WER of a --json run elsewhere
+    python benchmarks/streaming.py --exact-min-s 7      # every exact-reference English clip >= 7 s
 
 Per file: WER of offline and of streaming against the reference (where the manifest's text is
 an exact transcript), WER of streaming against offline, and the commit delay per word (clock
@@ -36,6 +37,11 @@ CLIPS = [
 LONG = ("derived__longform_en_amateur_LJ001-LJ003_prompts.flac", None)
 
 
+def read_manifest() -> dict[str, dict]:
+    lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
+    return {r["audio"]: r for r in map(json.loads, filter(None, lines))}
+
+
 def score(rows: list[dict]) -> None:
     """WER of offline and streaming against the references (exact ones), of streaming against
     offline, and the commit delays: per file and pooled. Needs jiwer and openai-whisper's
@@ -44,8 +50,7 @@ def score(rows: list[dict]) -> None:
     from whisper.normalizers import EnglishTextNormalizer
 
     normalize = EnglishTextNormalizer()
-    lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
-    manifest = {r["audio"]: r for r in map(json.loads, filter(None, lines))}
+    manifest = read_manifest()
     header = (f"{'file':<34} {'dur':>6} {'WER off':>7} {'WER str':>7} {'str/off':>7} "
               f"{'delay':>6} {'p90':>6} {'upd':>5} {'s/upd':>6}")  # fmt: skip
     print(header)
@@ -104,6 +109,11 @@ def main() -> None:
     parser.add_argument("--long-npy", type=Path,
                         help="read the 19-minute file from this 16 kHz int16 .npy (no PyAV)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--keep-improbable-tail", action="store_true",
+                        help="tail_log_prob_threshold=None (the behaviour before 2026-11-23)")  # fmt: skip
+    parser.add_argument("--exact-min-s", type=float,
+                        help="instead of the default list: every English dev clip with an exact "
+                             "reference at least this long (more words; most are short)")  # fmt: skip
     parser.add_argument("--only", nargs="*", help="file names to run (default: all)")
     parser.add_argument("--json", type=Path, help="write per-file results here")
     parser.add_argument("--score", type=Path, help="score a --json written elsewhere, and exit")
@@ -117,14 +127,20 @@ def main() -> None:
     options = StreamingOptions(
         language="en", beam_size=args.beam_size, min_chunk_s=args.min_chunk,
         silence_db=args.silence_db, agreement=args.agreement,
+        tail_log_prob_threshold=None if args.keep_improbable_tail else -1.0,
     )  # fmt: skip
     clips = CLIPS + ([LONG] if args.long or args.long_npy else [])
+    if args.exact_min_s is not None:
+        clips = [(name, None) for name, row in sorted(read_manifest().items())
+                 if row["language"] == "en" and row["ref_kind"] == "exact"
+                 and row["duration_s"] >= args.exact_min_s]  # fmt: skip
     if args.only:
         clips = [c for c in clips if c[0] in args.only]
 
     print(f"model {args.model} on {args.device} ({args.compute_type}), beam {args.beam_size}, "
           f"agreement {args.agreement}, chunk {args.chunk}s, min_chunk {args.min_chunk}s, "
-          f"gate {args.silence_db}, compute_aware {args.compute_aware}, threads {args.threads}")  # fmt: skip
+          f"gate {args.silence_db}, compute_aware {args.compute_aware}, threads {args.threads}, "
+          f"tail_log_prob_threshold {options.tail_log_prob_threshold}")  # fmt: skip
     rows = []
     for name, crop in clips:
         if name == LONG[0] and args.long_npy:

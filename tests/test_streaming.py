@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import io
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jiwer
 import numpy as np
@@ -152,6 +152,34 @@ def test_silence_costs_no_updates():
     assert fake.calls == 1
 
 
+def test_an_improbable_tail_window_is_not_committed_but_an_improbable_buffer_is():
+    first = segment([Word(0.1, 0.5, " one", 0.9), Word(0.5, 0.9, " two", 0.9)])
+    # The long-form loop's second window: the unfinished end of the buffer decoded on its own.
+    tail = replace(segment([Word(1.0, 1.0, " three", 0.01), Word(1.0, 1.1, " four", 0.05)]),
+                   seek=100, avg_logprob=-2.0)  # fmt: skip
+
+    def fake(audio, prompt, language):
+        return [first, tail], "en"
+
+    stream = StreamingTranscriber(fake, StreamingOptions(min_chunk_s=1.0))
+    events = [e for _ in range(3) for e in stream.feed(np.zeros(SR, np.float32))]
+    events.append(stream.finish())
+    assert stream.text == " one two"
+    assert all("three" not in e.tentative_text for e in events)
+    kept = StreamingTranscriber(fake, StreamingOptions(tail_log_prob_threshold=None))
+    kept.feed(np.zeros(SR, np.float32))
+    assert kept.finish().committed_text == " one two three four"
+
+    # One window only: improbable or not, it is all the buffer holds, and it is committed.
+    def improbable(audio, prompt, language):
+        return [replace(first, avg_logprob=-2.0)], "en"
+
+    stream = StreamingTranscriber(improbable, StreamingOptions(min_chunk_s=1.0))
+    for _ in range(2):
+        stream.feed(np.zeros(SR, np.float32))
+    assert stream.text == " one two"
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="min_chunk_s"):
         StreamingOptions(min_chunk_s=0)
@@ -201,6 +229,18 @@ def test_replay_of_a_dev_clip_matches_offline(tiny_en, one_thread):
     assert run.events[-1].final and run.events[-1].time == pytest.approx(audio.size / SR)
     delays = np.array(run.delays)
     assert delays.min() >= 0 and delays.mean() < 3.0
+
+
+def test_no_text_invented_after_the_last_word(tiny_en, one_thread):
+    """Isolated words with silence between and after them: the end of the buffer is often
+    decoded again in a short window of its own, where tiny.en makes up a sentence; streaming
+    must end where offline transcription of the same file ends."""
+    audio = load_audio(DEV_DIR / "whisper-timestamped__words.wav")  # 23.1 s
+    offline = "".join(s.text for s in tiny_en.transcribe(audio, language="en", beam_size=1,
+                                                         temperature=0.0)[0])  # fmt: skip
+    run = replay(tiny_en, audio, chunk_s=0.5, options=StreamingOptions(language="en"))
+    assert len(normalized(run.text).split()) <= len(normalized(offline).split())
+    assert jiwer.wer(normalized(offline), normalized(run.text)) < 0.15
 
 
 # --- the command line ---------------------------------------------------------------------------

@@ -61,6 +61,13 @@ class StreamingOptions:
         (LocalAgreement-n; 2 in ufal/whisper_streaming). 3 commits later and errs less.
     beam_size, temperature: decoding of each update; greedy at 0 keeps updates cheap and
         the stream deterministic.
+    tail_log_prob_threshold: a buffer whose last segment was unfinished is decoded in two
+        windows: the long-form loop decodes that segment's audio again on its own, often well
+        under a second, where Whisper invents text ("devastated. The state of Kentucky is a
+        very good candidate." in 0.14 s). Trailing segments of such a later window whose
+        average log probability is below this (offline's `log_prob_threshold`: a decode it
+        would not accept) are left out of the hypothesis; real speech comes back in the next
+        update. None: keep them.
     """
 
     language: str | None = None
@@ -74,6 +81,7 @@ class StreamingOptions:
     agreement: int = 2
     beam_size: int = 1
     temperature: float | tuple[float, ...] = 0.0
+    tail_log_prob_threshold: float | None = -1.0
 
     def __post_init__(self) -> None:
         if self.min_chunk_s <= 0:
@@ -184,6 +192,22 @@ def _without_unspoken_tail(words: list[Word]) -> list[Word]:
     while end and words[end - 1].end - words[end - 1].start < 0.01:
         end -= 1
     return words[:end]
+
+
+def _without_improbable_tail(segments: list[Segment], threshold: float | None) -> list[Segment]:
+    """The segments with words, less the trailing ones that a later, short window decoded
+    improbably (see `StreamingOptions.tail_log_prob_threshold`); at `finish()` too, since the
+    end of a stream is where such windows invent text. The first window is always kept: on
+    hard audio every decode of the buffer may be improbable, and dropping them all would
+    commit nothing and let the hard cap cut the audio away."""
+    spoken = [s for s in segments if s.words]
+    if threshold is None:
+        return spoken
+    while (
+        len(spoken) > 1 and spoken[-1].seek > spoken[0].seek and spoken[-1].avg_logprob < threshold
+    ):
+        spoken.pop()
+    return spoken
 
 
 _NOT_WORD = re.compile(r"[^\w']")
@@ -317,7 +341,8 @@ class StreamingTranscriber:
             self.language = language  # detected once there is speech; fixed from then on
         words = [
             Word(w.start + self._offset, w.end + self._offset, w.word, w.probability)
-            for s in segments for w in (s.words or [])
+            for s in _without_improbable_tail(segments, self.options.tail_log_prob_threshold)
+            for w in (s.words or [])
         ]  # fmt: skip
         hypothesis = _without_unspoken_tail(self._after_committed(words))
         if _repetitive(hypothesis, self.options.max_compression_ratio):
