@@ -395,7 +395,7 @@ def check_prompts(model_dir: str, audio_paths: list[str]) -> None:
     features = model.encode(torch.stack([pad_or_trim(m, N_FRAMES) for m in mels]).cuda())
     tokenizer = model.tokenizer.with_options("en", "transcribe")
     text = "the printing press and the art of printing is the art of arts, and more"
-    prompts = [tokenizer.encode(" " + text[: 9 * i]) if i else [] for i in range(8)]
+    prompts = [tokenizer.encode(" " + text[: 9 * i]) if i else [] for i in range(len(names))]
     for beam in (None, 5):
         options = DecodingOptions(language="en", beam_size=beam)
         together = decode(model.decode_model, tokenizer, features, options, prompts)
