@@ -18,10 +18,11 @@ window goes without context; one chain is exactly the sequential `transcribe`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
 from itertools import pairwise
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -60,6 +61,7 @@ MAX_AUTO_BATCH_SIZE = 64
 # rest is decoded as a window of its own.
 MIN_CONTINUATION_FRAMES = 100
 READ_AHEAD = 4  # threads decoding files and finding their speech for `transcribe_many`
+R = TypeVar("R")
 
 
 @dataclass
@@ -444,41 +446,41 @@ class BatchedInferencePipeline:
         return results  # type: ignore[return-value]
 
     def _decode_group(self, requests: list[WindowRequest]) -> list[WindowResult]:
-        try:
-            features = self.model.encode(torch.stack([request.mel for request in requests]))
-            first = requests[0]
-            prompts = [request.prompt for request in requests]
+        def run(part: list[WindowRequest]) -> list[WindowResult]:
+            features = self.model.encode(torch.stack([request.mel for request in part]))
+            first = part[0]
+            prompts = [request.prompt for request in part]
             results = self.decode_with_fallback(features, first.tokenizer, first.options, prompts)
             return list(zip(results, features))
+
+        return [result for _, results in self._in_halves(requests, run) for result in results]
+
+    def _in_halves(self, items: list, run: Callable[[list], R]) -> list[tuple[list, R]]:
+        """[(items, run(items))]; on out-of-memory, the same for each half (and so on down), and
+        the smaller batch size is remembered for the batches to come."""
+        try:
+            return [(items, run(items))]
         except torch.cuda.OutOfMemoryError:
-            if len(requests) == 1:
+            if len(items) == 1:
                 raise
             torch.cuda.empty_cache()
-            half = len(requests) // 2
+            half = len(items) // 2
             self._batch_ceiling = half
-            return self._decode_group(requests[:half]) + self._decode_group(requests[half:])
+            return self._in_halves(items[:half], run) + self._in_halves(items[half:], run)
 
     def _decode_batch(
         self, batch: list[tuple[_File, int]], options: TranscriptionOptions
     ) -> Iterator[tuple[_File, int, list[Segment], Window | None]]:
-        """Decode a batch; on out-of-memory, in halves, and remember the smaller size."""
-        try:
-            results, features = self._decode_windows(batch, options)
-        except torch.cuda.OutOfMemoryError:
-            if len(batch) == 1:
-                raise
-            torch.cuda.empty_cache()
-            half = len(batch) // 2
-            self._batch_ceiling = half
-            yield from self._decode_batch(batch[:half], options)
-            yield from self._decode_batch(batch[half:], options)
-            return
-        for (file, i), window_features, result in zip(batch, features, results):
-            file.remaining -= 1
-            segments, rest = self._window_segments(
-                file, file.windows[i], window_features, result, options
-            )
-            yield file, i, segments, rest
+        """Decode a batch (in halves on out-of-memory) and cut each window into segments."""
+        for part, (results, features) in self._in_halves(
+            batch, lambda part: self._decode_windows(part, options)
+        ):
+            for (file, i), window_features, result in zip(part, features, results):
+                file.remaining -= 1
+                segments, rest = self._window_segments(
+                    file, file.windows[i], window_features, result, options
+                )
+                yield file, i, segments, rest
 
     def _decode_windows(
         self, batch: list[tuple[_File, int]], options: TranscriptionOptions
