@@ -140,12 +140,13 @@ def turbo(audio: np.ndarray, minutes: float, batches: list[int], runs: int) -> N
     print("| engine | median s | RTFx | windows |\n|---|---|---|---|")
 
     def batched(batch: int) -> int:
-        results = pipeline.transcribe_many(files, batch_size=batch, **forced)
+        results = pipeline.transcribe_many(files, batch_size=batch or None, **forced)
         return sum(len(r.segments) for r in results)
 
     for batch in batches:
         median, windows = timed(lambda batch=batch: batched(batch), runs)
-        print(f"| whisperforge batched ({batch}) | {median:.2f} | {seconds / median:.0f} | "
+        label = batch or f"auto: {pipeline.auto_batch_size()}"
+        print(f"| whisperforge batched ({label}) | {median:.2f} | {seconds / median:.0f} | "
               f"{windows} |", flush=True)  # fmt: skip
     from whisperforge.vad import detect_speech
 
@@ -200,7 +201,8 @@ def main() -> None:
     parser.add_argument("--audio", required=True, help="16 kHz int16 .npy recording")
     parser.add_argument("--reference", help="its reference text, for WER")
     parser.add_argument("--minutes", type=float, default=60)
-    parser.add_argument("--batch", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--batch", type=int, nargs="+", default=[16, 64],
+                        help="batch sizes of the turbo run (0: the automatic one)")
     parser.add_argument("--out", type=Path, help="folder for the real-weights texts (JSON)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--skip-turbo", action="store_true")

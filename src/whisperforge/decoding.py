@@ -213,7 +213,10 @@ class BeamSearch(TokenSearch):
 
     Each step expands every beam by its top beam_size + 1 tokens, keeps the best beam_size
     unfinished continuations per audio, and collects finished ones until `patience *
-    beam_size` candidates exist.
+    beam_size` candidates exist. openai-whisper's ranking, step for step; a sequence is named
+    by an interned id of (its prefix's id, its last token) instead of the tuple of all its
+    tokens, so a step costs the same at token 5 and token 200, and the host never copies the
+    token history except to record a finished candidate.
     """
 
     beam_size: int
@@ -221,39 +224,49 @@ class BeamSearch(TokenSearch):
     inference: Inference
     patience: float = 1.0
     finished: list[dict[tuple[int, ...], float]] | None = field(default=None, init=False)
+    # Per row, the id of its sequence; ids are equal exactly when the sequences are.
+    row_ids: list[int] = field(default_factory=list, init=False)
+    ids: dict[tuple, int] = field(default_factory=dict, init=False)
 
     @property
     def max_candidates(self) -> int:
         return round(self.beam_size * self.patience)
 
+    def _id(self, key: tuple) -> int:
+        return self.ids.setdefault(key, len(self.ids))
+
     def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> tuple[Tensor, bool]:
         n_audio = tokens.shape[0] // self.beam_size
         if self.finished is None:
             self.finished = [{} for _ in range(n_audio)]
+            self.row_ids = [self._id(tuple(row)) for row in tokens.tolist()]
         logprobs = F.log_softmax(logits.float(), dim=-1)
         top_logprobs, top_tokens = logprobs.topk(self.beam_size + 1)
         scores_all = (sum_logprobs[:, None] + top_logprobs).tolist()
         top_tokens_all = top_tokens.tolist()
-        prefixes = tokens.tolist()
+        history: list[list[int]] | None = None  # copied to the host only when one finishes
 
-        next_tokens, sources, new_sums = [], [], []
+        next_tokens, sources, new_sums, new_ids = [], [], [], []
         for i in range(n_audio):
-            scores: dict[tuple[int, ...], float] = {}
-            source: dict[tuple[int, ...], int] = {}
+            scores: dict[int, float] = {}
+            candidates: dict[int, tuple[int, int]] = {}  # id -> (source row, token)
             for row in range(i * self.beam_size, (i + 1) * self.beam_size):
                 for score, token in zip(scores_all[row], top_tokens_all[row]):
-                    sequence = (*prefixes[row], token)
+                    sequence = self._id((self.row_ids[row], token))
                     scores[sequence] = score
-                    source[sequence] = row
+                    candidates[sequence] = (row, token)
             newly_finished: dict[tuple[int, ...], float] = {}
             kept = 0
             for sequence in sorted(scores, key=scores.__getitem__, reverse=True):
-                if sequence[-1] == self.eot:
-                    newly_finished[sequence] = scores[sequence]
+                row, token = candidates[sequence]
+                if token == self.eot:
+                    history = tokens.tolist() if history is None else history
+                    newly_finished[(*history[row], token)] = scores[sequence]
                     continue
-                next_tokens.append(sequence)
-                sources.append(source[sequence])
+                next_tokens.append(token)
+                sources.append(row)
                 new_sums.append(scores[sequence])
+                new_ids.append(sequence)
                 kept += 1
                 if kept == self.beam_size:
                     break
@@ -263,9 +276,11 @@ class BeamSearch(TokenSearch):
                     break
                 previously[sequence] = newly_finished[sequence]
 
+        self.row_ids = new_ids
         sum_logprobs.copy_(torch.tensor(new_sums, device=sum_logprobs.device))
-        self.inference.reorder(torch.tensor(sources, device=tokens.device))
-        tokens = torch.tensor(next_tokens, device=tokens.device)
+        chosen = torch.tensor([sources, next_tokens], device=tokens.device)  # one copy
+        self.inference.reorder(chosen[0])
+        tokens = torch.cat([tokens[chosen[0]], chosen[1, :, None]], dim=-1)
         completed = all(len(f) >= self.max_candidates for f in self.finished)
         return tokens, completed
 
