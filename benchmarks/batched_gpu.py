@@ -201,8 +201,13 @@ def main() -> None:
     parser.add_argument("--audio", required=True, help="16 kHz int16 .npy recording")
     parser.add_argument("--reference", help="its reference text, for WER")
     parser.add_argument("--minutes", type=float, default=60)
-    parser.add_argument("--batch", type=int, nargs="+", default=[16, 64],
-                        help="batch sizes of the turbo run (0: the automatic one)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        nargs="+",
+        default=[16, 64],
+        help="batch sizes of the turbo run (0: the automatic one)",
+    )
     parser.add_argument("--out", type=Path, help="folder for the real-weights texts (JSON)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--skip-turbo", action="store_true")
