@@ -7,9 +7,13 @@ run); the median wall time per pass.
 Memory: the bytes whisperforge's weights take as stored, and the process RSS growth while each
 engine's model loads (engines load in the order listed; allocator reuse makes RSS approximate).
 WER (EnglishTextNormalizer + jiwer) of every engine's transcripts; then, greedy, for each of
-`--wer-models`: fp32, int8 (the CPU's: every linear dynamic int8) and the GPU's recipes run on the
-CPU (weight-only int8 step linears; float8 through torch._scaled_mm), on the same clips and, with
-`--long`, the 19-minute file.
+`--wer-models`: fp32, int8 (the CPU's: every linear fbgemm int8, `quantize.Int8Linear`), the
+2026-11-22 CPU recipe for comparison (`int8-torch-ao`: torch.ao's dynamic Linear, one 7-bit
+activation scale per call) and the GPU's recipes run on the CPU (weight-only int8 step linears;
+float8 through torch._scaled_mm), on the same clips and, with `--long`, the 19-minute file; with
+how many transcripts equal float32's. Whether int8 activations get 8 bits or 7 depends on the
+CPU (`quantize.int8_overflows`, printed first); FBGEMM_ENABLE_INSTRUCTIONS=AVX2 in the
+environment makes fbgemm run as on a CPU without VNNI.
 
     python benchmarks/quantize_cpu.py                       # speed + WER, tiny.en and base
     python benchmarks/quantize_cpu.py --runs 1 --modes greedy --wer-models tiny.en --long
@@ -38,7 +42,7 @@ ENGINES = [
     "faster-whisper-int8",
 ]
 # The GPU's recipes, emulated on the CPU for their accuracy (quantize_model(..., dynamic=False)).
-WER_VARIANTS = ["float32", "int8", "int8-weight-only", "float8"]
+WER_VARIANTS = ["float32", "int8", "int8-torch-ao", "int8-weight-only", "float8"]
 
 
 def manifest() -> list[dict]:
@@ -57,13 +61,35 @@ def rss_mb() -> float:
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the weights as stored: parameters, buffers, and the int8 weights and scales that
     PyTorch's dynamic int8 linears keep packed outside them."""
+    from whisperforge.quantize import Int8Linear
+
     total = sum(t.nbytes for t in (*model.parameters(), *model.buffers()))
     for module in model.modules():
-        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+        if isinstance(module, Int8Linear):  # its bias is a parameter, counted above
+            weight, _ = module.weight_bias()
+            total += weight.numel() + weight.q_per_channel_scales().numel() * 4
+        elif isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
             weight, bias = module._weight_bias()
             total += weight.numel() + weight.q_per_channel_scales().numel() * 4
             total += 0 if bias is None else bias.nbytes
     return total
+
+
+def torch_ao_recipe(model: torch.nn.Module) -> None:
+    """The CPU's int8 as of 2026-11-22, for comparison: each `Int8Linear` (and the logits
+    projection) becomes torch.ao's dynamic Linear on the same int8 weights, whose activations
+    get one 7-bit scale per call."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    from whisperforge.quantize import Int8Linear
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, Int8Linear):
+            weight, bias = module.weight_bias()
+            old = DynamicLinear(module.in_features, module.out_features, bias_=bias is not None)
+            old.set_weight_bias(weight, None if bias is None else bias.detach())
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, old)
 
 
 def whisperforge(name: str, variant: str, threads: int):
@@ -73,6 +99,10 @@ def whisperforge(name: str, variant: str, threads: int):
 
     if variant in ("float32", "int8"):
         return WhisperModel(name, device="cpu", compute_type=variant, cpu_threads=threads)
+    if variant == "int8-torch-ao":
+        model = WhisperModel(name, device="cpu", compute_type="int8", cpu_threads=threads)
+        torch_ao_recipe(model.model)
+        return model
     model = WhisperModel(name, device="cpu", compute_type="float32", cpu_threads=threads)
     quantize_model(model.model, variant.removesuffix("-weight-only"), dynamic=False)
     return model
@@ -122,6 +152,7 @@ def main() -> None:
     warnings.simplefilter("ignore", UserWarning)  # torch.ao's quantized tensors: deprecation
 
     from whisperforge import load_audio
+    from whisperforge.quantize import int8_overflows
 
     torch.set_num_threads(args.threads)
     clips = [r for r in manifest() if r["language"] == "en" and r["ref_kind"] == "exact"]
@@ -130,7 +161,8 @@ def main() -> None:
     seconds = sum(len(a) for a in audios) / 16000
     print(f"{len(clips)} clips, {seconds:.1f} s of audio, {args.threads} threads, "
           f"median of {args.runs}; torch {torch.__version__}, "
-          f"CPU capability {torch.backends.cpu.get_cpu_capability()}", flush=True)  # fmt: skip
+          f"CPU capability {torch.backends.cpu.get_cpu_capability()}, int8 activations "
+          f"{7 if int8_overflows() else 8} bits", flush=True)  # fmt: skip
 
     report: dict = {"speed": {}, "memory": {}, "wer": {}}
     built = {}
@@ -186,6 +218,7 @@ def main() -> None:
         row = next(r for r in manifest() if r["audio"] == LONG_FILE)
         sets.append(("19-minute file", [load_audio(DEV_DIR / LONG_FILE)], [row["text"]]))
     rows = []
+    transcripts: dict[str, list[str]] = {}
     for model_name in args.wer_models:
         for variant in args.wer_variants:
             model = whisperforge(model_name, variant, args.threads)
@@ -193,21 +226,26 @@ def main() -> None:
                 start = time.perf_counter()
                 texts = [text(model, audio, 1) for audio in set_audios]
                 figure = wer(set_references, texts)
-                rows.append((model_name, variant, set_name, figure, time.perf_counter() - start))
+                transcripts[f"{model_name}/{variant}/{set_name}"] = texts
+                fp32 = transcripts.get(f"{model_name}/float32/{set_name}")
+                same = f"{sum(a == b for a, b in zip(texts, fp32))}/{len(texts)}" if fp32 else "-"
+                took = time.perf_counter() - start
+                rows.append((model_name, variant, set_name, figure, same, took))
                 report["wer"][f"greedy/{model_name}/{variant}/{set_name}"] = figure
                 print(f"  {model_name} {variant} {set_name}: WER {100 * figure:.2f} % "
-                      f"({rows[-1][-1]:.0f} s)", flush=True)  # fmt: skip
+                      f"(= float32: {same}; {took:.0f} s)", flush=True)  # fmt: skip
             del model
             gc.collect()
+    report["transcripts"] = transcripts
     print(
-        "\n| model | variant | set | greedy WER % | vs float32 (points) | s |\n|---|---|---|---|---|---|"
+        "\n| model | variant | set | greedy WER % | vs float32 (points) | text = float32's | s |"
+        "\n|---|---|---|---|---|---|---|"
     )
-    for model_name, variant, set_name, figure, took in rows:
+    for model_name, variant, set_name, figure, same, took in rows:
         fp32 = report["wer"].get(f"greedy/{model_name}/float32/{set_name}")
         delta = f"{100 * (figure - fp32):+.2f}" if fp32 is not None else "-"
-        print(
-            f"| {model_name} | {variant} | {set_name} | {100 * figure:.2f} | {delta} | {took:.0f} |"
-        )
+        print(f"| {model_name} | {variant} | {set_name} | {100 * figure:.2f} | {delta} | "
+              f"{same} | {took:.0f} |")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

@@ -9,8 +9,15 @@ The network code does not change; on a GPU the runtime's `linear()` seam hands a
 What is quantized, and how (`compute_type`, faster-whisper's names plus `float8`):
 
 - `int8` on the CPU: every linear of the encoder and decoder, and the tied logits projection,
-  becomes PyTorch's dynamic int8 linear (fbgemm: int8 weights, activations quantized per call):
-  about 2x float32 in the encoder's GEMMs and 7x in the logits GEMV on AVX2 without VNNI.
+  becomes an `Int8Linear`: fbgemm's dynamic int8 GEMM (int8 weights, activations quantized per
+  call), about 2-3x float32 in the encoder's GEMMs and 7x in the logits GEMV. Three choices keep
+  its words those of float32 (within 0.21 points on the dev clips, level on the 19-minute file;
+  benchmarks/RESULTS.md, 2026-11-23): activations get a scale per row (per audio frame or
+  token, not one for the whole window); the decoder's step linears take their call's 8 largest
+  input channels in float (LLM.int8's outliers); and activations get 8 bits, not torch's
+  default 7, wherever fbgemm's kernel cannot overflow with them (VNNI; see `int8_overflows`).
+  The price: a greedy step's small linears cost more than float32's (~170 vs ~50 us each on
+  AVX2), so int8 transcribes ~1.35x faster than float32 here, not ~1.7x as without them.
 - `int8`, `int8_float16`, `int8_bfloat16` on CUDA: weight-only int8 for the decoder's per-step
   linears (fp16/bf16 activations), through a Triton stream kernel or dequantize + cuBLAS, the
   faster per shape. A decode step is bound by reading the decoder's weights; the encoder and
@@ -28,6 +35,7 @@ words do not change (within 0.3 points) with it quantized.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +69,7 @@ COMPUTE_TYPES: dict[str, tuple[torch.dtype | None, str | None]] = {
 QMAX = {"int8": 127.0, "float8": 448.0}  # the largest magnitude each weight format holds
 # The decoder's linears that run at every decode step (the cross K,V projection runs per window).
 STEP_LINEARS = ("attn.qkv", "attn.out", "cross_attn.query", "cross_attn.out", "mlp.0", "mlp.2")
+OUTLIER_COLUMNS = 8  # the CPU's int8 step linears: input channels kept float per call (Int8Linear)
 
 
 @dataclass(frozen=True)
@@ -177,17 +186,16 @@ class QuantizedLinear(_Quantized):
 class QuantizedEmbedding(_Quantized):
     """The token embedding and the tied output projection (`TokenEmbedding`'s interface), with
     one scale per vocabulary row. fp8 rows are padded to a multiple of 16, as _scaled_mm needs.
-    `dynamic` (the CPU's int8): the projection is a dynamic int8 linear on the same q and scales,
-    as fbgemm packs them (a second int8 copy: together half of the float32 matrix). On AVX2
-    without VNNI that GEMV is ~7x faster than float32, where torch's weight-only int8 matmul is
-    ~2.5x slower than float32."""
+    `dynamic` (the CPU's int8): the projection is an `Int8Linear` on the same q and scales, as
+    fbgemm packs them (a second int8 copy: together half of the float32 matrix). On AVX2 that
+    GEMV is ~7x faster than float32, where torch's weight-only int8 matmul is ~2.5x slower."""
 
     def __init__(
         self, q: Tensor, scale: Tensor, dtype: torch.dtype, n_vocab: int, dynamic: bool = False
     ):
         super().__init__(q, scale, dtype)
         self.num_embeddings, self.embedding_dim = n_vocab, q.shape[1]
-        self.projection = _dynamic_int8_linear(q, scale, None) if dynamic else None
+        self.projection = Int8Linear(q, scale, None) if dynamic else None
 
     def forward(self, tokens: Tensor) -> Tensor:
         rows = self.qweight[tokens].float() * self.scale[tokens, None]
@@ -221,7 +229,7 @@ def quantize_model(
     """Swap the model's linears and token embedding for quantized ones, in place (see the module
     docstring for which, per device). Call it on the model in its final device and dtype.
     `scales`: a quantized checkpoint's, by canonical name, so its weights come back exactly.
-    `dynamic`: every linear as PyTorch's dynamic int8 (the CPU's int8; the default there), or
+    `dynamic`: every linear as an `Int8Linear` (the CPU's int8; the default there), or
     weight-only step linears (the GPU's; on the CPU too for tests and accuracy figures)."""
     if weights is None:
         return model
@@ -238,8 +246,14 @@ def quantize_model(
         setattr(module, child, make(q, scale, linear.bias))
 
     if dynamic:
+        steps = {
+            f"decoder.blocks.{i}.{p}"
+            for i in range(len(model.decoder.blocks))
+            for p in STEP_LINEARS
+        }
         for name in [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]:
-            swap(name, _dynamic_int8_linear)
+            outliers = OUTLIER_COLUMNS if name in steps else 0
+            swap(name, lambda q, scale, bias, k=outliers: Int8Linear(q, scale, bias, k))
     else:
         for i in range(len(model.decoder.blocks)):
             for part in STEP_LINEARS:
@@ -260,16 +274,84 @@ def quantize_model(
     return model
 
 
-def _dynamic_int8_linear(q: Tensor, scale: Tensor, bias: Tensor | None) -> nn.Module:
-    """PyTorch's dynamic int8 linear (fbgemm / oneDNN on x86) with exactly these q and scales.
-    It quantizes activations per call to 7 bits (reduce_range: no int16 overflow on AVX2)."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+class Int8Linear(nn.Module):
+    """The CPU's int8 linear: fbgemm's dynamic int8 GEMM on exactly these q and scales (int8
+    weights per output channel), activations quantized per call, asymmetric. It differs from
+    torch.ao's dynamic `Linear` in three ways, each worth words on the dev clips (RESULTS.md,
+    2026-11-23; measured by teacher-forced KL to float32, tiny.en, 17 clips: 0.030 before, 0.005
+    with all):
+    - Per-row activation scales. fbgemm takes one scale per call; several rows (an encoder
+      window's 1500 frames, beams) are each divided by their absmax first and the products
+      multiplied back, so one loud frame no longer coarsens the grid of every other frame. Halves
+      the encoder's error for ~1 ms per encoder GEMM; a single row (a greedy step) skips it.
+    - 8-bit activations where fbgemm's kernel cannot overflow with them (`int8_overflows`), 7
+      bits (torch's reduce_range) elsewhere. With 7 bits the decoder's linears alone cost as much
+      as all other int8 error together.
+    - `outliers`: that many input channels, the call's largest in magnitude, are multiplied in
+      float (their int8 weight rows dequantized) and left out of the int8 GEMM, so a few loud
+      channels do not coarsen the grid of the rest (used for the decoder's step linears).
+    The weights are used as given (a quantized checkpoint's come back exactly); 7-bit weights
+    derived from them would allow 8-bit activations everywhere, but the second rounding cost
+    more than it gained."""
 
-    module = DynamicLinear(q.shape[1], q.shape[0], bias_=bias is not None)
-    zero = torch.zeros(q.shape[0], dtype=torch.long)
-    qweight = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
-    module.set_weight_bias(qweight, None if bias is None else bias.detach().float())
-    return module
+    def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None, outliers: int = 0):
+        super().__init__()
+        self.in_features, self.out_features = q.shape[1], q.shape[0]
+        self.outliers = outliers
+        if outliers:  # [K, N]: an input channel's weights are one contiguous row to gather
+            self.register_buffer("columns", q.t().contiguous())
+            self.register_buffer("scale", scale.float())
+        zero = torch.zeros(q.shape[0], dtype=torch.long)
+        weight = torch._make_per_channel_quantized_tensor(q.cpu(), scale.cpu().double(), zero, 0)
+        self.packed = torch.ops.quantized.linear_prepack(weight, None)  # bias: added after scaling
+        bias = None if bias is None else bias.detach().float()
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.reduce_range = int8_overflows()
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        extra = None
+        if self.outliers:
+            channels = rows.abs().amax(dim=0).topk(self.outliers).indices
+            extra = (rows[:, channels] @ self.columns[channels].float()).mul_(self.scale)
+            rows = rows.index_fill(1, channels, 0.0)
+        if rows.shape[0] == 1:
+            y = torch.ops.quantized.linear_dynamic(rows, self.packed, self.reduce_range)
+            y = y if self.bias is None else y.add_(self.bias)
+        else:
+            # two plain reductions: ~3x faster than .abs().amax(), which writes a copy
+            absmax = torch.maximum(rows.amax(dim=1, keepdim=True), -rows.amin(dim=1, keepdim=True))
+            absmax = absmax.clamp_(min=1e-30)  # a row of zeros stays zeros
+            y = torch.ops.quantized.linear_dynamic(rows / absmax, self.packed, self.reduce_range)
+            y = y.mul_(absmax) if self.bias is None else torch.addcmul(self.bias, y, absmax)
+        y = y if extra is None else y.add_(extra)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def weight_bias(self) -> tuple[Tensor, Tensor | None]:
+        """The int8 weight (a per-channel quantized tensor) and the bias."""
+        weight, _ = torch.ops.quantized.linear_unpack(self.packed)
+        return weight, self.bias
+
+    def extra_repr(self) -> str:
+        bits = 7 if self.reduce_range else 8
+        return f"in={self.in_features}, out={self.out_features}, activations={bits} bits per row"
+
+
+@functools.cache
+def int8_overflows() -> bool:
+    """Whether fbgemm's int8 GEMM here overflows with 8-bit activations. Without VNNI (AVX2,
+    plain AVX-512) it sums pairs of u8 x s8 products in saturating int16 (vpmaddubsw), and two
+    255 x 127 products exceed 32767: hence torch's 7-bit activations (reduce_range). VNNI sums
+    into int32. A probe of the kernel itself, so it follows whatever fbgemm picks (including
+    FBGEMM_ENABLE_INSTRUCTIONS=AVX2, which emulates such a CPU): 64 products of 255 x 127."""
+    zero = torch.zeros(4, dtype=torch.long)
+    scale = torch.full((4,), 1 / 127, dtype=torch.double)
+    weight = torch._make_per_channel_quantized_tensor(
+        torch.full((4, 64), 127, dtype=torch.int8), scale, zero, 0
+    )
+    packed = torch.ops.quantized.linear_prepack(weight, None)
+    y = torch.ops.quantized.linear_dynamic(torch.ones(2, 64), packed, False)
+    return not torch.allclose(y, torch.full_like(y, 64.0))
 
 
 # --- kernels ---------------------------------------------------------------------------------
