@@ -11,14 +11,14 @@ What is quantized, and how (`compute_type`, faster-whisper's names plus `float8`
 - `int8` on the CPU: every linear of the encoder and decoder, and the tied logits projection,
   becomes an `Int8Linear`: fbgemm's dynamic int8 GEMM (int8 weights, activations quantized per
   call), about 2-3x float32 in the encoder's GEMMs and 7x in the logits GEMV. Three choices keep
-  its words those of float32 (tiny.en: 0.43 points better on the dev clips, 0.25 on the
-  19-minute file; torch.ao's recipe was 0.54 and 0.97 worse; benchmarks/RESULTS.md, 2026-11-23):
+  its words those of float32 (within 0.21 points for tiny.en and base on the dev clips, level on
+  the 19-minute file; torch.ao's recipe was 0.54-0.97 worse; benchmarks/RESULTS.md, 2026-11-23):
   activations get a scale per row (per audio frame or token, not one for the whole window); the
-  decoder's attention-output and second MLP linears take their call's 8 largest input channels
-  in float (LLM.int8's outliers); and activations get 8 bits, not torch's default 7, wherever
-  fbgemm's kernel cannot overflow with them (VNNI; see `int8_overflows`). The price: a greedy
-  step's outlier linears cost more than float32's (~190 vs ~65 us at one row on AVX2), so int8
-  transcribes 1.44x faster than float32 here, not 1.68x as without these choices.
+  decoder's step linears take their call's 8 largest input channels in float (LLM.int8's
+  outliers); and activations get 8 bits, not torch's default 7, wherever fbgemm's kernel cannot
+  overflow with them (VNNI; see `int8_overflows`). The price: a greedy step's linears cost more
+  than float32's (~190 vs ~65 us at one row on AVX2), so int8 transcribes 1.35x faster than
+  float32 here, not 1.68x as without these choices.
 - `int8`, `int8_float16`, `int8_bfloat16` on CUDA: weight-only int8 for the decoder's per-step
   linears (fp16/bf16 activations), through a Triton stream kernel or dequantize + cuBLAS, the
   faster per shape. A decode step is bound by reading the decoder's weights; the encoder and
@@ -70,10 +70,10 @@ COMPUTE_TYPES: dict[str, tuple[torch.dtype | None, str | None]] = {
 QMAX = {"int8": 127.0, "float8": 448.0}  # the largest magnitude each weight format holds
 # The decoder's linears that run at every decode step (the cross K,V projection runs per window).
 STEP_LINEARS = ("attn.qkv", "attn.out", "cross_attn.query", "cross_attn.out", "mlp.0", "mlp.2")
-# The CPU's int8: the decoder step linears whose inputs are not a LayerNorm's output (attention
-# outputs, the MLP after GELU) keep their call's 8 largest input channels in float (Int8Linear).
-# On all six step linears instead: no better words, and 1.26x the time of a long-form decode.
-OUTLIER_LINEARS = ("attn.out", "cross_attn.out", "mlp.2")
+# The CPU's int8: the decoder's step linears keep their call's 8 largest input channels in float
+# (Int8Linear). Only in attn.out, cross_attn.out and mlp.2 is 1.26x faster on long-form, but base
+# then falls 0.32 points behind float32 on the dev clips (all six: 0.21; RESULTS.md).
+OUTLIER_LINEARS = STEP_LINEARS
 OUTLIER_COLUMNS = 8
 
 
