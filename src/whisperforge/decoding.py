@@ -239,7 +239,8 @@ class BeamSearch(TokenSearch):
         n_audio = tokens.shape[0] // self.beam_size
         if self.finished is None:
             self.finished = [{} for _ in range(n_audio)]
-            self.row_ids = [self._id(tuple(row)) for row in tokens.tolist()]
+            # keyed (row,): a 1-tuple never equals a later (prefix id, token) key
+            self.row_ids = [self._id((tuple(row),)) for row in tokens.tolist()]
         logprobs = F.log_softmax(logits.float(), dim=-1)
         top_logprobs, top_tokens = logprobs.topk(self.beam_size + 1)
         scores_all = (sum_logprobs[:, None] + top_logprobs).tolist()
