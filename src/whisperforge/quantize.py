@@ -70,10 +70,9 @@ COMPUTE_TYPES: dict[str, tuple[torch.dtype | None, str | None]] = {
 QMAX = {"int8": 127.0, "float8": 448.0}  # the largest magnitude each weight format holds
 # The decoder's linears that run at every decode step (the cross K,V projection runs per window).
 STEP_LINEARS = ("attn.qkv", "attn.out", "cross_attn.query", "cross_attn.out", "mlp.0", "mlp.2")
-# The CPU's int8: the decoder's step linears keep their call's 8 largest input channels in float
+# The CPU's int8: each step linear keeps its call's 8 largest input channels in float
 # (Int8Linear). Only in attn.out, cross_attn.out and mlp.2 is 1.26x faster on long-form, but base
 # then falls 0.32 points behind float32 on the dev clips (all six: 0.21; RESULTS.md).
-OUTLIER_LINEARS = STEP_LINEARS
 OUTLIER_COLUMNS = 8
 
 
@@ -251,13 +250,13 @@ def quantize_model(
         setattr(module, child, make(q, scale, linear.bias))
 
     if dynamic:
-        with_outliers = {
+        steps = {
             f"decoder.blocks.{i}.{p}"
             for i in range(len(model.decoder.blocks))
-            for p in OUTLIER_LINEARS
+            for p in STEP_LINEARS
         }
         for name in [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]:
-            outliers = OUTLIER_COLUMNS if name in with_outliers else 0
+            outliers = OUTLIER_COLUMNS if name in steps else 0
             swap(name, lambda q, scale, bias, k=outliers: Int8Linear(q, scale, bias, k))
     else:
         for i in range(len(model.decoder.blocks)):
@@ -294,7 +293,7 @@ class Int8Linear(nn.Module):
       as all other int8 error together.
     - `outliers`: that many input channels, the call's largest in magnitude, are multiplied in
       float (their int8 weight rows dequantized) and left out of the int8 GEMM, so a few loud
-      channels do not coarsen the grid of the rest (`OUTLIER_LINEARS`).
+      channels do not coarsen the grid of the rest (the decoder's step linears).
     The weights are used as given (a quantized checkpoint's come back exactly); 7-bit weights
     derived from them would allow 8-bit activations everywhere, but the second rounding cost
     more than it gained."""
