@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from whisperforge import runtime
 from whisperforge.checkpoints import hf_name
 from whisperforge.model import ModelConfig, Whisper
 from whisperforge.presets import preset, random_model, unfuse_state_dict
@@ -419,6 +420,10 @@ def main() -> None:
     parser.add_argument(
         "--peers", nargs="*", default=["hf-sdpa", "hf-static-compile", "openai-whisper"]
     )
+    parser.add_argument(
+        "--pdl", choices=["auto", "on", "off", "both"], default="auto",
+        help="programmatic dependent launch of the step kernels (both: off, then on)",
+    )  # fmt: skip
     parser.add_argument("--window", action="store_true", help="time a whole 30 s window at batch 1")
     parser.add_argument("--profile", action="store_true", help="kernel table of an eager step")
     parser.add_argument("--check", metavar="MODEL_DIR")
@@ -450,21 +455,24 @@ def main() -> None:
     for preset_name in args.preset:
         c = preset(preset_name)
         model: Whisper = random_model(c, seed=0, device="cuda", dtype=torch.float16)
-        rt = Runtime(model, args.dtype, max_windows=max(args.batch))
         rows = []
-        for batch in args.batch:
-            t0 = time.perf_counter()
-            row = bench_runtime(rt, c, batch, args.tokens, bw, tflops)
-            row["bench_s"] = time.perf_counter() - t0
-            rows.append(row)
-            print(
-                f"{preset_name} b{batch}: encode {row['encode_ms']:.2f} ms (floor {row['encode_floor_ms']:.2f})"
-                f" | cross {row['cross_ms']:.2f} (floor {row['cross_floor_ms']:.2f})"
-                f" | prefill {row['prefill_ms']:.2f} | decode {row['decode_ms']:.1f} ms / {row['decode_steps']}"
-                f" steps = {row['step_ms']:.3f} ms/step (floor {row['step_floor_ms']:.3f})"
-                f" | RTFx {row['rtfx']:.0f}",
-                flush=True,
-            )
+        for pdl in {"auto": [None], "on": [True], "off": [False], "both": [False, True]}[args.pdl]:
+            runtime.USE_PDL = pdl
+            rt = Runtime(model, args.dtype, max_windows=max(args.batch))
+            for batch in args.batch:
+                t0 = time.perf_counter()
+                row = bench_runtime(rt, c, batch, args.tokens, bw, tflops)
+                row["bench_s"] = time.perf_counter() - t0
+                row["pdl"] = runtime.step_pdl()
+                rows.append(row)
+                print(
+                    f"{preset_name} b{batch} pdl={row['pdl']}: encode {row['encode_ms']:.2f} ms (floor {row['encode_floor_ms']:.2f})"
+                    f" | cross {row['cross_ms']:.2f} (floor {row['cross_floor_ms']:.2f})"
+                    f" | prefill {row['prefill_ms']:.2f} | decode {row['decode_ms']:.1f} ms / {row['decode_steps']}"
+                    f" steps = {row['step_ms']:.3f} ms/step (floor {row['step_floor_ms']:.3f})"
+                    f" | RTFx {row['rtfx']:.0f}",
+                    flush=True,
+                )
         entry: dict = {"runtime": rows}
         if args.window:
             entry["window_ms"] = bench_window(rt, c)
@@ -513,9 +521,9 @@ def main() -> None:
             numbers = [t for t in times if isinstance(t, float)]
             ratio = f"{min(numbers) / row['step_ms']:.1f}x" if numbers else "-"
             cells = " | ".join(f"{t:.3f}" if isinstance(t, float) else "-" for t in times)
-            print(f"{b} | {row['step_ms']:.3f} | {cells} | {row['step_floor_ms']:.3f} | {ratio}")
-        from whisperforge import runtime
-
+            print(
+                f"{b} (pdl={row['pdl']}) | {row['step_ms']:.3f} | {cells} | {row['step_floor_ms']:.3f} | {ratio}"
+            )
         chosen = {f"{k[:3]} bias={k[4]} gelu={k[5]}": v for k, v in runtime._linear_choice.items()}
         print(
             f"{preset_name}: step matmuls (M, N, K) -> Triton (block_n, block_k, warps) or None = cuBLAS: {chosen}"

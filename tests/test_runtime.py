@@ -4,6 +4,10 @@ finishing at different steps; and the same tokens as `decode` on the real tiny.e
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import JFK
@@ -240,3 +244,58 @@ def test_windows_with_their_own_prompts_decode_as_alone(
         assert together[i].tokens == alone.tokens, i
         assert together[i].avg_logprob == pytest.approx(alone.avg_logprob, abs=1e-4)
         assert together[i].no_speech_prob == pytest.approx(alone.no_speech_prob, abs=1e-4)
+
+
+STEP_KERNELS = """
+import torch
+import torch.nn.functional as F
+from whisperforge import runtime as R
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+g = torch.Generator().manual_seed(0)
+dt = torch.float16  # the interpreter computes in numpy, which has no bfloat16
+M, D = 3, 256
+x = torch.randn(M, D, generator=g).to(dt)
+w = (torch.randn(D, D, generator=g) / 16).to(dt)
+parts = R.skinny_linear(x, w, None, False, (16, 128, 4), splits=2)  # partial sums
+assert parts.shape == (2, M, D) and rel(parts.sum(0), x.float() @ w.float().T) < 1e-5
+ln = torch.nn.LayerNorm(D).to(dt)
+ln.weight.data.normal_(generator=g)
+b = torch.randn(D, generator=g).to(dt)
+stream = torch.randn(M, D, generator=g).to(dt)
+expected = stream.float() + parts.sum(0) + b.float()
+h = R.add_layer_norm(stream, parts, b, ln)
+assert rel(stream, expected) < 2e-3
+assert rel(h, F.layer_norm(expected, (D,), ln.weight.float(), ln.bias.float())) < 2e-3
+
+tokens, positions = torch.tensor([3, 7, 49]), torch.tensor([0, 5, 447])
+emb, pos = torch.randn(50, D, generator=g).to(dt), torch.randn(448, D, generator=g).to(dt)
+x, h = R.embed_layer_norm(tokens, positions, emb, pos, ln)
+assert torch.equal(x, emb[tokens] + pos[positions])
+
+W, G, H, dh, A = 2, 2, 3, 64, 1500  # 1500 keys: 8 splits, the last one short
+q = torch.randn(3, W * G, H * dh, generator=g)  # a query's partial sums, before its bias
+q_bias = torch.randn(H * dh, generator=g).to(dt)
+kv = torch.randn(W + 1, A, 2 * H * dh, generator=g).to(dt)
+out = R.cross_attention(q, q_bias, kv, W, H)
+query = (q.sum(0).to(dt).float() + q_bias.float()).to(dt).float()
+heads = lambda t: t.float().reshape(W, -1, H, dh).transpose(1, 2)
+ref = F.scaled_dot_product_attention(heads(query), heads(kv[:W, :, : H * dh]), heads(kv[:W, :, H * dh :]))
+assert rel(out, ref.transpose(1, 2).reshape(W * G, H * dh)) < 2e-3
+print("ok")
+"""
+
+
+def test_step_kernels_in_the_interpreter():
+    """The decode step's Triton kernels (CUDA only) in Triton's CPU interpreter, against torch:
+    split partial sums, the fused residual + layer norm over them, the embedding + layer norm,
+    and cross-attention split over the keys. Skipped where Triton is not installed (CI)."""
+    pytest.importorskip("triton")
+    run = subprocess.run(
+        [sys.executable, "-c", STEP_KERNELS],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

@@ -24,7 +24,9 @@ What is quantized, and how (`compute_type`, faster-whisper's names plus `float8`
   faster per shape. A decode step is bound by reading the decoder's weights; the encoder and
   the cross K,V projection run once per window at 1500+ rows, compute-bound, and stay float.
 - `float8` (Ada/Hopper): the same linears as fp8 e4m3 weights, multiplied by
-  `torch._scaled_mm` with each activation row quantized to fp8 on the fly (its own scale).
+  `torch._scaled_mm` with each activation row quantized to fp8 on the fly (its own scale), or,
+  for the few rows of a decode step where it is faster, by the Triton stream kernel with the
+  fp8 weights widened in registers (weight-only: the activations stay 16-bit).
 
 The token embedding, which is also the output projection (tied logits), is quantized too, with
 one scale per vocabulary row (`QuantizedEmbedding`): it is the largest single matrix, 71 % of
@@ -48,7 +50,7 @@ from torch import Tensor, nn
 
 from .errors import InvalidOptionError
 from .model import Whisper
-from .runtime import skinny_linear
+from .runtime import skinny_linear, step_pdl, stream_splits
 
 try:
     import triton
@@ -142,8 +144,16 @@ class QuantizedWeight(NamedTuple):
     data: Tensor  # [N, K] int8 or float8_e4m3fn
     scale: Tensor  # [N] float32
 
-    def linear(self, x: Tensor, bias: Tensor | None = None, gelu: bool = False) -> Tensor:
-        return quantized_linear(x, self, bias, gelu)
+    def linear(
+        self,
+        x: Tensor,
+        bias: Tensor | None = None,
+        gelu: bool = False,
+        *,
+        out: Tensor | None = None,
+        partial: bool = False,
+    ) -> Tensor:
+        return quantized_linear(x, self, bias, gelu, out=out, partial=partial)
 
 
 class _Quantized(nn.Module):
@@ -362,22 +372,29 @@ def int8_overflows() -> bool:
 
 
 def quantized_linear(
-    x: Tensor, w: QuantizedWeight, bias: Tensor | None = None, gelu: bool = False
+    x: Tensor,
+    w: QuantizedWeight,
+    bias: Tensor | None = None,
+    gelu: bool = False,
+    *,
+    out: Tensor | None = None,
+    partial: bool = False,
 ) -> Tensor:
-    """x [M, K] @ dequantized w^T (+ bias, then GELU), in x's dtype."""
-    if w.data.dtype == torch.float8_e4m3fn:
-        y = _fp8_linear(x, w)
-    else:
-        key = (x.shape[0], *w.data.shape, x.dtype, x.device.type)
-        choice = _int8_choice.get(key)
-        if choice is None:
-            choice = _int8_choice[key] = _pick_int8(x, w)
-        if isinstance(choice, tuple):  # the Triton kernel applies bias and GELU itself
-            return _int8_triton(x, w, bias, gelu, choice)
-        y = choice(x, w)
+    """x [M, K] @ dequantized w^T (+ bias, then GELU), in x's dtype (into `out` if given;
+    `partial`: see runtime.linear)."""
+    partial = partial and bias is None and not gelu
+    key = (x.shape[0], *w.data.shape, w.data.dtype, x.dtype, x.device.type, step_pdl(), partial)
+    choice = _quantized_choice.get(key)
+    if choice is None:
+        choice = _quantized_choice[key] = _pick_quantized(x, w, partial)
+    if isinstance(choice, tuple):  # the Triton kernel applies bias and GELU itself
+        splits = stream_splits(w.data.shape[0], x.shape[1], choice) if partial else 1
+        return skinny_linear(x, w.data, bias, gelu, choice, scale=w.scale, out=out, splits=splits)
+    y = choice(x, w)
     if bias is not None:
         y = y + bias
-    return F.gelu(y) if gelu else y
+    y = F.gelu(y) if gelu else y
+    return y if out is None else out.copy_(y)
 
 
 def _int8_dequantized(x: Tensor, w: QuantizedWeight) -> Tensor:
@@ -392,38 +409,49 @@ def _int8_pack_mm(x: Tensor, w: QuantizedWeight) -> Tensor:
 
 
 # (block_n, block_k, warps) of the Triton stream kernel; few, as each is compiled per K on first use
-_INT8_CONFIGS = [(16, 128, 4), (32, 128, 4), (32, 256, 4), (64, 256, 8)]
-_int8_choice: dict[tuple, Callable[[Tensor, QuantizedWeight], Tensor] | tuple[int, int, int]] = {}
+_QUANTIZED_CONFIGS = [(16, 128, 4), (32, 128, 4), (32, 256, 4), (64, 256, 8)]
+_quantized_choice: dict[
+    tuple, Callable[[Tensor, QuantizedWeight], Tensor] | tuple[int, int, int]
+] = {}
 
 
-def _pick_int8(x: Tensor, w: QuantizedWeight):
+def _pick_quantized(x: Tensor, w: QuantizedWeight, partial: bool = False):
     """The CPU uses PyTorch's int8 matmul; CUDA, for many rows (a prefill: compute-bound, and of
-    ever new shapes), dequantize + cuBLAS. For the few rows of a decode step the first call of
-    each shape times the candidates (outside graph capture: a step runs once before it is
-    captured) and keeps the fastest that agrees with the reference."""
-    if not x.is_cuda:
-        return _int8_pack_mm if x.dtype == torch.float32 else _int8_dequantized
-    if triton is None or x.shape[0] > 64:
+    ever new shapes), dequantize + cuBLAS for int8, fp8 activations + _scaled_mm for fp8. For the
+    few rows of a decode step the first call of each shape times the candidates (outside graph
+    capture: a step runs once before it is captured) and keeps the fastest that agrees with the
+    reference (the Triton stream kernel widens int8 or fp8 weights in registers)."""
+    fp8 = w.data.dtype == torch.float8_e4m3fn
+    if not x.is_cuda or triton is None or x.shape[0] > 64:
+        if fp8:
+            return _fp8_linear
+        if not x.is_cuda:
+            return _int8_pack_mm if x.dtype == torch.float32 else _int8_dequantized
         return _int8_dequantized
     from triton.testing import do_bench
 
     reference = _int8_dequantized(x, w).float()
-    candidates: list = [_int8_dequantized, _int8_pack_mm]
+    candidates: list = [_fp8_linear] if fp8 else [_int8_dequantized, _int8_pack_mm]
     if x.dtype != torch.float32:  # tl.dot would round float32 to tf32
-        candidates += [c for c in _INT8_CONFIGS if x.shape[1] % c[1] == 0]
-    best, best_ms = _int8_dequantized, float("inf")
+        configs = [c for c in _QUANTIZED_CONFIGS if x.shape[1] % c[1] == 0]
+        candidates += configs
+    best, best_ms = candidates[0], float("inf")
+    # fp8 activations round each value to 3 bits of mantissa: a few % off the float product.
+    tolerance = 5e-2 if fp8 else 1e-2
     for choice in candidates:
 
         def run(choice=choice) -> Tensor:
             if isinstance(choice, tuple):
-                return _int8_triton(x, w, None, False, choice)
+                splits = stream_splits(w.data.shape[0], x.shape[1], choice) if partial else 1
+                y = skinny_linear(x, w.data, None, False, choice, scale=w.scale, splits=splits)
+                return y.sum(0) if splits > 1 else y
             return choice(x, w)
 
         try:
             error = (run().float() - reference).norm() / reference.norm().clamp(min=1e-12)
         except Exception:  # noqa: BLE001, S112 - e.g. an int8 matmul this build lacks
             continue
-        if not error < 1e-2:  # a candidate that is wrong here is never used
+        if not error < tolerance:  # a candidate that is wrong here is never used
             continue
         ms = do_bench(run, warmup=5, rep=20)
         if ms < best_ms:
@@ -444,13 +472,6 @@ if triton is not None:
         q = (x / scale).to(q_ptr.dtype.element_ty)
         tl.store(q_ptr + row.to(tl.int64) * K + cols, q, mask=mask)
         tl.store(s_ptr + row, scale)
-
-
-def _int8_triton(
-    x: Tensor, w: QuantizedWeight, bias: Tensor | None, gelu: bool, config: tuple[int, int, int]
-) -> Tensor:
-    """The runtime's Triton stream kernel over int8 weights (widened in registers) and scales."""
-    return skinny_linear(x, w.data, bias, gelu, config, scale=w.scale)
 
 
 def fp8_rows(x: Tensor) -> tuple[Tensor, Tensor]:

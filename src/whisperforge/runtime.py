@@ -32,6 +32,7 @@ step code runs eagerly. `RuntimeWhisper` lets `decoding.decode` use the runtime 
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,10 @@ try:
     import triton.language as tl
 except ImportError:  # CPU-only installs: the runtime runs its plain torch path
     triton = None
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # no Triton, or one without grid dependency control: no PDL
+    gdc_wait = gdc_launch_dependents = None
 
 COMPUTE_TYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 BUCKETS = (64, 128, 256)  # past lengths a step graph covers; n_text_ctx is always the last
@@ -73,18 +78,69 @@ def layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter, for tests
 
+# Programmatic dependent launch (Hopper and later): each step kernel is launched while the one
+# before it still runs, streams its weights into L2, and only then waits for its inputs. A
+# decode step is a chain of ~12 small kernels per layer, each reading a few MB: without this,
+# every kernel's ramp-up and tail leave the memory idle. None: on where the GPU has it; the
+# benchmarks set USE_PDL to compare.
+USE_PDL: bool | None = None
+
+
+def step_pdl() -> bool:
+    if USE_PDL is not None:
+        return USE_PDL and gdc_wait is not None
+    return _pdl_supported()
+
+
+@functools.cache
+def _pdl_supported() -> bool:
+    if triton is None or gdc_wait is None or _INTERPRETED or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability()[0] >= 9
+
+
+def _launch(pdl: bool) -> dict:
+    """Launch options of a step kernel (the interpreter knows no launch_pdl)."""
+    return {"PDL": pdl, "launch_pdl": True} if pdl else {"PDL": False}
+
+
 if triton is not None:
 
     @triton.jit
+    def _wait_for_inputs(PDL: tl.constexpr):
+        """Under PDL: wait until the kernel before has finished (its writes are visible), then
+        let the next kernel launch (it prefetches while this one runs)."""
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+
+    @triton.jit
+    def _prefetch_l2(pointers):
+        """Ask L2 for the 128-byte line at each pointer; nothing waits for it."""
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; // $0", "=r,l", [pointers], dtype=tl.int32, is_pure=False,
+            pack=1,
+        )  # fmt: skip
+
+    @triton.jit
     def _add_layer_norm_kernel(
-        x_ptr, y_ptr, bias_ptr, w_ptr, b_ptr, h_ptr, D, eps, BLOCK: tl.constexpr
-    ):
-        """x += y + bias, in place (the residual stream); h = layer_norm(x). One row per program."""
+        x_ptr, y_ptr, bias_ptr, w_ptr, b_ptr, h_ptr, rows, D, eps,
+        SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """x += y + bias, in place (the residual stream); h = layer_norm(x). One row per program.
+        SPLITS > 0: y is a split matmul's float32 partial sums [SPLITS, rows, D], added here."""
+        _wait_for_inputs(PDL)
         row = tl.program_id(0).to(tl.int64) * D
         cols = tl.arange(0, BLOCK)
         mask = cols < D
         x = tl.load(x_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
+        if SPLITS == 0:
+            y = tl.load(y_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
+        else:
+            y = tl.zeros([BLOCK], tl.float32)
+            for s in range(SPLITS):
+                y += tl.load(y_ptr + s * rows * D + row + cols, mask=mask, other=0.0)
+            y = y.to(x_ptr.dtype.element_ty).to(tl.float32)  # rounded as the matmul's output
         y += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         x = (x + y).to(x_ptr.dtype.element_ty)  # the stream is kept in the compute dtype
         tl.store(x_ptr + row + cols, x, mask=mask)
@@ -98,13 +154,40 @@ if triton is not None:
         tl.store(h_ptr + row + cols, h.to(h_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _embed_layer_norm_kernel(
+        token_ptr, pos_ptr, token_emb_ptr, pos_emb_ptr, w_ptr, b_ptr, x_ptr, h_ptr, D, eps,
+        BLOCK: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """x = token_embedding[token] + positional_embedding[pos]; h = layer_norm(x). One row
+        per program: the start of a decode step."""
+        _wait_for_inputs(PDL)
+        r = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < D
+        token = tl.load(token_ptr + r).to(tl.int64)
+        pos = tl.load(pos_ptr + r).to(tl.int64)
+        x = tl.load(token_emb_ptr + token * D + cols, mask=mask, other=0.0)
+        x += tl.load(pos_emb_ptr + pos * D + cols, mask=mask, other=0.0)  # in the dtype, as torch
+        tl.store(x_ptr + r.to(tl.int64) * D + cols, x, mask=mask)
+        x = x.to(tl.float32)
+        mean = tl.sum(x, axis=0) / D
+        diff = tl.where(mask, x - mean, 0.0)
+        var = tl.sum(diff * diff, axis=0) / D
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        h = diff * tl.rsqrt(var + eps) * w + b
+        tl.store(h_ptr + r.to(tl.int64) * D + cols, h.to(h_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
     def _decode_attention_kernel(
         qkv_ptr, bias_ptr, cache_ptr, pos_ptr, out_ptr, n_head, scale,
         T: tl.constexpr, DH: tl.constexpr, BLOCK_T: tl.constexpr, BY_LENGTH: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         """One (row, head): write this token's K,V at the row's position p, then attend over
         positions [0, p] of the row's cache. The length comes from memory, so one kernel (and
         one graph) serves every length: no buckets, no mask."""
+        _wait_for_inputs(PDL)
         r = tl.program_id(0)
         h = tl.program_id(1)
         p = tl.load(pos_ptr + r)
@@ -145,41 +228,170 @@ if triton is not None:
             m = m_new
         tl.store(out_ptr + r * D + h * DH + d, (acc / l).to(out_ptr.dtype.element_ty))
 
+    @triton.jit
+    def _cross_attention_kernel(
+        q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, A, n_head, scale,
+        Q_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DH: tl.constexpr, KEYS: tl.constexpr,
+        BLOCK_T: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """One (window, head, split of the keys): the window's GROUP rows attend to KEYS of its
+        n_audio_ctx cross keys. Writes the split's running max m, sum l and unnormalized output
+        (flash decoding); `_combine_kernel` joins the splits. The window's K,V are read once for
+        all its rows (beams), and prefetched into L2 before the query is ready. The query comes
+        without its bias: [rows, D], or Q_SPLITS > 0 float32 partial sums [Q_SPLITS, rows, D]."""
+        w = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        S = tl.num_programs(2)
+        D = n_head * DH
+        d = tl.arange(0, DH)
+        kv = kv_ptr + w.to(tl.int64) * A * 2 * D + h * DH  # this head's K; its V at + D
+        if PDL:  # one 128-byte line per key (DH = 64 at 2 bytes) for K and for V
+            for t0 in range(0, KEYS, BLOCK_T):
+                t = tl.minimum(s * KEYS + t0 + tl.arange(0, BLOCK_T), A - 1)
+                _prefetch_l2(kv + t * 2 * D)
+                _prefetch_l2(kv + t * 2 * D + D)
+        _wait_for_inputs(PDL)
+        g = tl.arange(0, BLOCK_G)
+        row = w * GROUP + g
+        at = row[:, None] * D + h * DH + d[None, :]
+        mine = g[:, None] < GROUP
+        if Q_SPLITS == 0:
+            q = tl.load(q_ptr + at, mask=mine, other=0.0).to(tl.float32)
+        else:
+            q = tl.zeros([BLOCK_G, DH], tl.float32)
+            for part in range(Q_SPLITS):
+                q += tl.load(
+                    q_ptr + part * tl.num_programs(0) * GROUP * D + at, mask=mine, other=0.0
+                )
+            q = q.to(kv_ptr.dtype.element_ty).to(tl.float32)  # rounded as the matmul's output
+        q += tl.load(q_bias_ptr + h * DH + d).to(tl.float32)[None, :]
+        q = q.to(kv_ptr.dtype.element_ty)
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, DH], tl.float32)
+        for t0 in range(0, KEYS, BLOCK_T):
+            t = s * KEYS + t0 + tl.arange(0, BLOCK_T)
+            valid = t < A
+            k = tl.load(kv + t[:, None] * 2 * D + d[None, :], mask=valid[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k)) * scale
+            scores = tl.where(valid[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(scores - m_new[:, None])
+            v = tl.load(kv + D + t[:, None] * 2 * D + d[None, :], mask=valid[:, None], other=0.0)
+            l = l * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        at = (row * n_head + h) * S + s  # partials [rows, heads, splits(, DH)]
+        keep = g < GROUP
+        tl.store(m_ptr + at, m, mask=keep)
+        tl.store(l_ptr + at, l, mask=keep)
+        tl.store(acc_ptr + at[:, None] * DH + d[None, :], acc, mask=keep[:, None])
 
-if triton is not None:
+    @triton.jit
+    def _combine_kernel(
+        m_ptr, l_ptr, acc_ptr, out_ptr, n_head, S,
+        DH: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """One (row, head): join the key splits' partial softmaxes into the attention output."""
+        _wait_for_inputs(PDL)
+        r = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.arange(0, BLOCK_S)
+        d = tl.arange(0, DH)
+        at = (r * n_head + h) * S + s
+        m = tl.load(m_ptr + at, mask=s < S, other=float("-inf"))
+        weight = tl.exp(m - tl.max(m, axis=0))  # 0 for the padding splits
+        l = tl.sum(tl.load(l_ptr + at, mask=s < S, other=0.0) * weight, axis=0)
+        acc = tl.load(acc_ptr + at[:, None] * DH + d[None, :], mask=(s < S)[:, None], other=0.0)
+        out = tl.sum(acc * weight[:, None], axis=0) / l
+        tl.store(out_ptr + (r * n_head + h) * DH + d, out.to(out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _greedy_select_kernel(
+        logits_ptr, bias_ptr, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr,
+        history_stride, V: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """`Runtime._select` for one row in one pass over its logits: the first argmax of
+        logits + bias, its log-probability (an online logsumexp), and the loop state."""
+        _wait_for_inputs(PDL)
+        r = tl.program_id(0).to(tl.int64)
+        best_value = tl.full([], float("-inf"), tl.float32)
+        best = tl.full([], 0, tl.int64)
+        total = tl.full([], 0.0, tl.float32)  # sum of exp(logit - best_value)
+        for v0 in range(0, V, BLOCK_V):
+            v = v0 + tl.arange(0, BLOCK_V)
+            z = tl.load(logits_ptr + r * V + v, mask=v < V, other=float("-inf"))
+            z += tl.load(bias_ptr + v, mask=v < V, other=0.0)
+            value, index = tl.max(
+                z, axis=0, return_indices=True, return_indices_tie_break_left=True
+            )
+            best = tl.where(value > best_value, v0 + index, best)  # ties keep the first
+            new = tl.maximum(best_value, value)
+            base = tl.where(new == float("-inf"), 0.0, new)
+            total = total * tl.exp(best_value - base) + tl.sum(tl.exp(z - base), axis=0)
+            best_value = new
+        logprob = -tl.log(total)  # the best logit minus the logsumexp
+        finished = tl.load(finished_ptr + r) != 0
+        eot = tl.load(eot_ptr)
+        token = tl.where(finished, eot, best)
+        tl.store(sum_ptr + r, tl.load(sum_ptr + r) + tl.where(finished, 0.0, logprob))
+        tl.store(history_ptr + r * history_stride + tl.load(pos_ptr + r), token)
+        tl.store(finished_ptr + r, (finished | (token == eot)).to(finished_ptr.dtype.element_ty))
+        tl.store(token_ptr + r, token)
 
     @triton.jit
     def _skinny_linear_kernel(
         x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N,
-        K: tl.constexpr, SCALE: tl.constexpr, GELU: tl.constexpr, BIAS: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        K: tl.constexpr, K_SPLIT: tl.constexpr, SCALE: tl.constexpr, GELU: tl.constexpr,
+        BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        LINE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """y[M, N] = x[M, K] @ w[N, K]^T (* scale[N], + bias, then GELU) for a few rows: a
         decode step's matmul is a stream over the weights, each program a band of BLOCK_N rows
-        for BLOCK_M rows of x. int8 weights (quantize.py, with SCALE) are widened to x's dtype
-        in registers (exact: |q| <= 127), so a step reads half the bytes."""
+        for BLOCK_M rows of x. int8 or fp8 weights (quantize.py, with SCALE) are widened to x's
+        dtype in registers (exact), so a step reads half the bytes. K_SPLIT < K: program
+        (., ., s) sums columns [s K_SPLIT, (s + 1) K_SPLIT) into float32 partials y[s] (scaled,
+        no bias; add_layer_norm or cross_attention adds them up). Under PDL the band is prefetched into L2 (a
+        LINE of elements at a time) before the inputs are waited for."""
         m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_start = tl.program_id(2) * K_SPLIT
         k = tl.arange(0, BLOCK_K)
+        if PDL:
+            band = w_ptr + tl.minimum(n, N - 1)[:, None].to(tl.int64) * K
+            for k0 in range(0, K_SPLIT, BLOCK_K):  # constant trip counts, here and below
+                _prefetch_l2(band + (k_start + k0 + tl.arange(0, BLOCK_K // LINE) * LINE)[None, :])
+        _wait_for_inputs(PDL)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            x = tl.load(x_ptr + m[:, None] * K + (k0 + k)[None, :], mask=m[:, None] < M, other=0.0)
-            w = tl.load(w_ptr + n[:, None] * K + (k0 + k)[None, :], mask=n[:, None] < N, other=0)
+        for k0 in range(0, K_SPLIT, BLOCK_K):
+            kk = k_start + k0 + k
+            x = tl.load(x_ptr + m[:, None] * K + kk[None, :], mask=m[:, None] < M, other=0.0)
+            # No `other`: a masked row only feeds outputs n >= N, which are not stored (and no
+            # constant casts to fp8).
+            w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=n[:, None] < N)
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        out = y_ptr + m[:, None] * N + n[None, :]
+        keep = (m[:, None] < M) & (n[None, :] < N)
         if SCALE:
             acc *= tl.load(s_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
-        if BIAS:
-            acc = acc.to(y_ptr.dtype.element_ty).to(tl.float32)  # rounded as the matmul's output
-            acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
-        if GELU:
-            acc = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
-            acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
-        out = y_ptr + m[:, None] * N + n[None, :]
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(m[:, None] < M) & (n[None, :] < N))
+        if K_SPLIT < K:
+            tl.store(out + tl.program_id(2) * M * N, acc, mask=keep)
+        else:
+            acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)  # rounded as the matmul's output
+            if BIAS:
+                acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+            if GELU:
+                acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+                acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+                acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+            tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=keep)
 
 
 _SKINNY_CONFIGS = [(16, 128, 4), (16, 256, 4), (32, 128, 4), (32, 256, 8), (64, 128, 8)]
 _linear_choice: dict[tuple, tuple[int, int, int] | None] = {}
+CROSS_KEYS = 192  # cross keys per program of `cross_attention`: 8 splits of a 30 s window
 
 
 def skinny_linear(
@@ -189,18 +401,29 @@ def skinny_linear(
     gelu: bool,
     config: tuple[int, int, int],
     scale: Tensor | None = None,
+    *,
+    out: Tensor | None = None,
+    splits: int = 1,
 ) -> Tensor:
-    """The Triton stream kernel: x [M, K] @ w^T (* scale per output channel, + b, then GELU).
-    config: (block_n, block_k, warps); K must be a multiple of block_k."""
+    """The Triton stream kernel: x [M, K] @ w^T (* scale per output channel, + b, then GELU)
+    into `out` or a new [M, N] in x's dtype. config: (block_n, block_k, warps); K must be a
+    multiple of block_k. `splits` > 1 (where K divides into them, with no bias nor GELU):
+    float32 partial sums [splits, M, N] for `add_layer_norm`, more programs for a long K."""
     x = x.contiguous()  # the kernel indexes rows of K
     M, K = x.shape
     N = w.shape[0]
-    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     block_n, block_k, warps = config
-    _skinny_linear_kernel[(triton.cdiv(N, block_n), triton.cdiv(M, 16))](
+    if b is not None or gelu or K % (splits * block_k):
+        splits = 1
+    if splits > 1:
+        y = torch.empty(splits, M, N, device=x.device, dtype=torch.float32)
+    else:
+        y = torch.empty(M, N, device=x.device, dtype=x.dtype) if out is None else out
+    _skinny_linear_kernel[(triton.cdiv(N, block_n), triton.cdiv(M, 16), splits)](
         x, w, scale if scale is not None else w, b if b is not None else w, y, M, N, K=K,
-        SCALE=scale is not None, GELU=gelu, BIAS=b is not None,
-        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        K_SPLIT=K // splits, SCALE=scale is not None, GELU=gelu, BIAS=b is not None,
+        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, LINE=128 // w.element_size(),
+        num_warps=warps, **_launch(step_pdl() and x.is_cuda),
     )  # fmt: skip
     return y
 
@@ -210,49 +433,115 @@ def _torch_linear(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool) -> Tensor:
     return F.gelu(y) if gelu else y
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None, gelu: bool = False) -> Tensor:
-    """F.linear (then GELU) for a decode step. For up to 16 rows on CUDA, the first call of each
-    shape times cuBLAS against the Triton stream kernel's configs (outside any graph capture: a
-    step runs once before it is captured) and keeps the fastest that agrees with cuBLAS."""
+def linear(
+    x: Tensor,
+    w: Tensor,
+    b: Tensor | None = None,
+    gelu: bool = False,
+    *,
+    out: Tensor | None = None,
+    partial: bool = False,
+) -> Tensor:
+    """F.linear (then GELU) for a decode step, into `out` if given. `partial`: the caller also
+    takes float32 partial sums [splits, M, N] (add_layer_norm, cross_attention), which let a
+    matmul with few output bands split its K over more programs. For up to 16 rows on
+    CUDA, the first call of each shape times the Triton stream kernel's configs, and cuBLAS
+    unless the step runs under PDL (where a kernel's own time misses what it overlaps), outside
+    any graph capture (a step runs once before it is captured), and keeps the fastest that
+    agrees with cuBLAS."""
     if not isinstance(w, Tensor):  # int8 / fp8 weights (quantize.QuantizedWeight): own kernels
-        return w.linear(x, b, gelu)
+        return w.linear(x, b, gelu, out=out, partial=partial)
     M, K = x.shape
-    key = (M, w.shape[0], K, w.dtype, b is not None, gelu)
+    pdl = step_pdl() and x.is_cuda
+    partial = partial and b is None and not gelu
+    key = (M, w.shape[0], K, w.dtype, b is not None, gelu, pdl, partial)
     if key not in _linear_choice:
         # Not for float32: tl.dot would round its inputs to tf32, and float32 means float32.
-        usable = triton is not None and x.is_cuda and M <= 16 and w.dtype != torch.float32
-        _linear_choice[key] = _pick_linear(x, w, b, gelu) if usable else None
+        usable = x.is_cuda or _INTERPRETED
+        usable = triton is not None and usable and M <= 16 and w.dtype != torch.float32
+        _linear_choice[key] = _pick_linear(x, w, b, gelu, pdl, partial) if usable else None
     config = _linear_choice[key]
-    return _torch_linear(x, w, b, gelu) if config is None else skinny_linear(x, w, b, gelu, config)
+    if config is not None:
+        splits = stream_splits(w.shape[0], K, config) if partial else 1
+        return skinny_linear(x, w, b, gelu, config, out=out, splits=splits)
+    y = _torch_linear(x, w, b, gelu)
+    return y if out is None else out.copy_(y)
 
 
-def _pick_linear(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool) -> tuple[int, int, int] | None:
+def _pick_linear(
+    x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, pdl: bool, partial: bool
+) -> tuple[int, int, int] | None:
+    configs = [c for c in _SKINNY_CONFIGS if x.shape[1] % c[1] == 0]
+    if _INTERPRETED:  # no clock to time by: the kernel's first config, to test it
+        return configs[0] if configs else None
     from triton.testing import do_bench
 
     reference = _torch_linear(x, w, b, gelu).float()
-    best, best_ms = None, do_bench(lambda: _torch_linear(x, w, b, gelu), warmup=5, rep=20)
-    for config in _SKINNY_CONFIGS:
-        if x.shape[1] % config[1]:
-            continue
-        error = (skinny_linear(x, w, b, gelu, config).float() - reference).norm() / reference.norm()
+    best, best_ms = None, float("inf")
+    if not pdl:
+        best_ms = do_bench(lambda: _torch_linear(x, w, b, gelu), warmup=5, rep=20)
+    for config in configs:
+        splits = stream_splits(w.shape[0], x.shape[1], config) if partial else 1
+
+        def run(config=config, splits=splits) -> Tensor:
+            return skinny_linear(x, w, b, gelu, config, splits=splits)
+
+        y = run()
+        error = ((y.sum(0) if splits > 1 else y).float() - reference).norm() / reference.norm()
         if not error < 1e-2:  # a config that is wrong here is never used
             continue
-        ms = do_bench(lambda config=config: skinny_linear(x, w, b, gelu, config), warmup=5, rep=20)
+        ms = do_bench(run, warmup=5, rep=20)
         if ms < best_ms:
             best, best_ms = config, ms
     return best
 
 
-def add_layer_norm(x: Tensor, y: Tensor, bias: Tensor, ln: nn.LayerNorm) -> Tensor:
-    """x += y + bias in place; returns layer_norm(x). x, y: contiguous [rows, D]."""
+def stream_splits(N: int, K: int, config: tuple[int, int, int]) -> int:
+    """Parts to split K into, for a step matmul whose caller takes partial sums: the fewest that
+    make ~2 programs per multiprocessor (a GEMV is bound by the loads in flight, and a matmul
+    with N = 1280 has only 40 to 80 bands of output), each part at least 256 long."""
+    block_n, block_k, _ = config
+    bands, splits = triton.cdiv(N, block_n), 1
+    for s in (2, 4, 5, 8, 10):
+        if bands * splits >= 264 or K // s < 256:
+            break
+        if K % (s * block_k) == 0:
+            splits = s
+    return splits
+
+
+def add_layer_norm(
+    x: Tensor, y: Tensor, bias: Tensor, ln: nn.LayerNorm, out: Tensor | None = None
+) -> Tensor:
+    """x += y + bias in place; returns layer_norm(x) (into `out` if given). x: contiguous
+    [rows, D]; y: the same, or a split matmul's float32 partial sums [splits, rows, D]."""
     rows, D = x.shape
-    h = torch.empty_like(x)
+    h = torch.empty_like(x) if out is None else out
     block = triton.next_power_of_2(D)
     warps = 8 if block >= 2048 else 4
     _add_layer_norm_kernel[(rows,)](
-        x, y, bias, ln.weight, ln.bias, h, D, ln.eps, BLOCK=block, num_warps=warps
-    )
+        x, y.contiguous(), bias, ln.weight, ln.bias, h, rows, D, ln.eps,
+        SPLITS=y.shape[0] if y.dim() == 3 else 0, BLOCK=block, num_warps=warps,
+        **_launch(step_pdl() and x.is_cuda),
+    )  # fmt: skip
     return h
+
+
+def embed_layer_norm(
+    token: Tensor, pos: Tensor, token_embedding: Tensor, positional_embedding: Tensor,
+    ln: nn.LayerNorm,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The start of a decode step in one kernel: (x, layer_norm(x)) for
+    x = token_embedding[token] + positional_embedding[pos], one row per token."""
+    rows, D = token.shape[0], token_embedding.shape[1]
+    x = torch.empty(rows, D, device=token.device, dtype=token_embedding.dtype)
+    h = torch.empty_like(x)
+    block = triton.next_power_of_2(D)
+    _embed_layer_norm_kernel[(rows,)](
+        token, pos, token_embedding, positional_embedding, ln.weight, ln.bias, x, h, D, ln.eps,
+        BLOCK=block, num_warps=8 if block >= 2048 else 4, **_launch(step_pdl() and x.is_cuda),
+    )  # fmt: skip
+    return x, h
 
 
 def decode_attention(qkv: Tensor, bias: Tensor, cache: Tensor, pos: Tensor, n_head: int) -> Tensor:
@@ -264,6 +553,33 @@ def decode_attention(qkv: Tensor, bias: Tensor, cache: Tensor, pos: Tensor, n_he
     _decode_attention_kernel[(rows, n_head)](
         qkv, bias, cache, pos, out, n_head, dh**-0.5, T=cache.shape[2],
         DH=dh, BLOCK_T=64, BY_LENGTH=not _INTERPRETED, num_warps=4,
+        **_launch(step_pdl() and qkv.is_cuda),
+    )  # fmt: skip
+    return out
+
+
+def cross_attention(q: Tensor, q_bias: Tensor, kv: Tensor, windows: int, n_head: int) -> Tensor:
+    """A decode step's cross-attention: the query before its bias, [windows * group, D] or a
+    split matmul's partial sums [splits, windows * group, D], rows grouped by window;
+    kv [>= windows, n_audio_ctx, 2D], each window's K then V -> out [rows, D].
+    For 16-bit dtypes with 64-wide heads (every Whisper), whose key rows are 128-byte lines."""
+    rows, D = q.shape[-2:]
+    group, A, dh = rows // windows, kv.shape[1], D // n_head
+    splits = triton.cdiv(A, CROSS_KEYS)
+    m = torch.empty(rows, n_head, splits, device=q.device, dtype=torch.float32)
+    l = torch.empty_like(m)
+    acc = torch.empty(rows, n_head, splits, dh, device=q.device, dtype=torch.float32)
+    pdl = _launch(step_pdl() and q.is_cuda)
+    _cross_attention_kernel[(windows, n_head, splits)](
+        q.contiguous(), q_bias, kv, m, l, acc, A, n_head, dh**-0.5,
+        Q_SPLITS=q.shape[0] if q.dim() == 3 else 0, GROUP=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), DH=dh, KEYS=CROSS_KEYS, BLOCK_T=64,
+        num_warps=4, **pdl,
+    )  # fmt: skip
+    out = torch.empty(rows, D, device=q.device, dtype=kv.dtype)
+    _combine_kernel[(rows, n_head)](
+        m, l, acc, out, n_head, splits, DH=dh, BLOCK_S=triton.next_power_of_2(splits),
+        num_warps=1, **pdl,
     )  # fmt: skip
     return out
 
@@ -325,7 +641,7 @@ class Runtime:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.encoder_graphs = encoder_graphs and self.graphs
         # The Triton kernels (fused residual + layer norm, self-attention by length) on CUDA.
-        on_cuda = self.device.type == "cuda" and triton is not None
+        on_cuda = triton is not None and (self.device.type == "cuda" or _INTERPRETED)
         self.fused = on_cuda if fused is None else fused and on_cuda
         n_ctx = self.config.n_text_ctx
         self.buckets = sorted({b for b in buckets if b < n_ctx} | {n_ctx})
@@ -502,6 +818,9 @@ class Runtime:
         grouped by window: all queries of a window's rows attend to its K,V in one call, so
         beams read their shared K,V once."""
         H, dh, D = self.n_head, self.d_head, self.config.n_text_state
+        if x.dim() == 2 and self.fused and self.dtype != torch.float32:  # a step: Triton
+            q = linear(x, attn.query.weight, partial=True)
+            return cross_attention(q, attn.query.bias, self.cross_kv[layer], windows, H)
         q = linear(x, attn.query.weight, attn.query.bias) if x.dim() == 2 else attn.query(x)
         q = q.reshape(windows, -1, H, dh).transpose(1, 2)  # [W, H, group * T, dh]
         kv = self.cross_kv[layer][:windows]
@@ -555,34 +874,54 @@ class Runtime:
         pos += 1
 
     def _forward_fused(self, rows: int, windows: int) -> None:
-        """`_forward` with the Triton kernels: each residual add, the bias of the projection
-        before it and the next layer norm are one kernel; self-attention writes the token's K,V
-        and attends up to each row's own length in one kernel."""
+        """`_forward` with the Triton kernels: the embedding and the first layer norm are one
+        kernel; each residual add, the bias of the projection before it and the next layer norm
+        are one; self-attention writes the token's K,V and attends up to each row's own length
+        in one; cross-attention is split over the keys and joined. On Hopper the kernels chain
+        by programmatic dependent launch (see USE_PDL)."""
         dec = self.model.decoder
         token, pos = self.token[:rows], self.pos[:rows]
-        x = dec.token_embedding(token) + dec.positional_embedding[pos]  # [R, D]
         blocks = dec.blocks
-        h = layer_norm(blocks[0].attn_ln, x)
+        embedding = dec.token_embedding
+        if type(embedding.weight) is nn.Parameter:  # float, not quantize's int8 / fp8 rows
+            x, h = embed_layer_norm(
+                token, pos, embedding.weight, dec.positional_embedding, blocks[0].attn_ln
+            )
+        else:
+            x = embedding(token) + dec.positional_embedding[pos]  # [R, D]
+            h = layer_norm(blocks[0].attn_ln, x)
         for i, block in enumerate(blocks):
             qkv = block.attn.qkv
             a = decode_attention(linear(h, qkv.weight), qkv.bias, self.self_kv[i], pos, self.n_head)
             out = block.attn.out
-            h = add_layer_norm(x, linear(a, out.weight), out.bias, block.cross_attn_ln)
+            h = add_layer_norm(
+                x, linear(a, out.weight, partial=True), out.bias, block.cross_attn_ln
+            )
             c = self._cross_core(block.cross_attn, h, i, windows)
             out = block.cross_attn.out
-            h = add_layer_norm(x, linear(c, out.weight), out.bias, block.mlp_ln)
+            h = add_layer_norm(x, linear(c, out.weight, partial=True), out.bias, block.mlp_ln)
             fc1, fc2 = block.mlp[0], block.mlp[2]
-            m = linear(linear(h, fc1.weight, fc1.bias, gelu=True), fc2.weight)
-            h = add_layer_norm(
-                x, m, fc2.bias, blocks[i + 1].attn_ln if i + 1 < len(blocks) else dec.ln
-            )
-        self.hidden[:rows].copy_(h)
-        self.logits[:rows].copy_(dec.logits(h))
+            m = linear(h, fc1.weight, fc1.bias, gelu=True)
+            m = linear(m, fc2.weight, partial=True)
+            last = i + 1 == len(blocks)
+            next_ln = dec.ln if last else blocks[i + 1].attn_ln
+            h = add_layer_norm(x, m, fc2.bias, next_ln, out=self.hidden[:rows] if last else None)
+        if type(embedding.weight) is nn.Parameter:
+            linear(h, embedding.weight, out=self.logits[:rows])
+        else:
+            self.logits[:rows].copy_(dec.logits(h))
         pos += 1
 
     def _select(self, rows: int) -> None:
         """Greedy choice from self.logits + self.bias, as `decoding.GreedySearch` at temperature 0:
         finished rows repeat EOT and stop adding log-probabilities."""
+        if self.fused:  # one kernel, one pass over the logits
+            _greedy_select_kernel[(rows,)](
+                self.logits, self.bias, self.token, self.pos, self.finished, self.sum_logprobs,
+                self.history, self.eot, self.history.stride(0), V=self.config.n_vocab,
+                BLOCK_V=4096, num_warps=8, **_launch(step_pdl() and self.logits.is_cuda),
+            )  # fmt: skip
+            return
         logits = self.logits[:rows] + self.bias
         token = logits.argmax(dim=-1)
         logprob = logits.gather(1, token[:, None])[:, 0] - logits.logsumexp(dim=-1)
