@@ -123,6 +123,16 @@ if triton is not None:
         )  # fmt: skip
 
     @triton.jit
+    def _layer_norm_row(x, w_ptr, b_ptr, cols, mask, D, eps):
+        """layer_norm of one row x (float32, zero past D) with weight and bias, in float32."""
+        mean = tl.sum(x, axis=0) / D
+        diff = tl.where(mask, x - mean, 0.0)
+        var = tl.sum(diff * diff, axis=0) / D
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        return diff * tl.rsqrt(var + eps) * w + b
+
+    @triton.jit
     def _add_layer_norm_kernel(
         x_ptr, y_ptr, bias_ptr, w_ptr, b_ptr, h_ptr, rows, D, eps,
         SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
@@ -144,13 +154,7 @@ if triton is not None:
         y += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         x = (x + y).to(x_ptr.dtype.element_ty)  # the stream is kept in the compute dtype
         tl.store(x_ptr + row + cols, x, mask=mask)
-        x = x.to(tl.float32)
-        mean = tl.sum(x, axis=0) / D
-        diff = tl.where(mask, x - mean, 0.0)
-        var = tl.sum(diff * diff, axis=0) / D
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        h = diff * tl.rsqrt(var + eps) * w + b
+        h = _layer_norm_row(x.to(tl.float32), w_ptr, b_ptr, cols, mask, D, eps)
         tl.store(h_ptr + row + cols, h.to(h_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
@@ -169,13 +173,7 @@ if triton is not None:
         x = tl.load(token_emb_ptr + token * D + cols, mask=mask, other=0.0)
         x += tl.load(pos_emb_ptr + pos * D + cols, mask=mask, other=0.0)  # in the dtype, as torch
         tl.store(x_ptr + r.to(tl.int64) * D + cols, x, mask=mask)
-        x = x.to(tl.float32)
-        mean = tl.sum(x, axis=0) / D
-        diff = tl.where(mask, x - mean, 0.0)
-        var = tl.sum(diff * diff, axis=0) / D
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        h = diff * tl.rsqrt(var + eps) * w + b
+        h = _layer_norm_row(x.to(tl.float32), w_ptr, b_ptr, cols, mask, D, eps)
         tl.store(h_ptr + r.to(tl.int64) * D + cols, h.to(h_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
