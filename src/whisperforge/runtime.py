@@ -9,8 +9,10 @@ kernel launches and host syncs, not by the GPU. The runtime removes both:
   path (CPU, tests, the reference for the kernels) attends over `cache[:bucket]` with a mask,
   bucket from a short ladder; on CUDA a Triton kernel appends K,V and attends by length.
 - Each (windows on a ladder, rows per window[, bucket]) step is captured once as a CUDA graph
-  and replayed; on CUDA, Triton kernels also fuse each residual add, bias and layer norm, and
-  stream the weights for the few-row matmuls where that beats cuBLAS.
+  and replayed; on CUDA, Triton kernels also fuse each residual add, bias and layer norm (over
+  split matmuls' partial sums), the embedding, cross-attention split over the keys and the
+  greedy choice, and stream the weights for the few-row matmuls where that beats cuBLAS. On
+  Hopper they chain by programmatic dependent launch (`USE_PDL`).
 - The greedy loop state (last tokens, lengths, finished flags, sums of log-probs, the tokens
   so far) stays on the GPU; `greedy` runs a whole decode with no host sync per step.
 - Beams (or best-of samples) of one window are rows of one batch that share the window's cross
@@ -87,6 +89,7 @@ USE_PDL: bool | None = None
 
 
 def step_pdl() -> bool:
+    """Whether the step kernels launch with PDL now."""
     if USE_PDL is not None:
         return USE_PDL and gdc_wait is not None
     return _pdl_supported()
