@@ -884,7 +884,8 @@ class Runtime:
         token, pos = self.token[:rows], self.pos[:rows]
         blocks = dec.blocks
         embedding = dec.token_embedding
-        if type(embedding.weight) is nn.Parameter:  # float, not quantize's int8 / fp8 rows
+        float_embedding = type(embedding.weight) is nn.Parameter  # not quantize's int8 / fp8
+        if float_embedding:
             x, h = embed_layer_norm(
                 token, pos, embedding.weight, dec.positional_embedding, blocks[0].attn_ln
             )
@@ -907,7 +908,7 @@ class Runtime:
             last = i + 1 == len(blocks)
             next_ln = dec.ln if last else blocks[i + 1].attn_ln
             h = add_layer_norm(x, m, fc2.bias, next_ln, out=self.hidden[:rows] if last else None)
-        if type(embedding.weight) is nn.Parameter:
+        if float_embedding:
             linear(h, embedding.weight, out=self.logits[:rows])
         else:
             self.logits[:rows].copy_(dec.logits(h))
