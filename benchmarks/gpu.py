@@ -332,7 +332,7 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
     from whisperforge import runtime
 
     print(
-        "matmul choices (M, N, K, dtype, bias, gelu) -> Triton (block_n, block_k, warps) or cuBLAS:"
+        "matmul choices (M, N, K, dtype, bias, gelu) -> Triton (block_n, block_k, warps, stages) or cuBLAS:"
     )
     for key, config in runtime._linear_choice.items():
         print(f"  {key[:3]} {str(key[3])[6:]} bias={key[4]} gelu={key[5]}: {config or 'cuBLAS'}")
@@ -342,12 +342,18 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
 
 
 def check(
-    model_dir: str, audio_paths: list[str], out: str, compute_types: list[str], greedy: bool
+    model_dir: str,
+    audio_paths: list[str],
+    out: str,
+    compute_types: list[str],
+    greedy: bool,
+    device: str = "cuda",
 ) -> None:
-    """Transcribe every clip (int16, 16 kHz; .npz of clips or .npy files) once per compute type; write texts and
-    tokens. "plain-float32" is the reference network on the GPU without the runtime. `greedy`:
-    temperature 0 and beam 1 (deterministic, for token comparisons); else the defaults (beam
-    5 and the fallback ladder)."""
+    """Transcribe every clip (int16, 16 kHz; .npz of clips or .npy files) once per compute type;
+    write texts and tokens. "plain-float32" is the reference network on the GPU without the
+    runtime; `device` "cpu" makes the CPU reference to `compare` with. `greedy`: temperature 0
+    and beam 1 (deterministic, for token comparisons); else the defaults (beam 5 and the
+    fallback ladder)."""
     import numpy as np
 
     from whisperforge import WhisperModel
@@ -359,8 +365,8 @@ def check(
     torch.backends.cudnn.allow_tf32 = False  # the plain model's convolutions too: fp32 is fp32
     options = {"beam_size": 1, "temperature": 0.0} if greedy else {}
     for compute_type in compute_types:
-        model = WhisperModel(model_dir, device="cuda", compute_type=compute_type.split("-")[-1])
-        assert model.runtime is not None
+        model = WhisperModel(model_dir, device=device, compute_type=compute_type.split("-")[-1])
+        assert model.runtime is not None or device == "cpu"
         if compute_type.startswith("plain"):  # the reference network on the GPU, no runtime
             model.runtime, model.decode_model = None, model.model
         start = time.perf_counter()
@@ -377,6 +383,47 @@ def check(
         del model
         torch.cuda.empty_cache()
     Path(out).write_text(json.dumps(results))
+
+
+def compare(results_path: str, reference_path: str, longform_text: str | None) -> None:
+    """`check`'s transcripts against a reference run's (its first compute type): per compute
+    type, clips with the same text and the same tokens, the clips that differ, and WER on the
+    manifest's exact English references (and the long file, with its reference text)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from quantize_cpu import DEV_DIR, wer
+
+    results = json.loads(Path(results_path).read_text())
+    reference = json.loads(Path(reference_path).read_text())
+    rows = [json.loads(line) for line in (DEV_DIR / "manifest.jsonl").read_text().splitlines()]
+    exact = {
+        r["audio"]: r["text"] for r in rows if r["ref_kind"] == "exact" and r["language"] == "en"
+    }
+    short = [name for name in results if name != "longform"]
+    ref_type = next(iter(reference[short[0]]))
+    columns = {t: reference for t in [ref_type]} | {t: results for t in results[short[0]]}
+    print(
+        f"| compute_type | text = {ref_type} ({len(short)} clips) | tokens = | WER exact clips | WER long file |"
+    )
+    print("|---|---|---|---|---|")
+    for compute_type, source in columns.items():
+        texts = {name: source[name][compute_type]["text"] for name in source}
+        same_text = [n for n in short if texts[n] == reference[n][ref_type]["text"]]
+        same_tokens = [
+            n
+            for n in short
+            if source[n][compute_type]["tokens"] == reference[n][ref_type]["tokens"]
+        ]
+        scored = [n for n in short if n in exact]
+        clip_wer = wer([exact[n] for n in scored], [texts[n] for n in scored])
+        long_wer = "-"
+        if longform_text and "longform" in texts:
+            long_wer = f"{100 * wer([Path(longform_text).read_text()], [texts['longform']]):.2f} %"
+        print(
+            f"| {compute_type} | {len(same_text)} / {len(short)} | {len(same_tokens)} / {len(short)}"
+            f" | {100 * clip_wer:.2f} % ({len(scored)}) | {long_wer} |"
+        )
+        for name in sorted(set(short) - set(same_text)):
+            print(f"    {name}: {texts[name]!r} vs {reference[name][ref_type]['text']!r}")
 
 
 def check_prompts(model_dir: str, audio_paths: list[str]) -> None:
@@ -433,14 +480,24 @@ def main() -> None:
         "--compute-types", nargs="+", default=["float16", "float32", "plain-float32"]
     )
     parser.add_argument("--greedy", action="store_true", help="--check at temperature 0, beam 1")
+    parser.add_argument(
+        "--device", default="cuda", help="--check on this device (cpu: a reference)"
+    )
+    parser.add_argument(
+        "--compare", nargs=2, metavar=("CHECK_JSON", "REFERENCE_JSON"),
+        help="--check's transcripts against a reference run's; --audio: the long file's text",
+    )  # fmt: skip
     parser.add_argument("--selftest", action="store_true", help="runtime vs plain model on the GPU")
     parser.add_argument("--check-prompts", metavar="MODEL_DIR", help="own prompts per window")
     args = parser.parse_args()
     if args.check_prompts:
         check_prompts(args.check_prompts, args.audio)
         return
+    if args.compare:
+        compare(*args.compare, args.audio[0] if args.audio else None)
+        return
     if args.check:
-        check(args.check, args.audio, args.out, args.compute_types, args.greedy)
+        check(args.check, args.audio, args.out, args.compute_types, args.greedy, args.device)
         return
     if args.selftest:
         selftest()
@@ -526,7 +583,7 @@ def main() -> None:
             )
         chosen = {f"{k[:3]} bias={k[4]} gelu={k[5]}": v for k, v in runtime._linear_choice.items()}
         print(
-            f"{preset_name}: step matmuls (M, N, K) -> Triton (block_n, block_k, warps) or None = cuBLAS: {chosen}"
+            f"{preset_name}: step matmuls (M, N, K) -> Triton (block_n, block_k, warps, stages) or None = cuBLAS: {chosen}"
         )
         entry["matmul_choices"] = {k: v for k, v in chosen.items()}
         runtime._linear_choice.clear()

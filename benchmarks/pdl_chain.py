@@ -22,9 +22,9 @@ from whisperforge import runtime
 def main() -> None:
     chains = 48
     for rows, k, config in (
-        (1, 1280, (32, 128, 4)),
-        (1, 2560, (32, 128, 4)),
-        (16, 1280, (16, 256, 4)),
+        (1, 1280, (32, 128, 4, 3)),
+        (1, 2560, (32, 128, 4, 3)),
+        (16, 1280, (16, 256, 4, 3)),
     ):
         weights = [
             torch.randn(k, k, device="cuda", dtype=torch.float16) / 40 for _ in range(chains)

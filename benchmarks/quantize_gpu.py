@@ -161,7 +161,7 @@ def main() -> None:
     choices = {str(k[:3]) + f" {str(k[3])[6:]}": getattr(v, "__name__", v)
                for k, v in quantize._quantized_choice.items()}  # fmt: skip
     print(
-        f"quantized matmul choices (M, N, K, weights) -> Triton (block_n, block_k, warps) or a function: {choices}"
+        f"quantized matmul choices (M, N, K, weights) -> Triton (block_n, block_k, warps, stages) or a function: {choices}"
     )
     print(f"fp8 _scaled_mm output dtype per activation dtype: {quantize._fp8_out}")
 

@@ -256,10 +256,10 @@ def rel(a, b):
 
 g = torch.Generator().manual_seed(0)
 dt = torch.float16  # the interpreter computes in numpy, which has no bfloat16
-M, D = 3, 256
+M, D = 3, 512
 x = torch.randn(M, D, generator=g).to(dt)
 w = (torch.randn(D, D, generator=g) / 16).to(dt)
-parts = R.skinny_linear(x, w, None, False, (16, 128, 4), splits=2)  # partial sums
+parts = R.skinny_linear(x, w, None, False, (16, 128, 4, 3), partial=True)  # 2 partial sums
 assert parts.shape == (2, M, D) and rel(parts.sum(0), x.float() @ w.float().T) < 1e-5
 ln = torch.nn.LayerNorm(D).to(dt)
 ln.weight.data.normal_(generator=g)

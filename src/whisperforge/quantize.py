@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from .errors import InvalidOptionError
 from .model import Whisper
-from .runtime import skinny_linear, step_pdl, stream_splits
+from .runtime import StreamConfig, skinny_linear, step_pdl
 
 try:
     import triton
@@ -388,8 +388,7 @@ def quantized_linear(
     if choice is None:
         choice = _quantized_choice[key] = _pick_quantized(x, w, partial)
     if isinstance(choice, tuple):  # the Triton kernel applies bias and GELU itself
-        splits = stream_splits(w.data.shape[0], x.shape[1], choice) if partial else 1
-        return skinny_linear(x, w.data, bias, gelu, choice, scale=w.scale, out=out, splits=splits)
+        return skinny_linear(x, w.data, bias, gelu, choice, scale=w.scale, out=out, partial=partial)
     y = choice(x, w)
     if bias is not None:
         y = y + bias
@@ -408,11 +407,11 @@ def _int8_pack_mm(x: Tensor, w: QuantizedWeight) -> Tensor:
     return torch._weight_int8pack_mm(x.contiguous(), w.data, w.scale.to(x.dtype))
 
 
-# (block_n, block_k, warps) of the Triton stream kernel; few, as each is compiled per K on first use
-_QUANTIZED_CONFIGS = [(16, 128, 4), (32, 128, 4), (32, 256, 4), (64, 256, 8)]
-_quantized_choice: dict[
-    tuple, Callable[[Tensor, QuantizedWeight], Tensor] | tuple[int, int, int]
-] = {}
+# Stream kernel configs (runtime.StreamConfig); few, as each is compiled per K on first use
+_QUANTIZED_CONFIGS = [
+    (16, 128, 4, 3), (32, 128, 4, 3), (32, 256, 4, 3), (64, 256, 8, 3), (64, 256, 8, 4),
+]  # fmt: skip
+_quantized_choice: dict[tuple, Callable[[Tensor, QuantizedWeight], Tensor] | StreamConfig] = {}
 
 
 def _pick_quantized(x: Tensor, w: QuantizedWeight, partial: bool = False):
@@ -442,9 +441,8 @@ def _pick_quantized(x: Tensor, w: QuantizedWeight, partial: bool = False):
 
         def run(choice=choice) -> Tensor:
             if isinstance(choice, tuple):
-                splits = stream_splits(w.data.shape[0], x.shape[1], choice) if partial else 1
-                y = skinny_linear(x, w.data, None, False, choice, scale=w.scale, splits=splits)
-                return y.sum(0) if splits > 1 else y
+                y = skinny_linear(x, w.data, None, False, choice, scale=w.scale, partial=partial)
+                return y.sum(0) if y.dim() == 3 else y
             return choice(x, w)
 
         try:
