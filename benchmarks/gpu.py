@@ -382,7 +382,7 @@ def check(
         )
         del model
         torch.cuda.empty_cache()
-    Path(out).write_text(json.dumps(results))
+        Path(out).write_text(json.dumps(results))  # after each type: a run cut short keeps them
 
 
 def compare(results_path: str, reference_path: str, longform_text: str | None) -> None:
