@@ -32,7 +32,7 @@ from torch import Tensor
 
 from .errors import InvalidOptionError, ModelFormatError, ModelNotFoundError
 from .model import ModelConfig
-from .quantize import COMPUTE_TYPES, dequantize, quantize_weight
+from .quantize import COMPUTE_TYPES, dequantize, quantize_weight, weight_format
 
 
 @dataclass
@@ -513,7 +513,7 @@ def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "in
     tensors: dict[str, Tensor] = {}
     for name, tensor in checkpoint.state_dict.items():
         if tensor.dim() == 2 and name.endswith(".weight"):  # linears and the token embedding
-            q, scale = quantize_weight(tensor, weights, saved_scales.get(name))
+            q, scale = quantize_weight(tensor, weight_format(name, weights), saved_scales.get(name))
             tensors[name], tensors[f"{name}_scale"] = q, scale
         else:
             tensors[name] = tensor.contiguous()

@@ -28,12 +28,13 @@ What is quantized, and how (`compute_type`, faster-whisper's names plus `float8`
   for the few rows of a decode step where it is faster, by the Triton stream kernel with the
   fp8 weights widened in registers (weight-only: the activations stay 16-bit).
 
-The token embedding, which is also the output projection (tied logits), is quantized too, with
-one scale per vocabulary row (`QuantizedEmbedding`): it is the largest single matrix, 71 % of
-the weights a decode step reads for tiny.en, 42 % for large-v3-turbo (8 % for large-v3), so
-leaving it float would cap a step's speed-up well short of 2x. Per-row scales keep each token's logit
-exact up to int8 rounding of its own row; the WER figures in benchmarks/RESULTS.md show the
-words do not change (within 0.3 points) with it quantized.
+The token embedding, which is also the output projection (tied logits), is quantized too, to
+int8 under every compute type (`weight_format`), with one scale per vocabulary row
+(`QuantizedEmbedding`): it is the largest single matrix, 71 % of the weights a decode step
+reads for tiny.en, 42 % for large-v3-turbo (8 % for large-v3), so leaving it float would cap a
+step's speed-up well short of 2x. Per-row scales keep each token's logit exact up to int8
+rounding of its own row; the WER figures in benchmarks/RESULTS.md show the words do not change
+(within 0.3 points) with it quantized.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ COMPUTE_TYPES: dict[str, tuple[torch.dtype | None, str | None]] = {
     "float8": (None, "float8"),
 }
 QMAX = {"int8": 127.0, "float8": 448.0}  # the largest magnitude each weight format holds
+EMBEDDING = "decoder.token_embedding.weight"
 # The decoder's linears that run at every decode step (the cross K,V projection runs per window).
 STEP_LINEARS = ("attn.qkv", "attn.out", "cross_attn.query", "cross_attn.out", "mlp.0", "mlp.2")
 # The CPU's int8: each step linear keeps its call's 8 largest input channels in float
@@ -199,8 +201,7 @@ class QuantizedLinear(_Quantized):
 
 class QuantizedEmbedding(_Quantized):
     """The token embedding and the tied output projection (`TokenEmbedding`'s interface), with
-    one scale per vocabulary row. fp8 rows are padded to a multiple of 16, as _scaled_mm needs.
-    `dynamic` (the CPU's int8): the projection is an `Int8Linear` on the same q and scales, as
+    one scale per vocabulary row, int8 under every compute type (`weight_format`). `dynamic` (the CPU's int8): the projection is an `Int8Linear` on the same q and scales, as
     fbgemm packs them (a second int8 copy: together half of the float32 matrix). On AVX2 that
     GEMV is ~7x faster than float32, where torch's weight-only int8 matmul is ~2.5x slower."""
 
@@ -223,6 +224,13 @@ class QuantizedEmbedding(_Quantized):
 
 
 # --- the module swap -------------------------------------------------------------------------
+
+
+def weight_format(name: str, weights: str) -> str:
+    """The format the weight `name` is stored in under `weights`: the tied token embedding /
+    logits projection is int8 under float8 too, as e4m3's 3 mantissa bits on it cost base 0.64
+    WER points on the dev clips (benchmarks/RESULTS.md, session 15); the same bytes."""
+    return "int8" if name == EMBEDDING else weights
 
 
 def _fused_scale(scales: dict[str, Tensor], name: str) -> Tensor | None:
@@ -276,12 +284,9 @@ def quantize_model(
                     lambda q, scale, bias: QuantizedLinear(q, scale, bias, dtype),
                 )
     embedding = model.decoder.token_embedding
-    name = "decoder.token_embedding.weight"
-    q, scale = quantize_weight(embedding.weight, weights, scales.get(name))
-    if weights == "float8" and q.shape[0] % 16:
-        pad = 16 - q.shape[0] % 16
-        q = torch.cat([q, q.new_zeros(pad, q.shape[1])])
-        scale = torch.cat([scale, scale.new_ones(pad)])
+    q, scale = quantize_weight(
+        embedding.weight, weight_format(EMBEDDING, weights), scales.get(EMBEDDING)
+    )
     model.decoder.token_embedding = QuantizedEmbedding(
         q, scale, dtype, embedding.num_embeddings, dynamic
     )
@@ -396,8 +401,9 @@ def quantized_linear(
     return y if out is None else out.copy_(y)
 
 
-def _int8_dequantized(x: Tensor, w: QuantizedWeight) -> Tensor:
-    """Dequantize, then the float matmul (cuBLAS): for many rows, and the reference."""
+def _dequantized(x: Tensor, w: QuantizedWeight) -> Tensor:
+    """Dequantize (int8 or fp8), then the float matmul (cuBLAS): for many rows, and the
+    reference."""
     return F.linear(x, (w.data.to(x.dtype) * w.scale[:, None].to(x.dtype)))
 
 
@@ -425,12 +431,12 @@ def _pick_quantized(x: Tensor, w: QuantizedWeight, partial: bool = False):
         if fp8:
             return _fp8_linear
         if not x.is_cuda:
-            return _int8_pack_mm if x.dtype == torch.float32 else _int8_dequantized
-        return _int8_dequantized
+            return _int8_pack_mm if x.dtype == torch.float32 else _dequantized
+        return _dequantized
     from triton.testing import do_bench
 
-    reference = _int8_dequantized(x, w).float()
-    candidates: list = [_fp8_linear] if fp8 else [_int8_dequantized, _int8_pack_mm]
+    reference = _dequantized(x, w).float()
+    candidates: list = [_fp8_linear] if fp8 else [_dequantized, _int8_pack_mm]
     if x.dtype != torch.float32:  # tl.dot would round float32 to tf32
         configs = [c for c in _QUANTIZED_CONFIGS if x.shape[1] % c[1] == 0]
         candidates += configs
