@@ -26,7 +26,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from whisperforge import runtime
-from whisperforge.runtime import _prefetch_l2, _wait_for_inputs
+from whisperforge.runtime import _prefetch_band, _stream_tile, _wait_for_inputs
 
 
 def chain_us(calls: list[Callable[[], object]]) -> float:
@@ -172,8 +172,7 @@ def _gemv_fma_kernel(
     k = tl.arange(0, BLOCK_K)
     band = w_ptr + tl.minimum(n, N - 1)[:, None].to(tl.int64) * K  # clamped: unmasked loads
     if PDL:
-        for k0 in range(0, K_SPLIT, BLOCK_K):
-            _prefetch_l2(band + (k_start + k0 + tl.arange(0, BLOCK_K // LINE) * LINE)[None, :])
+        _prefetch_band(w_ptr, n, N, k_start, K, K_SPLIT, BLOCK_K, LINE)
     _wait_for_inputs(PDL)
     acc = tl.zeros((ROWS, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K_SPLIT, BLOCK_K):
@@ -206,23 +205,13 @@ def _persistent_kernel(
         for i in range(0, TILES, PROGRAMS):
             t = tl.minimum(pid + i, TILES - 1)
             n = (t // SPLITS) * BLOCK_N + tl.arange(0, BLOCK_N)
-            band = w_ptr + tl.minimum(n, N - 1)[:, None].to(tl.int64) * K
-            for k0 in range(0, K_SPLIT, BLOCK_K):
-                kk = (t % SPLITS) * K_SPLIT + k0 + tl.arange(0, BLOCK_K // LINE) * LINE
-                _prefetch_l2(band + kk[None, :])
+            _prefetch_band(w_ptr, n, N, (t % SPLITS) * K_SPLIT, K, K_SPLIT, BLOCK_K, LINE)
     _wait_for_inputs(PDL)
     m = tl.arange(0, BLOCK_M)
-    k = tl.arange(0, BLOCK_K)
     for i in range(0, TILES, PROGRAMS):  # a constant trip count; the last round may repeat
         t = tl.minimum(pid + i, TILES - 1)
         n = (t // SPLITS) * BLOCK_N + tl.arange(0, BLOCK_N)
-        k_start = (t % SPLITS) * K_SPLIT
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K_SPLIT, BLOCK_K):
-            kk = k_start + k0 + k
-            x = tl.load(x_ptr + m[:, None] * K + kk[None, :], mask=m[:, None] < M, other=0.0)
-            w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=n[:, None] < N)
-            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        acc = _stream_tile(x_ptr, w_ptr, m, n, (t % SPLITS) * K_SPLIT, M, N, K, K_SPLIT, BLOCK_K)
         out = y_ptr + m[:, None] * N + n[None, :]
         keep = (m[:, None] < M) & (n[None, :] < N) & (pid + i < TILES)
         if SPLITS > 1:

@@ -343,6 +343,35 @@ if triton is not None:
         tl.store(token_ptr + r, token)
 
     @triton.jit
+    def _prefetch_band(
+        w_ptr, n, N, k_start, K: tl.constexpr, K_SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
+        LINE: tl.constexpr,
+    ):  # fmt: skip
+        """Ask L2 for rows n (clamped to N) of w [N, K], columns [k_start, k_start + K_SPLIT),
+        a LINE of elements at a time."""
+        band = w_ptr + tl.minimum(n, N - 1)[:, None].to(tl.int64) * K
+        for k0 in range(0, K_SPLIT, BLOCK_K):  # constant trip counts, here and below
+            _prefetch_l2(band + (k_start + k0 + tl.arange(0, BLOCK_K // LINE) * LINE)[None, :])
+
+    @triton.jit
+    def _stream_tile(
+        x_ptr, w_ptr, m, n, k_start, M, N, K: tl.constexpr, K_SPLIT: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """x[m, k_start:k_start + K_SPLIT] @ w[n, same columns]^T in float32: the weights are
+        widened to x's dtype in registers (exact for int8 and fp8)."""
+        k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((m.shape[0], n.shape[0]), dtype=tl.float32)
+        for k0 in range(0, K_SPLIT, BLOCK_K):
+            kk = k_start + k0 + k
+            x = tl.load(x_ptr + m[:, None] * K + kk[None, :], mask=m[:, None] < M, other=0.0)
+            # No `other`: a masked row only feeds outputs n >= N, which are not stored (and no
+            # constant casts to fp8).
+            w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=n[:, None] < N)
+            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        return acc
+
+    @triton.jit
     def _skinny_linear_kernel(
         x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N,
         K: tl.constexpr, K_SPLIT: tl.constexpr, SCALE: tl.constexpr, GELU: tl.constexpr,
@@ -359,20 +388,10 @@ if triton is not None:
         m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         k_start = tl.program_id(2) * K_SPLIT
-        k = tl.arange(0, BLOCK_K)
         if PDL:
-            band = w_ptr + tl.minimum(n, N - 1)[:, None].to(tl.int64) * K
-            for k0 in range(0, K_SPLIT, BLOCK_K):  # constant trip counts, here and below
-                _prefetch_l2(band + (k_start + k0 + tl.arange(0, BLOCK_K // LINE) * LINE)[None, :])
+            _prefetch_band(w_ptr, n, N, k_start, K, K_SPLIT, BLOCK_K, LINE)
         _wait_for_inputs(PDL)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K_SPLIT, BLOCK_K):
-            kk = k_start + k0 + k
-            x = tl.load(x_ptr + m[:, None] * K + kk[None, :], mask=m[:, None] < M, other=0.0)
-            # No `other`: a masked row only feeds outputs n >= N, which are not stored (and no
-            # constant casts to fp8).
-            w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=n[:, None] < N)
-            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        acc = _stream_tile(x_ptr, w_ptr, m, n, k_start, M, N, K, K_SPLIT, BLOCK_K)
         out = y_ptr + m[:, None] * N + n[None, :]
         keep = (m[:, None] < M) & (n[None, :] < N)
         if SCALE:
