@@ -114,7 +114,7 @@ def synthetic(kind: str, seconds: int = 60) -> np.ndarray:
     return (0.2 * np.concatenate(tones)).astype(np.float32)
 
 
-# Music gets one window: each of its windows climbs the whole temperature ladder (~45 s here).
+# Music gets one window: each of its windows climbs the whole temperature ladder (slow on a CPU).
 @pytest.mark.parametrize("kind, seconds", [("silence", 60), ("noise", 60), ("music", 30)])
 def test_no_words_from_silence_noise_or_music(tiny_en, kind, seconds):
     segments, info = tiny_en.transcribe(synthetic(kind, seconds), beam_size=1)

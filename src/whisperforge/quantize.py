@@ -201,9 +201,10 @@ class QuantizedLinear(_Quantized):
 
 class QuantizedEmbedding(_Quantized):
     """The token embedding and the tied output projection (`TokenEmbedding`'s interface), with
-    one scale per vocabulary row, int8 under every compute type (`weight_format`). `dynamic` (the CPU's int8): the projection is an `Int8Linear` on the same q and scales, as
-    fbgemm packs them (a second int8 copy: together half of the float32 matrix). On AVX2 that
-    GEMV is ~7x faster than float32, where torch's weight-only int8 matmul is ~2.5x slower."""
+    one scale per vocabulary row, int8 under every compute type (`weight_format`). `dynamic`
+    (the CPU's int8): the projection is an `Int8Linear` on the same q and scales, as fbgemm
+    packs them (a second int8 copy: together half of the float32 matrix). On AVX2 that GEMV is
+    ~7x faster than float32, where torch's weight-only int8 matmul is ~2.5x slower."""
 
     def __init__(
         self, q: Tensor, scale: Tensor, dtype: torch.dtype, n_vocab: int, dynamic: bool = False
