@@ -124,12 +124,18 @@ def quantize_weight(
     weight: Tensor, weights: str, scale: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """[N, K] float -> (q [N, K] int8 or float8_e4m3fn, scale [N] float32), w ~ q * scale[:, None].
-    A given `scale` (a quantized checkpoint's) reproduces the saved q exactly from q * scale."""
+    A given `scale` (a quantized checkpoint's) reproduces the saved q exactly from q * scale;
+    one made for a narrower range (fp8's absmax / 448, loaded as int8) is replaced by a fresh
+    one rather than clipping the weights."""
     w = weight.detach().float()
+    if scale is not None:
+        scale = scale.to(device=w.device, dtype=torch.float32)
+        q = w / scale[:, None]
+        if q.abs().amax() > QMAX[weights] * (1 + 1e-3):
+            scale = None
     if scale is None:
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / QMAX[weights]
-    scale = scale.to(device=w.device, dtype=torch.float32)
-    q = w / scale[:, None]
+        q = w / scale[:, None]
     if weights == "int8":
         return q.round_().clamp_(-127, 127).to(torch.int8), scale
     return q.to(torch.float8_e4m3fn), scale
