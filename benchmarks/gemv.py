@@ -149,7 +149,7 @@ def _rows_fma(x: torch.Tensor, N: int, K: int):
             def launch() -> torch.Tensor:
                 _gemv_fma_kernel[grid](
                     x, w, y, M, N, K=K, K_SPLIT=K // splits, ROWS=rows, BLOCK_N=block_n,
-                    BLOCK_K=block_k, LINE=64, num_warps=warps, **runtime._launch(True),
+                    BLOCK_K=block_k, LINE=64, num_warps=warps, **runtime._launch(x),
                 )  # fmt: skip
                 return y
 
@@ -253,7 +253,7 @@ def _persistent(x: torch.Tensor, N: int, K: int):
                 _persistent_kernel[(programs,)](
                     x, w, y, M, N, K=K, K_SPLIT=K // splits, TILES=tiles, PROGRAMS=programs,
                     BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, LINE=64, num_warps=warps,
-                    num_stages=stages, **runtime._launch(True),
+                    num_stages=stages, **runtime._launch(x),
                 )  # fmt: skip
                 return y
 

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from .errors import InvalidOptionError
 from .model import Whisper
-from .runtime import StreamConfig, skinny_linear, step_pdl
+from .runtime import StreamConfig, fastest, skinny_linear, step_pdl
 
 try:
     import triton
@@ -440,34 +440,15 @@ def _pick_quantized(x: Tensor, w: QuantizedWeight, partial: bool = False):
         if not x.is_cuda:
             return _int8_pack_mm if x.dtype == torch.float32 else _dequantized
         return _dequantized
-    from triton.testing import do_bench
-
-    reference = _dequantized(x, w).float()
     candidates: list = [_fp8_linear] if fp8 else [_dequantized, _int8_pack_mm]
+    runs = [(f, functools.partial(f, x, w)) for f in candidates]
     if x.dtype != torch.float32:  # tl.dot would round float32 to tf32
+        stream = functools.partial(skinny_linear, x, w.data, None, False, scale=w.scale)
         configs = [c for c in _QUANTIZED_CONFIGS if x.shape[1] % c[1] == 0]
-        candidates += configs
-    best, best_ms = candidates[0], float("inf")
+        runs += [(c, functools.partial(stream, c, partial=partial)) for c in configs]
     # fp8 activations round each value to 3 bits of mantissa: a few % off the float product.
     tolerance = 5e-2 if fp8 else 1e-2
-    for choice in candidates:
-
-        def run(choice=choice) -> Tensor:
-            if isinstance(choice, tuple):
-                y = skinny_linear(x, w.data, None, False, choice, scale=w.scale, partial=partial)
-                return y.sum(0) if y.dim() == 3 else y
-            return choice(x, w)
-
-        try:
-            error = (run().float() - reference).norm() / reference.norm().clamp(min=1e-12)
-        except Exception:  # noqa: BLE001, S112 - e.g. an int8 matmul this build lacks
-            continue
-        if not error < tolerance:  # a candidate that is wrong here is never used
-            continue
-        ms = do_bench(run, warmup=5, rep=20)
-        if ms < best_ms:
-            best, best_ms = choice, ms
-    return best
+    return fastest(runs, _dequantized(x, w).float(), tolerance) or candidates[0]
 
 
 if triton is not None:
