@@ -323,12 +323,15 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
             f" graphed step vs plain fp32, worst relative error {worst:.2e}"
             f" over {steps} steps (max length {batch.max_length}, {len(rt._graphs)} graphs)"
         )
-    results = []
-    for graphs in (True, False):
-        rt = Runtime(plain, "float32", max_windows=2, graphs=graphs)
-        batch = rt.prefill(rt.cross(features), [prompts[0], prompts[1]])
-        results.append(rt.greedy(batch, 100, 50256, suppress=[50256]).tokens)
-    print(f"selftest greedy 100 tokens, graphed == eager: {torch.equal(*results)}")
+    for compute_type in ("float32", "float16"):
+        results = []
+        for graphs in (True, False):
+            rt = Runtime(plain, compute_type, max_windows=2, graphs=graphs)
+            batch = rt.prefill(rt.cross(features.to(rt.dtype)), [prompts[0], prompts[1]])
+            results.append(rt.greedy(batch, 100, 50256, suppress=[50256]).tokens)
+        print(
+            f"selftest greedy 100 tokens {compute_type}, graphed == eager: {torch.equal(*results)}"
+        )
     from whisperforge import runtime
 
     print(

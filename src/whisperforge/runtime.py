@@ -118,19 +118,22 @@ if triton is not None:
             gdc_wait()
             gdc_launch_dependents()
 
+    _PREFETCH = tl.constexpr(not _INTERPRETED)  # the interpreter runs no inline assembly
+
     @triton.jit
     def _prefetch_l2(pointers):
         """Ask L2 for the 128-byte line at each pointer; nothing waits for it."""
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1]; // $0", "=r,l", [pointers], dtype=tl.int32, is_pure=False,
-            pack=1,
-        )  # fmt: skip
+        if _PREFETCH:
+            tl.inline_asm_elementwise(
+                "prefetch.global.L2 [$1]; // $0", "=r,l", [pointers], dtype=tl.int32,
+                is_pure=False, pack=1,
+            )  # fmt: skip
 
     @triton.jit
     def _sum_partials(ptr, offsets, mask, SPLITS: tl.constexpr, stride, dtype: tl.constexpr):
         """A matmul's output at offsets, in float32: as is (SPLITS = 0), or its float32 partial
         sums [SPLITS, stride] added up and rounded to dtype, as the whole matmul would write."""
-        y = tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
         if SPLITS > 0:
             for s in range(1, SPLITS):
                 y += tl.load(ptr + s * stride + offsets, mask=mask, other=0.0)
@@ -191,27 +194,30 @@ if triton is not None:
         T: tl.constexpr, DH: tl.constexpr, BLOCK_T: tl.constexpr, BY_LENGTH: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
-        """One (row, head): write this token's K,V at the row's position p, then attend over
+        """`_self_attention_head` of (row, head) = program ids (0, 1)."""
+        _wait_for_inputs(PDL)
+        _self_attention_head(
+            qkv_ptr, bias_ptr, cache_ptr, pos_ptr, out_ptr, tl.program_id(0), tl.program_id(1),
+            n_head, scale, T, DH, BLOCK_T, BY_LENGTH,
+        )  # fmt: skip
+
+    @triton.jit
+    def _self_attention_head(
+        qkv_ptr, bias_ptr, cache_ptr, pos_ptr, out_ptr, r, h, n_head, scale,
+        T: tl.constexpr, DH: tl.constexpr, BLOCK_T: tl.constexpr, BY_LENGTH: tl.constexpr,
+    ):  # fmt: skip
+        """Row r, head h: write this token's K,V at the row's position p, then attend over
         positions [0, p] of the row's cache. The length comes from memory, so one kernel (and
         one graph) serves every length: no buckets, no mask."""
-        _wait_for_inputs(PDL)
-        r = tl.program_id(0)
-        h = tl.program_id(1)
         p = tl.load(pos_ptr + r)
         D = n_head * DH
         d = tl.arange(0, DH)
         row = qkv_ptr + r * 3 * D
         # The projection's bias is added here, so the qkv projection is a plain matmul.
-        q_at, k_at, v_at = h * DH + d, D + h * DH + d, 2 * D + h * DH + d
         dtype = qkv_ptr.dtype.element_ty
-        q = (tl.load(row + q_at).to(tl.float32) + tl.load(bias_ptr + q_at).to(tl.float32)).to(dtype)
-        q = q.to(tl.float32) * scale
-        k_new = (tl.load(row + k_at).to(tl.float32) + tl.load(bias_ptr + k_at).to(tl.float32)).to(
-            dtype
-        )
-        v_new = (tl.load(row + v_at).to(tl.float32) + tl.load(bias_ptr + v_at).to(tl.float32)).to(
-            dtype
-        )
+        q = _biased(row, bias_ptr, h * DH + d, dtype).to(tl.float32) * scale
+        k_new = _biased(row, bias_ptr, D + h * DH + d, dtype)
+        v_new = _biased(row, bias_ptr, 2 * D + h * DH + d, dtype)
         k_base = cache_ptr + (r * 2 * n_head + h).to(tl.int64) * T * DH
         v_base = cache_ptr + (r * 2 * n_head + n_head + h).to(tl.int64) * T * DH
         tl.store(k_base + p * DH + d, k_new)
@@ -236,34 +242,58 @@ if triton is not None:
         tl.store(out_ptr + r * D + h * DH + d, (acc / l).to(out_ptr.dtype.element_ty))
 
     @triton.jit
+    def _biased(x_ptr, bias_ptr, at, dtype: tl.constexpr):
+        """x[at] + bias[at], rounded to dtype as torch's biased projection output."""
+        x = tl.load(x_ptr + at, cache_modifier=".cg").to(tl.float32)
+        return (x + tl.load(bias_ptr + at).to(tl.float32)).to(dtype)
+
+    @triton.jit
+    def _prefetch_cross_keys(kv_ptr, w, h, s, A, D, DH: tl.constexpr, KEYS: tl.constexpr,
+                             BLOCK_T: tl.constexpr):  # fmt: skip
+        """Ask L2 for the K and V of head h, keys [s KEYS, (s + 1) KEYS) of window w: one
+        128-byte line per key (DH = 64 at 2 bytes) for K and for V."""
+        kv = kv_ptr + w.to(tl.int64) * A * 2 * D + h * DH
+        for t0 in range(0, KEYS, BLOCK_T):
+            t = tl.minimum(s * KEYS + t0 + tl.arange(0, BLOCK_T), A - 1)
+            _prefetch_l2(kv + t * 2 * D)
+            _prefetch_l2(kv + t * 2 * D + D)
+
+    @triton.jit
     def _cross_attention_kernel(
         q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, A, n_head, scale,
         Q_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DH: tl.constexpr,
         KEYS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        """One (window, head, split of the keys): the window's GROUP rows attend to KEYS of its
-        n_audio_ctx cross keys. Writes the split's running max m, sum l and unnormalized output
-        (flash decoding); `_combine_kernel` joins the splits. The window's K,V are read once for
-        all its rows (beams), and prefetched into L2 before the query is ready. The query comes
-        without its bias: [rows, D], or Q_SPLITS > 0 float32 partial sums [Q_SPLITS, rows, D]."""
-        w = tl.program_id(0)
-        h = tl.program_id(1)
-        s = tl.program_id(2)
-        S = tl.num_programs(2)
+        """`_cross_attention_split` of (window, head, split) = program ids (0, 1, 2); the
+        window's K,V are prefetched into L2 before the query is ready."""
+        w, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        if PDL:
+            _prefetch_cross_keys(kv_ptr, w, h, s, A, n_head * DH, DH, KEYS, BLOCK_T)
+        _wait_for_inputs(PDL)
+        _cross_attention_split(
+            q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, w, h, s, tl.num_programs(2),
+            tl.num_programs(0) * GROUP, A, n_head, scale, Q_SPLITS, GROUP, BLOCK_G, DH, KEYS,
+            BLOCK_T,
+        )  # fmt: skip
+
+    @triton.jit
+    def _cross_attention_split(
+        q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, w, h, s, S, rows, A, n_head, scale,
+        Q_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DH: tl.constexpr,
+        KEYS: tl.constexpr, BLOCK_T: tl.constexpr,
+    ):  # fmt: skip
+        """Window w, head h, split s of S of the keys: the window's GROUP rows attend to KEYS of
+        its A cross keys. Writes the split's running max m, sum l and unnormalized output
+        (flash decoding); `_combine_head` joins the splits. The window's K,V are read once for
+        all its rows (beams). The query comes without its bias: [rows, D], or Q_SPLITS > 0
+        float32 partial sums [Q_SPLITS, rows, D]."""
         D = n_head * DH
         d = tl.arange(0, DH)
         kv = kv_ptr + w.to(tl.int64) * A * 2 * D + h * DH  # this head's K; its V at + D
-        if PDL:  # one 128-byte line per key (DH = 64 at 2 bytes) for K and for V
-            for t0 in range(0, KEYS, BLOCK_T):
-                t = tl.minimum(s * KEYS + t0 + tl.arange(0, BLOCK_T), A - 1)
-                _prefetch_l2(kv + t * 2 * D)
-                _prefetch_l2(kv + t * 2 * D + D)
-        _wait_for_inputs(PDL)
         g = tl.arange(0, BLOCK_G)
         row = w * GROUP + g
         at = row[:, None] * D + h * DH + d[None, :]
         mine = g[:, None] < GROUP
-        rows = tl.num_programs(0) * GROUP
         q = _sum_partials(q_ptr, at, mine, Q_SPLITS, rows * D, kv_ptr.dtype.element_ty)
         q += tl.load(q_bias_ptr + h * DH + d).to(tl.float32)[None, :]
         q = q.to(kv_ptr.dtype.element_ty)
@@ -294,17 +324,29 @@ if triton is not None:
         m_ptr, l_ptr, acc_ptr, out_ptr, n_head, S,
         DH: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        """One (row, head): join the key splits' partial softmaxes into the attention output."""
+        """`_combine_head` of (row, head) = program ids (0, 1)."""
         _wait_for_inputs(PDL)
-        r = tl.program_id(0)
-        h = tl.program_id(1)
+        _combine_head(
+            m_ptr, l_ptr, acc_ptr, out_ptr, tl.program_id(0), tl.program_id(1), n_head, S, DH,
+            BLOCK_S,
+        )  # fmt: skip
+
+    @triton.jit
+    def _combine_head(
+        m_ptr, l_ptr, acc_ptr, out_ptr, r, h, n_head, S, DH: tl.constexpr, BLOCK_S: tl.constexpr
+    ):
+        """Row r, head h: join the key splits' partial softmaxes into the attention output."""
         s = tl.arange(0, BLOCK_S)
         d = tl.arange(0, DH)
         at = (r * n_head + h) * S + s
-        m = tl.load(m_ptr + at, mask=s < S, other=float("-inf"))
+        m = tl.load(m_ptr + at, mask=s < S, other=float("-inf"), cache_modifier=".cg")
         weight = tl.exp(m - tl.max(m, axis=0))  # 0 for the padding splits
-        l = tl.sum(tl.load(l_ptr + at, mask=s < S, other=0.0) * weight, axis=0)
-        acc = tl.load(acc_ptr + at[:, None] * DH + d[None, :], mask=(s < S)[:, None], other=0.0)
+        l = tl.load(l_ptr + at, mask=s < S, other=0.0, cache_modifier=".cg")
+        l = tl.sum(l * weight, axis=0)
+        acc = tl.load(
+            acc_ptr + at[:, None] * DH + d[None, :], mask=(s < S)[:, None], other=0.0,
+            cache_modifier=".cg",
+        )  # fmt: skip
         out = tl.sum(acc * weight[:, None], axis=0) / l
         tl.store(out_ptr + (r * n_head + h) * DH + d, out.to(out_ptr.dtype.element_ty))
 
@@ -355,19 +397,49 @@ if triton is not None:
     @triton.jit
     def _stream_tile(
         x_ptr, w_ptr, m, n, k_start, M, N, K: tl.constexpr, K_SPLIT: tl.constexpr,
-        BLOCK_K: tl.constexpr,
+        BLOCK_K: tl.constexpr, ln_w_ptr, ln_b_ptr, mean, rstd, NORM: tl.constexpr,
     ):  # fmt: skip
         """x[m, k_start:k_start + K_SPLIT] @ w[n, same columns]^T in float32: the weights are
-        widened to x's dtype in registers (exact for int8 and fp8)."""
+        widened to x's dtype in registers (exact for int8 and fp8). NORM (benchmarks/layer.py):
+        x's rows are layer-normed on the way in (their mean and rstd, the norm's weight and
+        bias), rounded to x's dtype as a stored layer_norm output would be."""
         k = tl.arange(0, BLOCK_K)
         acc = tl.zeros((m.shape[0], n.shape[0]), dtype=tl.float32)
         for k0 in range(0, K_SPLIT, BLOCK_K):
             kk = k_start + k0 + k
-            x = tl.load(x_ptr + m[:, None] * K + kk[None, :], mask=m[:, None] < M, other=0.0)
+            # .cg (past L1) here and in the helpers: the same code runs as phases of one grid
+            # in benchmarks/layer.py, whose other programs' writes L1 would not see.
+            x = tl.load(
+                x_ptr + m[:, None] * K + kk[None, :], mask=m[:, None] < M, other=0.0,
+                cache_modifier=".cg",
+            )  # fmt: skip
+            if NORM:
+                g = tl.load(ln_w_ptr + kk).to(tl.float32)
+                b = tl.load(ln_b_ptr + kk).to(tl.float32)
+                x = (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * g[None, :] + b[None, :]
+                x = x.to(x_ptr.dtype.element_ty)
             # No `other`: a masked row only feeds outputs n >= N, which are not stored (and no
             # constant casts to fp8).
             w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=n[:, None] < N)
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        return acc
+
+    @triton.jit
+    def _linear_epilogue(
+        acc, n, N, s_ptr, b_ptr, dtype: tl.constexpr, SCALE: tl.constexpr, BIAS: tl.constexpr,
+        GELU: tl.constexpr,
+    ):  # fmt: skip
+        """A whole matmul's float32 sums -> its output in float32, rounded where torch rounds:
+        * scale per output channel, to dtype, + bias, then GELU."""
+        if SCALE:
+            acc *= tl.load(s_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        acc = acc.to(dtype).to(tl.float32)  # rounded as the matmul's output
+        if BIAS:
+            acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        if GELU:
+            acc = acc.to(dtype).to(tl.float32)
+            acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+            acc = acc.to(dtype).to(tl.float32)
         return acc
 
     @triton.jit
@@ -390,21 +462,18 @@ if triton is not None:
         if PDL:
             _prefetch_band(w_ptr, n, N, k_start, K, K_SPLIT, BLOCK_K, LINE)
         _wait_for_inputs(PDL)
-        acc = _stream_tile(x_ptr, w_ptr, m, n, k_start, M, N, K, K_SPLIT, BLOCK_K)
+        acc = _stream_tile(
+            x_ptr, w_ptr, m, n, k_start, M, N, K, K_SPLIT, BLOCK_K, w_ptr, w_ptr, 0.0, 0.0, False
+        )
         out = y_ptr + m[:, None] * N + n[None, :]
         keep = (m[:, None] < M) & (n[None, :] < N)
-        if SCALE:
-            acc *= tl.load(s_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
         if K_SPLIT < K:
+            if SCALE:
+                acc *= tl.load(s_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
             tl.store(out + tl.program_id(2) * M * N, acc, mask=keep)
         else:
-            acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)  # rounded as the matmul's output
-            if BIAS:
-                acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
-            if GELU:
-                acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
-                acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
-                acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+            dtype = x_ptr.dtype.element_ty
+            acc = _linear_epilogue(acc, n, N, s_ptr, b_ptr, dtype, SCALE, BIAS, GELU)
             tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=keep)
 
 
@@ -926,26 +995,35 @@ class Runtime:
             x = embedding(token) + dec.positional_embedding[pos]  # [R, D]
             h = layer_norm(blocks[0].attn_ln, x)
         for i, block in enumerate(blocks):
-            qkv = block.attn.qkv
-            a = decode_attention(linear(h, qkv.weight), qkv.bias, self.self_kv[i], pos, self.n_head)
-            out = block.attn.out
-            h = add_layer_norm(
-                x, linear(a, out.weight, partial=True), out.bias, block.cross_attn_ln
-            )
-            c = self._cross_core(block.cross_attn, h, i, windows)
-            out = block.cross_attn.out
-            h = add_layer_norm(x, linear(c, out.weight, partial=True), out.bias, block.mlp_ln)
-            fc1, fc2 = block.mlp[0], block.mlp[2]
-            m = linear(h, fc1.weight, fc1.bias, gelu=True)
-            m = linear(m, fc2.weight, partial=True)
             last = i + 1 == len(blocks)
             next_ln = dec.ln if last else blocks[i + 1].attn_ln
-            h = add_layer_norm(x, m, fc2.bias, next_ln, out=self.hidden[:rows] if last else None)
+            h = self._layer_fused(block, i, x, h, windows, next_ln, last)
         if float_embedding:
             linear(h, embedding.weight, out=self.logits[:rows])
         else:
             self.logits[:rows].copy_(dec.logits(h))
         pos += 1
+
+    def _layer_fused(
+        self, block: nn.Module, i: int, x: Tensor, h: Tensor, windows: int,
+        next_ln: nn.LayerNorm, last: bool,
+    ) -> Tensor:  # fmt: skip
+        """Decoder layer i of `_forward_fused` as separate kernels: x [rows, D] is updated in
+        place, h = its first layer norm on entry; returns next_ln(x) (self.hidden if last)."""
+        rows = x.shape[0]
+        qkv = block.attn.qkv
+        a = decode_attention(
+            linear(h, qkv.weight), qkv.bias, self.self_kv[i], self.pos[:rows], self.n_head
+        )
+        out = block.attn.out
+        h = add_layer_norm(x, linear(a, out.weight, partial=True), out.bias, block.cross_attn_ln)
+        c = self._cross_core(block.cross_attn, h, i, windows)
+        out = block.cross_attn.out
+        h = add_layer_norm(x, linear(c, out.weight, partial=True), out.bias, block.mlp_ln)
+        fc1, fc2 = block.mlp[0], block.mlp[2]
+        m = linear(h, fc1.weight, fc1.bias, gelu=True)
+        m = linear(m, fc2.weight, partial=True)
+        return add_layer_norm(x, m, fc2.bias, next_ln, out=self.hidden[:rows] if last else None)
 
     def _select(self, rows: int) -> None:
         """Greedy choice from self.logits + self.bias, as `decoding.GreedySearch` at temperature 0:
