@@ -88,10 +88,13 @@ def test_encoder_and_cross_match_plain(setup):
 def test_batched_bucketed_step_equals_plain_model(setup):
     """Two windows x two rows each, prompts of 3..6 tokens; 14 steps take the longest row from 6
     to 20 tokens, across the buckets at 8 and 16. Rows 'finish' at different steps (from then
-    on they are fed EOT, as decode does), and every row's logits match the plain model's."""
+    on they are fed EOT, as decode does), and every row's logits match the plain model's. The
+    prefill pads the prompts to 8 tokens, as it does for its graphs on a GPU."""
     model, features = setup
     group, eot = 2, 50256
-    runtime = Runtime(model, "float32", max_windows=2, max_rows=4, buckets=BUCKETS)
+    runtime = Runtime(
+        model, "float32", max_windows=2, max_rows=4, buckets=BUCKETS, prompt_ladder=(8,)
+    )
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 50000, (n,), generator=g).tolist() for n in (3, 6, 5, 4)]
     finish_at = [4, 9, 100, 2]  # step at which each row is fed EOT from then on

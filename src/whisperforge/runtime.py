@@ -9,7 +9,7 @@ kernel launches and host syncs, not by the GPU. The runtime removes both:
   path (CPU, tests, the reference for the kernels) attends over `cache[:bucket]` with a mask,
   bucket from a short ladder; on CUDA a Triton kernel appends K,V and attends by length.
 - Each (windows on a ladder, rows per window[, bucket]) step is captured once as a CUDA graph
-  and replayed; on CUDA, Triton kernels also fuse each residual add, bias and layer norm (over
+  and replayed, and so is each prefill (windows, rows per window, prompt length on a ladder); on CUDA, Triton kernels also fuse each residual add, bias and layer norm (over
   split matmuls' partial sums), the embedding, cross-attention split over the keys and the
   greedy choice, and stream the weights for the few-row matmuls where that beats cuBLAS. On
   Hopper they chain by programmatic dependent launch (`USE_PDL`).
@@ -57,6 +57,7 @@ except ImportError:  # no Triton, or one without grid dependency control: no PDL
 
 COMPUTE_TYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 BUCKETS = (64, 128, 256)  # past lengths a step graph covers; n_text_ctx is always the last
+PROMPT_LADDER = (8, 16, 32, 64, 128, 256)  # prompt lengths a prefill graph covers; then n_text_ctx
 WINDOW_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # windows per step graph; more run eagerly
 
 
@@ -730,6 +731,7 @@ class Runtime:
         max_windows: int = 16,
         max_rows: int | None = None,
         buckets: Sequence[int] = BUCKETS,
+        prompt_ladder: Sequence[int] | None = None,
         graphs: bool | None = None,
         encoder_graphs: bool = True,
         fused: bool | None = None,
@@ -748,9 +750,13 @@ class Runtime:
         self.fused = on_cuda if fused is None else fused and on_cuda
         n_ctx = self.config.n_text_ctx
         self.buckets = sorted({b for b in buckets if b < n_ctx} | {n_ctx})
+        # Prompt lengths prefill pads to (then n_ctx): with graphs, one graph per length.
+        ladder = (PROMPT_LADDER if self.graphs else ()) if prompt_ladder is None else prompt_ladder
+        self.prompt_ladder = sorted(n for n in ladder if n < n_ctx)
         self.n_head = self.config.n_text_head
         self.d_head = self.config.n_text_state // self.n_head
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._prefill_out: dict[tuple, Tensor] = {}  # what each prefill graph writes its hidden to
         self.max_windows = self.max_rows = 0
         self._allocate(max_windows, max_rows or max_windows)
 
@@ -762,6 +768,7 @@ class Runtime:
         D, H, T, A = cfg.n_text_state, self.n_head, cfg.n_text_ctx, cfg.n_audio_ctx
         layers = range(cfg.n_text_layer)
         self._graphs.clear()
+        self._prefill_out.clear()
         # A fresh memory pool too: the old one goes with the last graph that used it.
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.max_windows, self.max_rows = windows, rows
@@ -779,6 +786,8 @@ class Runtime:
         self.finished = torch.zeros(rows, dtype=torch.bool, device=dev)
         self.sum_logprobs = torch.zeros(rows, dtype=torch.float32, device=dev)
         self.history = torch.zeros(rows, T + 1, dtype=torch.long, device=dev)  # tokens so far
+        self.prompt = torch.zeros(rows, T, dtype=torch.long, device=dev)  # prefill's, right-padded
+        self.prompt_length = torch.zeros(rows, dtype=torch.long, device=dev)
         self.hidden = torch.zeros(rows, D, device=dev, dtype=dt)
         self.logits = torch.zeros(rows, cfg.n_vocab, device=dev)
         self.bias = torch.zeros(cfg.n_vocab, device=dev)  # added to the logits: -inf suppresses
@@ -1069,10 +1078,9 @@ class Runtime:
         self, cross: Cross, prompts: Sequence[Sequence[int]] | Tensor, group: int = 1
     ) -> Batch:
         """Start `group` rows per window of `cross` with their prompts (lengths may differ),
-        filling their self K,V caches; self.logits[:rows] then scores each row's next token.
-        Eager: it runs once per window, and its shapes vary."""
-        W, dec = cross.windows, self.model.decoder
-        R, H, dh, D = W * group, self.n_head, self.d_head, self.config.n_text_state
+        filling their self K,V caches; self.logits[:rows] then scores each row's next token."""
+        W = cross.windows
+        R = W * group
         if len(prompts) != R:
             raise ValueError(f"{len(prompts)} prompts for {W} windows x {group} rows each")
         if isinstance(prompts, Tensor):
@@ -1088,8 +1096,27 @@ class Runtime:
         if min(lengths) < 1 or P >= self.config.n_text_ctx:
             raise ValueError(f"prompts need 1 to {self.config.n_text_ctx - 1} tokens")
         self._reserve(W, R)
-        length = torch.tensor(lengths, device=self.device)
+        self.prompt[:R].zero_()
+        self.prompt[:R, :P].copy_(tokens)
+        self.prompt_length[:R].copy_(torch.as_tensor(lengths))
+        # Padded to the ladder: the padding past a row's tokens is causal-masked from them, and
+        # steps overwrite its K,V.
+        ladder = self.prompt_ladder
+        padded = next((n for n in ladder if n >= P), self.config.n_text_ctx) if ladder else P
+        if self.graphs:  # a graph per (windows, rows per window, padded length)
+            key = ("prefill", W, group, padded)
+            out = self._prefill_out
+            self._replay(key, lambda: out.__setitem__(key, self._prefill(W, R, padded)))
+            hidden = out[key][:, :P].clone()  # the graph's own buffer: its next replay rewrites it
+        else:
+            hidden = self._prefill(W, R, padded)[:, :P]
+        return Batch(W, group, lengths, P, hidden)
 
+    def _prefill(self, W: int, R: int, P: int) -> Tensor:
+        """`prefill` of R rows of W windows from self.prompt[:R, :P] (each row's length in
+        self.prompt_length): the final hidden states [R, P, D]."""
+        dec, H, dh, D = self.model.decoder, self.n_head, self.d_head, self.config.n_text_state
+        tokens, length = self.prompt[:R, :P], self.prompt_length[:R]
         x = dec.token_embedding(tokens) + dec.positional_embedding[:P]
         for i, block in enumerate(dec.blocks):
             qkv = block.attn.qkv(layer_norm(block.attn_ln, x))  # [R, P, 3D]
@@ -1114,7 +1141,7 @@ class Runtime:
         self.history[:R, :P].copy_(tokens)
         self.finished.zero_()
         self.sum_logprobs.zero_()
-        return Batch(W, group, lengths, P, hidden)
+        return hidden
 
     @torch.inference_mode()
     def step(self, batch: Batch, tokens: Tensor) -> Tensor:
