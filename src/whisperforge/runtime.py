@@ -1105,9 +1105,13 @@ class Runtime:
         padded = next((n for n in ladder if n >= P), self.config.n_text_ctx) if ladder else P
         if self.graphs:  # a graph per (windows, rows per window, padded length)
             key = ("prefill", W, group, padded)
-            out = self._prefill_out
-            self._replay(key, lambda: out.__setitem__(key, self._prefill(W, R, padded)))
-            hidden = out[key][:, :P].clone()  # the graph's own buffer: its next replay rewrites it
+
+            def run() -> None:  # the captured run's output is what the replays write
+                self._prefill_out[key] = self._prefill(W, R, padded)
+
+            self._replay(key, run)
+            # The graph's own buffer, which its next replay rewrites: a copy.
+            hidden = self._prefill_out[key][:, :P].clone()
         else:
             hidden = self._prefill(W, R, padded)[:, :P]
         return Batch(W, group, lengths, P, hidden)
