@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from whisperforge.model import Whisper
 from whisperforge.presets import preset, random_model
 from whisperforge.runtime import (
-    _INTERPRETED,
     Runtime,
     _combine_head,
     _cross_attention_split,
@@ -184,8 +183,9 @@ def _decoder_layer_kernel(
     1 qkv = ln1(x) @ Wqkv; 2 self-attention per (row, head) -> a; 3 x += a @ Wout + b;
     4 q = ln2(x) @ Wquery; 5 cross-attention per (window, head, key split); 6 joined -> c;
     7 x += c @ Wcross + b; 8 h = GELU(ln3(x) @ Wfc1 + b); 9 x += h @ Wfc2 + b;
-    10 (FINAL) hidden = final_ln(x). FIRST..LAST: the phases this launch runs (one per
-    launch where programs run one after another: Triton's interpreter)."""
+    10 (FINAL) hidden = final_ln(x). FIRST..LAST: the phases this launch runs (`bench_rows`
+    stops early to time them; a launch per phase with GRID_SYNC off is how it ran in Triton's
+    interpreter, whose programs run one after another)."""
     program = tl.program_id(0)
     DH: tl.constexpr = D // H
     G: tl.constexpr = M // W
@@ -308,11 +308,10 @@ def decoder_layer(
     `final`, hidden = final(x). cache: the layer's self K,V [>= rows, 2H, T, dh]; kv: its cross
     K,V [>= windows, A, 2D]; sync: the layer's int32 [3] barrier counters (zeros; the kernel
     leaves them so). The weights are all 16-bit or all quantized (int8 / fp8 with scales).
-    `last_phase` < 10: stop there (benchmarks/layer.py times the phases)."""
+    `last_phase` < 10: stop there (`bench_rows` times the phases)."""
     M, D = x.shape
     H, dh, A = n_head, D // n_head, kv.shape[1]
-    interpreted = _INTERPRETED  # its programs run one after another: a launch per phase
-    wanted = 4 if interpreted else _grid_size(x.device)
+    wanted = _grid_size(x.device)
     # Cross-attention: key splits of 64-key blocks, as many as fill the grid in one round.
     blocks = triton.cdiv(A, 64)
     keys = 64 * triton.cdiv(blocks, max(1, min(blocks, wanted // (windows * H))))
@@ -344,17 +343,10 @@ def decoder_layer(
         BLOCK_S=triton.next_power_of_2(splits), BLOCK_N=16,
         BLOCK_K=next(b for b in (256, 128, 64, 32, 16) if D % b == 0),
         LINE=128 // weights[0][0].element_size(), SCALE=scaled, FINAL=final is not None,
-        NORMED=normed is not None, BY_LENGTH=not interpreted, num_warps=LAYER_WARPS,
+        NORMED=normed is not None, BY_LENGTH=True, num_warps=LAYER_WARPS,
         num_stages=3,
     )  # fmt: skip
     kernel = _decoder_layer_kernel
-    if interpreted:
-        for phase in range(1, 11):
-            kernel[(wanted,)](
-                *args, PROGRAMS=wanted, FIRST=phase, LAST=phase, GRID_SYNC=False, PDL=False,
-                **constants,
-            )  # fmt: skip
-        return
     launch = dict(FIRST=1, LAST=last_phase, GRID_SYNC=True, **constants, **_launch(x))
     key = (x.device, last_phase, LAYER_PROGRAMS_PER_SM, *sorted(constants.items()))
     if key not in _layer_programs:
