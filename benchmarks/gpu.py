@@ -332,7 +332,6 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
         print(
             f"selftest greedy 100 tokens {compute_type}, graphed == eager: {torch.equal(*results)}"
         )
-    from whisperforge import runtime
 
     print(
         "matmul choices (M, N, K, dtype, bias, gelu) -> Triton (block_n, block_k, warps, stages) or cuBLAS:"
