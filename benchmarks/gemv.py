@@ -11,6 +11,7 @@ prefetches its whole weight into L2 before it waits (`persistent`).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import sys
@@ -49,8 +50,12 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=51866)
     parser.add_argument("--top", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=["stream"], choices=sorted(VARIANTS))
+    parser.add_argument("--fold", action="store_true", help="the folded layer norm's costs")
     args = parser.parse_args()
     d = args.d
+    if args.fold:
+        fold_costs(d, args.rows)
+        return
     shapes = {"qkv": (3 * d, d), "out": (d, d), "fc1": (4 * d, d), "fc2": (d, 4 * d)}
     shapes["logits"] = (args.vocab, d)
     print(torch.cuda.get_device_name(), flush=True)
@@ -63,6 +68,55 @@ def main() -> None:
         for rows in args.rows:
             x = torch.randn(rows, K, device="cuda", dtype=torch.float16)
             report(f"{name} {N}x{K} rows {rows}", x, weights, args.variants, args.top)
+
+
+def fold_costs(d: int, rows: list[int]) -> None:
+    """What folding a layer norm into the matmuls costs per call, chained as in a step: the
+    stream kernel plain; with the norm in its epilogue (NORM); as a residual add whose split
+    programs count in (RESIDUAL); and the unfolded pair these replace, partial sums +
+    `add_layer_norm`."""
+    ln = torch.nn.LayerNorm(d, device="cuda", dtype=torch.float16)
+    for (N, K), M in itertools.product([(3 * d, d), (d, d), (d, 4 * d)], rows):
+        copies = min(64, max(2, math.ceil(200e6 / (N * K * 2))))
+        weights = [
+            torch.randn(N, K, device="cuda", dtype=torch.float16) / K**0.5 for _ in range(copies)
+        ]
+        x = torch.randn(M, K, device="cuda", dtype=torch.float16)
+        stream = torch.randn(M, N, device="cuda", dtype=torch.float16)
+        stats = runtime.StreamStats(
+            torch.zeros(max(N, K) // 16 * M * 2, device="cuda"),
+            torch.zeros(M, max(N, K), device="cuda", dtype=torch.float16),
+            torch.zeros(1024, device="cuda", dtype=torch.int32),
+        )
+        runtime.USE_PDL = True
+        plain = runtime._linear_config(x, weights[0], None, False, False)
+        split = runtime._linear_config(x, weights[0], None, False, True)
+        bias = torch.zeros(N, device="cuda", dtype=torch.float16)
+        folded = functools.partial(runtime.skinny_linear, x, stats=stats)
+        residual = functools.partial(folded, residual=(stream, ln.weight))
+        residual(weights[0], bias, False, split)  # band statistics for the norm below
+        line = [f"{N}x{K} rows {M}: plain {plain}"]
+        line.append(
+            f"{chain_us([functools.partial(folded, w, None, False, plain) for w in weights]):.2f} us"
+        )
+        if K == d:  # a norm before it
+            norm = functools.partial(folded, norm=runtime.norm_through(weights[0], ln))
+            line.append(
+                f"norm {chain_us([functools.partial(norm, w, None, False, plain) for w in weights]):.2f}"
+            )
+        if N == d:  # a residual add after it
+            calls = [functools.partial(residual, w, bias, False, split) for w in weights]
+            line.append(f"residual {split} {chain_us(calls):.2f}")
+            calls = [
+                functools.partial(_partial_add_norm, x, w, split, stream, bias, ln) for w in weights
+            ]
+            line.append(f"partial + add_layer_norm {chain_us(calls):.2f}")
+        print(" | ".join(line), flush=True)
+
+
+def _partial_add_norm(x, w, config, stream, bias, ln) -> torch.Tensor:
+    parts = runtime.skinny_linear(x, w, None, False, config, partial=True)
+    return runtime.add_layer_norm(stream, parts, bias, ln)
 
 
 def copy_tbps() -> float:

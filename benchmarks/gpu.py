@@ -18,6 +18,7 @@ and tokens, to compare with a CPU reference.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -304,7 +305,9 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
             out.append(plain.decoder.logits(hidden[:, -1])[0])
         return torch.stack(out)
 
-    for compute_type, fused in (("float32", True), ("float32", False), ("float16", True)):
+    variants = [("float32", True, True), ("float32", False, True), ("float16", True, False)]
+    for compute_type, fused, fold in [*variants, ("float16", True, True)]:
+        runtime.FOLD = fold
         rt = Runtime(plain, compute_type, max_windows=2, max_rows=4, fused=fused)
         batch = rt.prefill(rt.cross(features.to(rt.dtype)), prompts, group=2)
         rows = [list(p) for p in prompts]
@@ -319,7 +322,7 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
         enc_ref = plain.encoder(mel)
         enc_err = (rt.encoder(mel).float() - enc_ref).norm() / enc_ref.norm()
         print(
-            f"selftest {preset_name} {compute_type} fused={rt.fused}: encoder rel. error {enc_err:.2e};"
+            f"selftest {preset_name} {compute_type} fused={rt.fused} fold={rt._folds(4)}: encoder rel. error {enc_err:.2e};"
             f" graphed step vs plain fp32, worst relative error {worst:.2e}"
             f" over {steps} steps (max length {batch.max_length}, {len(rt._graphs)} graphs)"
         )
@@ -477,6 +480,10 @@ def main() -> None:
         "--pdl", choices=["auto", "on", "off", "both"], default="auto",
         help="programmatic dependent launch of the step kernels (both: off, then on)",
     )  # fmt: skip
+    parser.add_argument(
+        "--fold", choices=["on", "off", "both"], default="on",
+        help="layer norms and residual adds folded into the step's matmuls (both: off, then on)",
+    )  # fmt: skip
     parser.add_argument("--window", action="store_true", help="time a whole 30 s window at batch 1")
     parser.add_argument("--profile", action="store_true", help="kernel table of an eager step")
     parser.add_argument("--check", metavar="MODEL_DIR")
@@ -519,17 +526,19 @@ def main() -> None:
         c = preset(preset_name)
         model: Whisper = random_model(c, seed=0, device="cuda", dtype=torch.float16)
         rows = []
-        for pdl in {"auto": [None], "on": [True], "off": [False], "both": [False, True]}[args.pdl]:
-            runtime.USE_PDL = pdl
+        pdls = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}[args.pdl]
+        folds = {"on": [True], "off": [False], "both": [False, True]}[args.fold]
+        for pdl, fold in itertools.product(pdls, folds):
+            runtime.USE_PDL, runtime.FOLD = pdl, fold
             rt = Runtime(model, args.dtype, max_windows=max(args.batch))
             for batch in args.batch:
                 t0 = time.perf_counter()
                 row = bench_runtime(rt, c, batch, args.tokens, bw, tflops)
                 row["bench_s"] = time.perf_counter() - t0
-                row["pdl"] = runtime.step_pdl()
+                row["pdl"], row["fold"] = runtime.step_pdl(), rt._folds(batch)
                 rows.append(row)
                 print(
-                    f"{preset_name} b{batch} pdl={row['pdl']}: encode {row['encode_ms']:.2f} ms (floor {row['encode_floor_ms']:.2f})"
+                    f"{preset_name} b{batch} pdl={row['pdl']} fold={row['fold']}: encode {row['encode_ms']:.2f} ms (floor {row['encode_floor_ms']:.2f})"
                     f" | cross {row['cross_ms']:.2f} (floor {row['cross_floor_ms']:.2f})"
                     f" | prefill {row['prefill_ms']:.2f} | decode {row['decode_ms']:.1f} ms / {row['decode_steps']}"
                     f" steps = {row['step_ms']:.3f} ms/step (floor {row['step_floor_ms']:.3f})"
@@ -585,7 +594,7 @@ def main() -> None:
             ratio = f"{min(numbers) / row['step_ms']:.1f}x" if numbers else "-"
             cells = " | ".join(f"{t:.3f}" if isinstance(t, float) else "-" for t in times)
             print(
-                f"{b} (pdl={row['pdl']}) | {row['step_ms']:.3f} | {cells} | {row['step_floor_ms']:.3f} | {ratio}"
+                f"{b} (pdl={row['pdl']}, fold={row['fold']}) | {row['step_ms']:.3f} | {cells} | {row['step_floor_ms']:.3f} | {ratio}"
             )
         chosen = {f"{k[:3]} bias={k[4]} gelu={k[5]}": v for k, v in runtime._linear_choice.items()}
         print(

@@ -32,6 +32,7 @@ from whisperforge.model import Whisper
 from whisperforge.presets import preset, random_model
 from whisperforge.runtime import (
     Runtime,
+    _band_stats,
     _combine_head,
     _cross_attention_split,
     _launch,
@@ -39,31 +40,11 @@ from whisperforge.runtime import (
     _linear_epilogue,
     _prefetch_band,
     _prefetch_cross_keys,
+    _residual_epilogue,
     _self_attention_head,
     _stream_tile,
     _wait_for_inputs,
 )
-
-
-@triton.jit
-def _band_stats(
-    stats_ptr, m, eps, M: tl.constexpr, K: tl.constexpr, BAND: tl.constexpr,
-    BLOCK_BANDS: tl.constexpr,
-):  # fmt: skip
-    """Mean and 1 / std (layer_norm's) of rows m of the residual stream [M, K], from the
-    count-BAND means and squared deviations its writer left per band of columns
-    (`_linear_tiles` with RESIDUAL): Chan et al.'s pairwise combination, as stable as
-    two passes over the row, in one load."""
-    BANDS: tl.constexpr = K // BAND
-    b = tl.arange(0, BLOCK_BANDS)  # BANDS, to a power of two
-    at = stats_ptr + (b[None, :] * M + m[:, None]) * 2
-    valid = (b[None, :] < BANDS) & (m[:, None] < M)
-    band_mean = tl.load(at, mask=valid, other=0.0, cache_modifier=".cg")
-    squares = tl.load(at + 1, mask=valid, other=0.0, cache_modifier=".cg")
-    mean = tl.sum(band_mean, axis=1) / BANDS
-    spread = tl.where(valid, band_mean - mean[:, None], 0.0)
-    squares = tl.sum(squares, axis=1) + BAND * tl.sum(spread * spread, axis=1)
-    return mean, tl.rsqrt(squares / K + eps)
 
 
 @triton.jit
@@ -136,8 +117,6 @@ def _linear_tiles(
             n = band * BLOCK_N + tl.arange(0, BLOCK_N)
             out = y_ptr + m[:, None] * N + n[None, :]
             keep = (m[:, None] < M) & (n[None, :] < N)
-            if RESIDUAL:  # loaded before the stream, which it does not depend on
-                stream = tl.load(out, mask=keep, other=0.0, cache_modifier=".cg")
             mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
             rstd = mean
             if NORM:
@@ -148,12 +127,7 @@ def _linear_tiles(
             )  # fmt: skip
             acc = _linear_epilogue(acc, n, N, s_ptr, b_ptr, dtype, SCALE, BIAS, GELU)
             if RESIDUAL:  # as add_layer_norm: one rounding of x + (rounded output + bias)
-                acc = (acc + stream.to(tl.float32)).to(dtype).to(tl.float32)
-                band_mean = tl.sum(acc, axis=1) / BLOCK_N
-                diff = acc - band_mean[:, None]
-                at = stats_ptr + (band * M + m) * 2
-                tl.store(at, band_mean, mask=m < M)
-                tl.store(at + 1, tl.sum(diff * diff, axis=1), mask=m < M)
+                acc = _residual_epilogue(acc, y_ptr, stats_ptr, m, n, band, M, N, dtype)
             tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=keep)
 
 

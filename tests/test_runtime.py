@@ -273,6 +273,23 @@ h = R.add_layer_norm(stream, parts, b, ln)
 assert rel(stream, expected) < 2e-3
 assert rel(h, F.layer_norm(expected, (D,), ln.weight.float(), ln.bias.float())) < 2e-3
 
+# Folded: the residual add in a split matmul's epilogue (its last program sums the splits),
+# leaving band statistics and stream * g, from which the next matmul's epilogue normalizes.
+stats = R.StreamStats(torch.zeros(D // 16 * M * 2), torch.zeros(M, D).to(dt), torch.zeros(64, dtype=torch.int32))
+stream = torch.randn(M, D, generator=g).to(dt)
+expected = (stream.float() + (x.float() @ w.float().T).to(dt).float() + b.float()).to(dt)
+R.skinny_linear(x, w, b, False, (16, 128, 4, 3), stats=stats, residual=(stream, ln.weight))
+assert rel(stream, expected) < 1e-3 and stats.band == 16 and not stats.counters.any()
+assert rel(stats.scaled, expected.float() * ln.weight.float()) < 1e-3
+w2 = (torch.randn(2 * D, D, generator=g) / 16).to(dt)
+normed = F.layer_norm(expected.float(), (D,), ln.weight.float(), ln.bias.float()).to(dt)
+for partial in (False, True):
+    y = R.skinny_linear(
+        stats.scaled, w2, None, False, (32, 128, 4, 3), partial=partial, stats=stats,
+        norm=R.norm_through(w2, ln),
+    )
+    assert rel(y.sum(0) if partial else y, normed.float() @ w2.float().T) < 2e-3
+
 tokens, positions = torch.tensor([3, 7, 49]), torch.tensor([0, 5, 447])
 emb, pos = torch.randn(50, D, generator=g).to(dt), torch.randn(448, D, generator=g).to(dt)
 x, h = R.embed_layer_norm(tokens, positions, emb, pos, ln)
@@ -293,8 +310,9 @@ print("ok")
 
 def test_step_kernels_in_the_interpreter():
     """The decode step's Triton kernels (CUDA only) in Triton's CPU interpreter, against torch:
-    split partial sums, the fused residual + layer norm over them, the embedding + layer norm,
-    and cross-attention split over the keys. Skipped where Triton is not installed (CI)."""
+    split partial sums, the fused residual + layer norm over them, the same folded into the
+    matmuls (residual add in a split matmul's epilogue, layer norm on the way into the next),
+    the embedding + layer norm, and cross-attention split over the keys. Skipped where Triton is not installed (CI)."""
     pytest.importorskip("triton")
     run = subprocess.run(
         [sys.executable, "-c", STEP_KERNELS],

@@ -12,7 +12,8 @@ kernel launches and host syncs, not by the GPU. The runtime removes both:
   and replayed, and so is each prefill (windows, rows per window, prompt length on a ladder); on CUDA, Triton kernels also fuse each residual add, bias and layer norm (over
   split matmuls' partial sums), the embedding, cross-attention split over the keys and the
   greedy choice, and stream the weights for the few-row matmuls where that beats cuBLAS. On
-  Hopper they chain by programmatic dependent launch (`USE_PDL`).
+  Hopper they chain by programmatic dependent launch (`USE_PDL`), and the layer norms fold
+  into the epilogues of the matmuls around them (`Runtime._layer_folded`, `FOLD`).
 - The greedy loop state (last tokens, lengths, finished flags, sums of log-probs, the tokens
   so far) stays on the GPU; `greedy` runs a whole decode with no host sync per step.
 - Beams (or best-of samples) of one window are rows of one batch that share the window's cross
@@ -87,6 +88,9 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpr
 # every kernel's ramp-up and tail leave the memory idle. None: on where the GPU has it; the
 # benchmarks set USE_PDL to compare.
 USE_PDL: bool | None = None
+# Layer norms and residual adds folded into the step's matmuls (`Runtime._layer_folded`) where
+# they can be; the benchmarks set False to compare.
+FOLD = True
 
 
 def step_pdl() -> bool:
@@ -137,7 +141,7 @@ if triton is not None:
         y = tl.load(ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
         if SPLITS > 0:
             for s in range(1, SPLITS):
-                y += tl.load(ptr + s * stride + offsets, mask=mask, other=0.0)
+                y += tl.load(ptr + s * stride + offsets, mask=mask, other=0.0, cache_modifier=".cg")
             y = y.to(dtype).to(tl.float32)
         return y
 
@@ -150,6 +154,55 @@ if triton is not None:
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         return diff * tl.rsqrt(var + eps) * w + b
+
+    @triton.jit
+    def _band_stats(
+        stats_ptr, m, eps, M, K: tl.constexpr, BAND: tl.constexpr, BLOCK_BANDS: tl.constexpr
+    ):
+        """Mean and 1 / std (layer_norm's) of rows m of the residual stream [M, K], from the
+        count-BAND means and squared deviations its writer left per band of columns
+        (`_residual_epilogue`) in stats [K / BAND, M, 2]."""
+        loaded = _load_band_stats(stats_ptr, m, M, K, BAND, BLOCK_BANDS)
+        return _combine_band_stats(loaded, eps, K, BAND)
+
+    @triton.jit
+    def _load_band_stats(
+        stats_ptr, m, M, K: tl.constexpr, BAND: tl.constexpr, BLOCK_BANDS: tl.constexpr
+    ):
+        """`_band_stats`' loads (issued early, they are waited for where they are used)."""
+        b = tl.arange(0, BLOCK_BANDS)  # K / BAND, to a power of two
+        at = stats_ptr + (b[None, :] * M + m[:, None]) * 2
+        valid = (b[None, :] < K // BAND) & (m[:, None] < M)
+        band_mean = tl.load(at, mask=valid, other=0.0, cache_modifier=".cg")
+        squares = tl.load(at + 1, mask=valid, other=0.0, cache_modifier=".cg")
+        return band_mean, squares, valid
+
+    @triton.jit
+    def _combine_band_stats(loaded, eps, K: tl.constexpr, BAND: tl.constexpr):
+        """Chan et al.'s pairwise combination of the bands: as stable as two passes over the
+        row."""
+        band_mean, squares, valid = loaded
+        mean = tl.sum(band_mean, axis=1) / (K // BAND)
+        spread = tl.where(valid, band_mean - mean[:, None], 0.0)
+        squares = tl.sum(squares, axis=1) + BAND * tl.sum(spread * spread, axis=1)
+        return mean, tl.rsqrt(squares / K + eps)
+
+    @triton.jit
+    def _residual_epilogue(acc, stream_ptr, stats_ptr, m, n, band, M, N, dtype: tl.constexpr):
+        """The residual stream [M, N] at rows m, columns n (one band of them) plus acc (a
+        matmul's output and bias, float32), rounded once as `add_layer_norm` rounds, in
+        float32; the band's mean and squared deviations per row go to stats [bands, M, 2] for
+        the next layer norm (`_band_stats`)."""
+        keep = (m[:, None] < M) & (n[None, :] < N)
+        at = stream_ptr + m[:, None] * N + n[None, :]
+        stream = tl.load(at, mask=keep, other=0.0, cache_modifier=".cg")  # see _stream_tile
+        acc = (acc + stream.to(tl.float32)).to(dtype).to(tl.float32)
+        band_mean = tl.sum(acc, axis=1) / n.shape[0]
+        diff = acc - band_mean[:, None]
+        at = stats_ptr + (band * M + m) * 2
+        tl.store(at, band_mean, mask=m < M)
+        tl.store(at + 1, tl.sum(diff * diff, axis=1), mask=m < M)
+        return acc
 
     @triton.jit
     def _add_layer_norm_kernel(
@@ -445,37 +498,80 @@ if triton is not None:
 
     @triton.jit
     def _skinny_linear_kernel(
-        x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N,
+        x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, stats_ptr, count_ptr, wg_ptr, wb_ptr,
+        z_ptr, g_ptr, eps, M, N,
         K: tl.constexpr, K_SPLIT: tl.constexpr, SCALE: tl.constexpr, GELU: tl.constexpr,
-        BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        LINE: tl.constexpr, PDL: tl.constexpr,
+        BIAS: tl.constexpr, NORM: tl.constexpr, BAND: tl.constexpr, BLOCK_BANDS: tl.constexpr,
+        RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """y[M, N] = x[M, K] @ w[N, K]^T (* scale[N], + bias, then GELU) for a few rows: a
         decode step's matmul is a stream over the weights, each program a band of BLOCK_N rows
         for BLOCK_M rows of x. int8 or fp8 weights (quantize.py, with SCALE) are widened to x's
-        dtype in registers (exact), so a step reads half the bytes. K_SPLIT < K: program
-        (., ., s) sums columns [s K_SPLIT, (s + 1) K_SPLIT) into float32 partials y[s] (scaled,
-        no bias; add_layer_norm or cross_attention adds them up). Under PDL the band is
-        prefetched into L2 (a LINE of elements at a time) before the inputs are waited for."""
+        dtype in registers (exact), so a step reads half the bytes. Under PDL the band is
+        prefetched into L2 (a LINE of elements at a time) before the inputs are waited for.
+        K_SPLIT < K: program (., ., s) sums columns [s K_SPLIT, (s + 1) K_SPLIT) into float32
+        partials part[s] (scaled, no bias), which `add_layer_norm` or `cross_attention` add
+        up, or, with RESIDUAL, the tile's last program to finish (counted in count_ptr).
+
+        The layer norms fold into the matmuls around them (`Runtime._layer_folded`):
+        RESIDUAL: y is the residual stream x: x += the output (+ bias); each band leaves its
+        rows' mean and squared deviations in stats_ptr, and z = x * g (the next norm's
+        weight) in z_ptr. NORM: x_ptr is that z, and the output is layer_norm(x) @ w^T, as
+        rstd (z @ w^T - mean w g) + w b: mean and rstd from the band statistics (BAND columns
+        a band), w g and w b (the norm's weight and bias through w) in wg_ptr, wb_ptr. So the
+        norm costs the matmul an epilogue and no kernel, nor any work in its stream."""
         m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         k_start = tl.program_id(2) * K_SPLIT
         if PDL:
             _prefetch_band(w_ptr, n, N, k_start, K, K_SPLIT, BLOCK_K, LINE)
         _wait_for_inputs(PDL)
+        if NORM:  # loaded before the stream, used after it: the loads overlap
+            stats = _load_band_stats(stats_ptr, m, M, K, BAND, BLOCK_BANDS)
         acc = _stream_tile(
             x_ptr, w_ptr, m, n, k_start, M, N, K, K_SPLIT, BLOCK_K, w_ptr, w_ptr, 0.0, 0.0, False
         )
-        out = y_ptr + m[:, None] * N + n[None, :]
+        at = m[:, None] * N + n[None, :]
         keep = (m[:, None] < M) & (n[None, :] < N)
+        dtype = x_ptr.dtype.element_ty
+        if SCALE:
+            acc *= tl.load(s_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        if NORM:
+            mean, rstd = _combine_band_stats(stats, eps, K, BAND)
+            wg = tl.load(wg_ptr + n, mask=n < N, other=0.0)[None, :]
+            wb = tl.load(wb_ptr + n, mask=n < N, other=0.0)[None, :]
+            shift = wb - (rstd * mean)[:, None] * wg
+            first = tl.program_id(2) == 0  # of the splits, the first adds the constant terms
+            acc = acc * rstd[:, None] + tl.where(first, shift, 0.0)
         if K_SPLIT < K:
-            if SCALE:
-                acc *= tl.load(s_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
-            tl.store(out + tl.program_id(2) * M * N, acc, mask=keep)
+            tl.store(part_ptr + tl.program_id(2) * M * N + at, acc, mask=keep)
+            if RESIDUAL:
+                tl.debug_barrier()  # every thread's partials are issued before the release
+                tile = count_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+                if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == K // K_SPLIT - 1:
+                    tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")  # for the next kernel
+                    acc = _sum_partials(part_ptr, at, keep, K // K_SPLIT, M * N, dtype)
+                    if BIAS:
+                        acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+                    acc = _residual_epilogue(
+                        acc, y_ptr, stats_ptr, m, n, tl.program_id(0), M, N, dtype
+                    )
+                    tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=keep)
+                    _scaled_stream(acc, z_ptr, g_ptr, at, n, N, keep)
         else:
-            dtype = x_ptr.dtype.element_ty
-            acc = _linear_epilogue(acc, n, N, s_ptr, b_ptr, dtype, SCALE, BIAS, GELU)
-            tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=keep)
+            acc = _linear_epilogue(acc, n, N, s_ptr, b_ptr, dtype, False, BIAS, GELU)
+            if RESIDUAL:
+                acc = _residual_epilogue(acc, y_ptr, stats_ptr, m, n, tl.program_id(0), M, N, dtype)
+                _scaled_stream(acc, z_ptr, g_ptr, at, n, N, keep)
+            tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=keep)
+
+    @triton.jit
+    def _scaled_stream(x, z_ptr, g_ptr, at, n, N, keep):
+        """z = x * g, the residual stream times the next layer norm's weight, in z's dtype: what
+        the matmul after that norm streams (see `_skinny_linear_kernel`)."""
+        g = tl.load(g_ptr + n, mask=n < N, other=0.0).to(tl.float32)
+        tl.store(z_ptr + at, (x * g[None, :]).to(z_ptr.dtype.element_ty), mask=keep)
 
 
 # (block_n, block_k, warps, stages) of the stream kernel. Deeper pipelines pay on the long
@@ -489,6 +585,21 @@ _linear_choice: dict[tuple, StreamConfig | None] = {}
 CROSS_KEYS = 192  # cross keys per program of `cross_attention`: 8 splits of a 30 s window
 
 
+@dataclass
+class StreamStats:
+    """What folds the layer norms into the step's matmuls (`_skinny_linear_kernel`): the
+    residual stream's statistics as the matmul that last added into it left them, per band of
+    `band` columns each row's mean and squared deviations (float32, room for [D / 16, rows,
+    2]); the stream times the next norm's weight (`scaled`, [rows, D] in the compute dtype);
+    and a zeroed counter per output tile for a split matmul's programs to count their arrivals
+    in (each such matmul leaves them zeroed)."""
+
+    stats: Tensor
+    scaled: Tensor
+    counters: Tensor
+    band: int = 0
+
+
 def skinny_linear(
     x: Tensor,
     w: Tensor,
@@ -499,26 +610,43 @@ def skinny_linear(
     *,
     out: Tensor | None = None,
     partial: bool = False,
+    stats: StreamStats | None = None,
+    norm: tuple[Tensor, Tensor, float] | None = None,
+    residual: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """The Triton stream kernel: x [M, K] @ w^T (* scale per output channel, + b, then GELU)
     into `out` or a new [M, N] in x's dtype. config: (block_n, block_k, warps, stages); K must
     be a multiple of block_k. `partial` (with no bias nor GELU): the caller also takes float32
     partial sums [splits, M, N] (`add_layer_norm`, `cross_attention`), which let a matmul with
-    few output bands split its K over more programs (`stream_splits`)."""
+    few output bands split its K over more programs (`stream_splits`).
+    The folded layer norms (see `_skinny_linear_kernel`), with `stats`: `residual` (stream,
+    g), no GELU: the output is added into the residual stream [M, N] in place, which is
+    returned, leaving its statistics and stream * g in `stats` for the next `norm`. `norm`
+    (w g, w b, eps): x is that stream * g, and the output is of the norm's output."""
     x = x.contiguous()  # the kernel indexes rows of K
     M, K = x.shape
     N = w.shape[0]
     block_n, block_k, warps, stages = config
-    splits = stream_splits(N, K, config) if partial and b is None and not gelu else 1
-    if splits > 1:
-        y = torch.empty(splits, M, N, device=x.device, dtype=torch.float32)
+    split = (partial and b is None or residual is not None) and not gelu
+    splits = stream_splits(N, K, config) if split else 1
+    bands = K // stats.band if norm is not None else 1  # the bands the stream's writer left
+    wg, wb, eps = (w, w, 0.0) if norm is None else norm
+    stream, g = (w, w) if residual is None else residual
+    if residual is not None:
+        y, part = stream, stream.new_empty(splits, M, N, dtype=torch.float32)
+        stats.band = block_n
+    elif splits > 1:
+        y = part = torch.empty(splits, M, N, device=x.device, dtype=torch.float32)
     else:
-        y = torch.empty(M, N, device=x.device, dtype=x.dtype) if out is None else out
+        y = part = torch.empty(M, N, device=x.device, dtype=x.dtype) if out is None else out
     _skinny_linear_kernel[(triton.cdiv(N, block_n), triton.cdiv(M, 16), splits)](
-        x, w, scale if scale is not None else w, b if b is not None else w, y, M, N, K=K,
+        x, w, scale if scale is not None else w, b if b is not None else w, y, part,
+        stats.stats if stats is not None else w, stats.counters if stats is not None else w,
+        wg, wb, stats.scaled if stats is not None else w, g, eps, M, N, K=K,
         K_SPLIT=K // splits, SCALE=scale is not None, GELU=gelu, BIAS=b is not None,
-        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, LINE=128 // w.element_size(),
-        num_warps=warps, num_stages=stages, **_launch(x),
+        NORM=norm is not None, BAND=K // bands, BLOCK_BANDS=triton.next_power_of_2(bands),
+        RESIDUAL=residual is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+        LINE=128 // w.element_size(), num_warps=warps, num_stages=stages, **_launch(x),
     )  # fmt: skip
     return y
 
@@ -546,20 +674,71 @@ def linear(
     agrees with cuBLAS."""
     if not isinstance(w, Tensor):  # int8 / fp8 weights (quantize.QuantizedWeight): own kernels
         return w.linear(x, b, gelu, out=out, partial=partial)
+    partial = partial and b is None and not gelu
+    config = _linear_config(x, w, b, gelu, partial)
+    if config is not None:
+        return skinny_linear(x, w, b, gelu, config, out=out, partial=partial)
+    y = _torch_linear(x, w, b, gelu)
+    return y if out is None else out.copy_(y)
+
+
+def _linear_config(
+    x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, partial: bool
+) -> StreamConfig | None:
+    """The stream kernel config `linear` runs this shape with (picked on first use), or None
+    where it runs cuBLAS."""
     M, K = x.shape
     pdl = step_pdl() and x.is_cuda
-    partial = partial and b is None and not gelu
     key = (M, w.shape[0], K, w.dtype, b is not None, gelu, pdl, partial)
     if key not in _linear_choice:
         # Not for float32: tl.dot would round its inputs to tf32, and float32 means float32.
         usable = x.is_cuda or _INTERPRETED
         usable = triton is not None and usable and M <= 16 and w.dtype != torch.float32
         _linear_choice[key] = _pick_linear(x, w, b, gelu, pdl, partial) if usable else None
-    config = _linear_choice[key]
-    if config is not None:
-        return skinny_linear(x, w, b, gelu, config, out=out, partial=partial)
-    y = _torch_linear(x, w, b, gelu)
-    return y if out is None else out.copy_(y)
+    return _linear_choice[key]
+
+
+def folded_linear(
+    x: Tensor,
+    w: Tensor,
+    b: Tensor | None = None,
+    gelu: bool = False,
+    *,
+    stats: StreamStats,
+    partial: bool = False,
+    norm: tuple[Tensor, Tensor, float] | None = None,
+    residual: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """`linear` on the stream kernel with a folded layer norm (`skinny_linear`'s `norm` and
+    `residual`), in the config `linear` picks for the plain matmul (`Runtime._folds` says
+    where that is the stream kernel); int8 / fp8 weights (quantize.QuantizedWeight) bring
+    their own choice."""
+    split = partial or residual is not None
+    if isinstance(w, Tensor):
+        data, scale = w, None
+        config = _linear_config(x, w, None if split else b, gelu, split)
+    else:
+        data, scale = w.data, w.scale
+        config = w.stream_config(x, split)
+    if config is None:
+        raise RuntimeError(
+            f"no stream kernel config agrees with cuBLAS for a {tuple(x.shape)} x "
+            f"{tuple(data.shape)} matmul on this GPU; use Runtime(..., fused=False)"
+        )
+    return skinny_linear(
+        x, data, b, gelu, config, scale, partial=partial, stats=stats, norm=norm,
+        residual=residual,
+    )  # fmt: skip
+
+
+def norm_through(w: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor, float]:
+    """(w g, w b, eps) in float32 for a layer norm (weight g, bias b) before the matmul by w
+    [N, K] (or a quantize.QuantizedWeight): what `folded_linear` computes it with."""
+    g, b = ln.weight.float(), ln.bias.float()
+    if isinstance(w, Tensor):
+        return w.float() @ g, w.float() @ b, ln.eps
+    scale = w.scale.float()
+    return (w.data.float() @ g) * scale, (w.data.float() @ b) * scale, ln.eps
 
 
 def _pick_linear(
@@ -759,6 +938,15 @@ class Runtime:
         self._prefill_out: dict[tuple, Tensor] = {}  # what each prefill graph writes its hidden to
         self.max_windows = self.max_rows = 0
         self._allocate(max_windows, max_rows or max_windows)
+        # Each layer's norms through the matmuls after them, for `_layer_folded`.
+        self._norms_through = [
+            (
+                norm_through(block.attn.qkv.weight, block.attn_ln),
+                norm_through(block.cross_attn.query.weight, block.cross_attn_ln),
+                norm_through(block.mlp[0].weight, block.mlp_ln),
+            )
+            for block in self.model.decoder.blocks
+        ] if self.fused else []  # fmt: skip
 
     # --- static buffers --------------------------------------------------------------------
 
@@ -789,6 +977,12 @@ class Runtime:
         self.prompt = torch.zeros(rows, T, dtype=torch.long, device=dev)  # prefill's, right-padded
         self.prompt_length = torch.zeros(rows, dtype=torch.long, device=dev)
         self.hidden = torch.zeros(rows, D, device=dev, dtype=dt)
+        # The residual stream's band statistics and tile counters of the folded step.
+        self.stream_stats = StreamStats(
+            torch.zeros(D // 16 * rows * 2, device=dev),
+            torch.zeros(rows, D, device=dev, dtype=dt),
+            torch.zeros(1024, device=dev, dtype=torch.int32),
+        )
         self.logits = torch.zeros(rows, cfg.n_vocab, device=dev)
         self.bias = torch.zeros(cfg.n_vocab, device=dev)  # added to the logits: -inf suppresses
         self.eot = torch.zeros((), dtype=torch.long, device=dev)
@@ -1003,10 +1197,11 @@ class Runtime:
         else:
             x = embedding(token) + dec.positional_embedding[pos]  # [R, D]
             h = layer_norm(blocks[0].attn_ln, x)
+        layer = self._layer_folded if self._folds(rows) else self._layer_fused
         for i, block in enumerate(blocks):
             last = i + 1 == len(blocks)
             next_ln = dec.ln if last else blocks[i + 1].attn_ln
-            h = self._layer_fused(block, i, x, h, windows, next_ln, last)
+            h = layer(block, i, x, h, windows, next_ln, last)
         if float_embedding:
             linear(h, embedding.weight, out=self.logits[:rows])
         else:
@@ -1033,6 +1228,42 @@ class Runtime:
         m = linear(h, fc1.weight, fc1.bias, gelu=True)
         m = linear(m, fc2.weight, partial=True)
         return add_layer_norm(x, m, fc2.bias, next_ln, out=self.hidden[:rows] if last else None)
+
+    def _folds(self, rows: int) -> bool:
+        """Whether a step of `rows` runs `_layer_folded`: where `linear` streams the weights
+        (half precision, up to 16 rows) and always will (under PDL, or in the interpreter;
+        elsewhere cuBLAS may win a shape)."""
+        half = self.dtype != torch.float32
+        return FOLD and self.fused and half and rows <= 16 and (step_pdl() or _INTERPRETED)
+
+    def _layer_folded(
+        self, block: nn.Module, i: int, x: Tensor, h: Tensor, windows: int,
+        next_ln: nn.LayerNorm, last: bool,
+    ) -> Tensor | None:  # fmt: skip
+        """`_layer_fused` in 9 kernels instead of 12: each residual add is the epilogue of the
+        matmul before it, and each layer norm the epilogue of the matmul after it, from what
+        the first leaves in self.stream_stats (`_skinny_linear_kernel`). h is used by the
+        first layer only (the embedding kernel's norm); returns next_ln(x) in self.hidden if
+        last."""
+        rows, stats = x.shape[0], self.stream_stats
+        stream = functools.partial(folded_linear, stats=stats)
+        scaled = stats.scaled[:rows]  # x times the next norm's weight
+        qkv_norm, query_norm, fc1_norm = self._norms_through[i]
+        qkv, out = block.attn.qkv, block.attn.out
+        q = stream(h, qkv.weight) if i == 0 else stream(scaled, qkv.weight, norm=qkv_norm)
+        a = decode_attention(q, qkv.bias, self.self_kv[i], self.pos[:rows], self.n_head)
+        stream(a, out.weight, out.bias, residual=(x, block.cross_attn_ln.weight))
+        query, out = block.cross_attn.query, block.cross_attn.out
+        q = stream(scaled, query.weight, partial=True, norm=query_norm)
+        c = cross_attention(q, query.bias, self.cross_kv[i], windows, self.n_head)
+        stream(c, out.weight, out.bias, residual=(x, block.mlp_ln.weight))
+        fc1, fc2 = block.mlp[0], block.mlp[2]
+        m = stream(scaled, fc1.weight, fc1.bias, gelu=True, norm=fc1_norm)
+        if last:  # the step's final norm is kept in self.hidden
+            m = linear(m, fc2.weight, partial=True)
+            return add_layer_norm(x, m, fc2.bias, next_ln, out=self.hidden[:rows])
+        stream(m, fc2.weight, fc2.bias, residual=(x, next_ln.weight))
+        return None
 
     def _select(self, rows: int) -> None:
         """Greedy choice from self.logits + self.bias, as `decoding.GreedySearch` at temperature 0:
