@@ -314,21 +314,32 @@ if triton is not None:
 
     @triton.jit
     def _cross_attention_kernel(
-        q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, A, n_head, scale,
+        q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr, A, n_head, scale,
         Q_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DH: tl.constexpr,
-        KEYS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
+        KEYS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """`_cross_attention_split` of (window, head, split) = program ids (0, 1, 2); the
-        window's K,V are prefetched into L2 before the query is ready."""
+        window's K,V are prefetched into L2 before the query is ready. The last split of a
+        (window, head) to finish (counted in count_ptr, left zeroed) joins the splits
+        (`_combine_head`): no kernel of its own, so no dependent stage of its own."""
         w, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        S = tl.num_programs(2)
         if PDL:
             _prefetch_cross_keys(kv_ptr, w, h, s, A, n_head * DH, DH, KEYS, BLOCK_T)
         _wait_for_inputs(PDL)
         _cross_attention_split(
-            q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, w, h, s, tl.num_programs(2),
+            q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, w, h, s, S,
             tl.num_programs(0) * GROUP, A, n_head, scale, Q_SPLITS, GROUP, BLOCK_G, DH, KEYS,
             BLOCK_T,
         )  # fmt: skip
+        tl.debug_barrier()  # every thread's partials are issued before the release
+        ticket = count_ptr + w * n_head + h
+        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == S - 1:
+            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # for the next kernel
+            for g in tl.static_range(GROUP):
+                _combine_head(
+                    m_ptr, l_ptr, acc_ptr, out_ptr, w * GROUP + g, h, n_head, S, DH, BLOCK_S
+                )
 
     @triton.jit
     def _cross_attention_split(
@@ -372,18 +383,6 @@ if triton is not None:
         tl.store(m_ptr + at, m, mask=keep)
         tl.store(l_ptr + at, l, mask=keep)
         tl.store(acc_ptr + at[:, None] * DH + d[None, :], acc, mask=keep[:, None])
-
-    @triton.jit
-    def _combine_kernel(
-        m_ptr, l_ptr, acc_ptr, out_ptr, n_head, S,
-        DH: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        """`_combine_head` of (row, head) = program ids (0, 1)."""
-        _wait_for_inputs(PDL)
-        _combine_head(
-            m_ptr, l_ptr, acc_ptr, out_ptr, tl.program_id(0), tl.program_id(1), n_head, S, DH,
-            BLOCK_S,
-        )  # fmt: skip
 
     @triton.jit
     def _combine_head(
@@ -591,8 +590,9 @@ class StreamStats:
     residual stream's statistics as the matmul that last added into it left them, per band of
     `band` columns each row's mean and squared deviations (float32, room for [D / 16, rows,
     2]); the stream times the next norm's weight (`scaled`, [rows, D] in the compute dtype);
-    and a zeroed counter per output tile for a split matmul's programs to count their arrivals
-    in (each such matmul leaves them zeroed)."""
+    and zeroed counters, per output tile for a split matmul's programs (and per window and
+    head for `cross_attention`'s splits) to count their arrivals in; each kernel leaves them
+    zeroed."""
 
     stats: Tensor
     scaled: Tensor
@@ -841,10 +841,13 @@ def decode_attention(qkv: Tensor, bias: Tensor, cache: Tensor, pos: Tensor, n_he
     return out
 
 
-def cross_attention(q: Tensor, q_bias: Tensor, kv: Tensor, windows: int, n_head: int) -> Tensor:
+def cross_attention(
+    q: Tensor, q_bias: Tensor, kv: Tensor, windows: int, n_head: int, counters: Tensor
+) -> Tensor:
     """A decode step's cross-attention: the query before its bias, [windows * group, D] or a
     split matmul's partial sums [splits, windows * group, D], rows grouped by window;
-    kv [>= windows, n_audio_ctx, 2D], each window's K then V -> out [rows, D].
+    kv [>= windows, n_audio_ctx, 2D], each window's K then V -> out [rows, D]. counters:
+    zeroed int32, at least windows * n_head, left zeroed.
     For 16-bit dtypes with 64-wide heads (every Whisper), whose key rows are 128-byte lines."""
     rows, D = q.shape[-2:]
     group, A, dh = rows // windows, kv.shape[1], D // n_head
@@ -852,17 +855,12 @@ def cross_attention(q: Tensor, q_bias: Tensor, kv: Tensor, windows: int, n_head:
     m = torch.empty(rows, n_head, splits, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     acc = torch.empty(rows, n_head, splits, dh, device=q.device, dtype=torch.float32)
-    pdl = _launch(q)
+    out = torch.empty(rows, D, device=q.device, dtype=kv.dtype)
     _cross_attention_kernel[(windows, n_head, splits)](
-        q.contiguous(), q_bias, kv, m, l, acc, A, n_head, dh**-0.5,
+        q.contiguous(), q_bias, kv, m, l, acc, counters, out, A, n_head, dh**-0.5,
         Q_SPLITS=q.shape[0] if q.dim() == 3 else 0, GROUP=group,
         BLOCK_G=max(16, triton.next_power_of_2(group)), DH=dh, KEYS=CROSS_KEYS, BLOCK_T=64,
-        num_warps=4, **pdl,
-    )  # fmt: skip
-    out = torch.empty(rows, D, device=q.device, dtype=kv.dtype)
-    _combine_kernel[(rows, n_head)](
-        m, l, acc, out, n_head, splits, DH=dh, BLOCK_S=triton.next_power_of_2(splits),
-        num_warps=1, **pdl,
+        BLOCK_S=triton.next_power_of_2(splits), num_warps=4, **_launch(q),
     )  # fmt: skip
     return out
 
@@ -981,7 +979,7 @@ class Runtime:
         self.stream_stats = StreamStats(
             torch.zeros(D // 16 * rows * 2, device=dev),
             torch.zeros(rows, D, device=dev, dtype=dt),
-            torch.zeros(1024, device=dev, dtype=torch.int32),
+            torch.zeros(max(1024, windows * H), device=dev, dtype=torch.int32),
         )
         self.logits = torch.zeros(rows, cfg.n_vocab, device=dev)
         self.bias = torch.zeros(cfg.n_vocab, device=dev)  # added to the logits: -inf suppresses
@@ -1126,7 +1124,8 @@ class Runtime:
         H, dh, D = self.n_head, self.d_head, self.config.n_text_state
         if x.dim() == 2 and self.fused and self.dtype != torch.float32:  # a step: Triton
             q = linear(x, attn.query.weight, partial=True)
-            return cross_attention(q, attn.query.bias, self.cross_kv[layer], windows, H)
+            counters = self.stream_stats.counters
+            return cross_attention(q, attn.query.bias, self.cross_kv[layer], windows, H, counters)
         q = linear(x, attn.query.weight, attn.query.bias) if x.dim() == 2 else attn.query(x)
         q = q.reshape(windows, -1, H, dh).transpose(1, 2)  # [W, H, group * T, dh]
         kv = self.cross_kv[layer][:windows]
@@ -1255,7 +1254,7 @@ class Runtime:
         stream(a, out.weight, out.bias, residual=(x, block.cross_attn_ln.weight))
         query, out = block.cross_attn.query, block.cross_attn.out
         q = stream(scaled, query.weight, partial=True, norm=query_norm)
-        c = cross_attention(q, query.bias, self.cross_kv[i], windows, self.n_head)
+        c = cross_attention(q, query.bias, self.cross_kv[i], windows, self.n_head, stats.counters)
         stream(c, out.weight, out.bias, residual=(x, block.mlp_ln.weight))
         fc1, fc2 = block.mlp[0], block.mlp[2]
         m = stream(scaled, fc1.weight, fc1.bias, gelu=True, norm=fc1_norm)
