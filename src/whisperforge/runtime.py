@@ -413,28 +413,127 @@ if triton is not None:
         _wait_for_inputs(PDL)
         r = tl.program_id(0).to(tl.int64)
         best_value = tl.full([], float("-inf"), tl.float32)
-        best = tl.full([], 0, tl.int64)
-        total = tl.full([], 0.0, tl.float32)  # sum of exp(logit - best_value)
+        best = tl.full([], 0, tl.int32)
+        total = tl.full([], 0.0, tl.float32)
         for v0 in range(0, V, BLOCK_V):
             v = v0 + tl.arange(0, BLOCK_V)
             z = tl.load(logits_ptr + r * V + v, mask=v < V, other=float("-inf"))
             z += tl.load(bias_ptr + v, mask=v < V, other=0.0)
-            value, index = tl.max(
-                z, axis=0, return_indices=True, return_indices_tie_break_left=True
+            value, index, subtotal = _choice(z, 0)
+            best_value, best, total = _join_choice(
+                best_value, best, total, value, v0 + index, subtotal
             )
-            best = tl.where(value > best_value, v0 + index, best)  # ties keep the first
-            new = tl.maximum(best_value, value)
-            base = tl.where(new == float("-inf"), 0.0, new)
-            total = total * tl.exp(best_value - base) + tl.sum(tl.exp(z - base), axis=0)
-            best_value = new
-        logprob = -tl.log(total)  # the best logit minus the logsumexp
-        finished = tl.load(finished_ptr + r) != 0
+        _greedy_update(
+            r, best, total, r >= 0, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr,
+            eot_ptr, history_stride, False,
+        )  # fmt: skip
+
+    @triton.jit
+    def _choice(z, AXIS: tl.constexpr):
+        """Greedy's choice over a part of the logits (+ bias) z: the best value, its first
+        index in the part, and the sum of exp(z - best) over the part (its softmax's
+        denominator; the base is 0 where the whole part is -inf)."""
+        value, index = tl.max(z, axis=AXIS, return_indices=True, return_indices_tie_break_left=True)
+        base = tl.where(value == float("-inf"), 0.0, value)
+        return value, index, tl.sum(tl.exp(z - tl.expand_dims(base, AXIS)), axis=AXIS)
+
+    @triton.jit
+    def _join_choice(best_value, best, total, value, index, subtotal):
+        """A running `_choice` joined with the next part's (value, index, subtotal): ties keep
+        the earlier part's index, and total stays the sum of exp(z - best_value)."""
+        best = tl.where(value > best_value, index, best)
+        new = tl.maximum(best_value, value)
+        base = tl.where(new == float("-inf"), 0.0, new)
+        part_base = tl.where(value == float("-inf"), 0.0, value)
+        total = total * tl.exp(best_value - base) + subtotal * tl.exp(part_base - base)
+        return new, best, total
+
+    @triton.jit
+    def _greedy_update(
+        r, best, total, keep, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr,
+        history_stride, ADVANCE: tl.constexpr,
+    ):  # fmt: skip
+        """Rows r (where keep) take token `best`, whose log-probability is -log(total) (the
+        best logit minus the logsumexp), or EOT once finished: the loop state of
+        `Runtime._select`. ADVANCE: the rows' positions grow by one first (the step's own
+        `pos += 1`)."""
+        pos = tl.load(pos_ptr + r, mask=keep, other=0)
+        if ADVANCE:
+            pos += 1
+            tl.store(pos_ptr + r, pos, mask=keep)
+        finished = tl.load(finished_ptr + r, mask=keep, other=0) != 0
         eot = tl.load(eot_ptr)
-        token = tl.where(finished, eot, best)
-        tl.store(sum_ptr + r, tl.load(sum_ptr + r) + tl.where(finished, 0.0, logprob))
-        tl.store(history_ptr + r * history_stride + tl.load(pos_ptr + r), token)
-        tl.store(finished_ptr + r, (finished | (token == eot)).to(finished_ptr.dtype.element_ty))
-        tl.store(token_ptr + r, token)
+        token = tl.where(finished, eot, best.to(tl.int64))
+        logprob = tl.where(finished, 0.0, -tl.log(total))
+        tl.store(sum_ptr + r, tl.load(sum_ptr + r, mask=keep, other=0.0) + logprob, mask=keep)
+        tl.store(history_ptr + r * history_stride + pos, token, mask=keep)
+        finished = (finished | (token == eot)).to(finished_ptr.dtype.element_ty)
+        tl.store(finished_ptr + r, finished, mask=keep)
+        tl.store(token_ptr + r, token, mask=keep)
+
+    @triton.jit
+    def _logits_select_kernel(
+        x_ptr, w_ptr, logits_ptr, parts_ptr, index_ptr, count_ptr, bias_ptr, token_ptr,
+        pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr, history_stride, M, N,
+        bands: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_BANDS: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """A greedy step's logits matmul with the choice folded in: each program streams a
+        band of the embedding as `_skinny_linear_kernel` does, writes its logits (float32,
+        rounded as the matmul's output) and leaves its rows' `_choice` over the band (logits +
+        bias); the band's last program to finish (counted in count_ptr, left zeroed) joins
+        the bands and updates the loop state (`_greedy_update`, positions advanced). So the
+        choice costs no kernel and no second pass over the logits."""
+        m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        if PDL:
+            _prefetch_band(w_ptr, n, N, 0, K, K, BLOCK_K, LINE)
+        _wait_for_inputs(PDL)
+        acc = _stream_tile(
+            x_ptr, w_ptr, m, n, 0, M, N, K, K, BLOCK_K, w_ptr, w_ptr, 0.0, 0.0, False
+        )
+        acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(
+            logits_ptr + m[:, None] * N + n[None, :], acc, mask=(m[:, None] < M) & (n[None, :] < N)
+        )
+        bias = tl.load(bias_ptr + n, mask=n < N, other=float("-inf"))
+        value, index, subtotal = _choice(acc + bias[None, :], 1)
+        at = tl.program_id(0) * M + m  # parts [2, bands, M]: value, subtotal; index [bands, M]
+        tl.store(parts_ptr + at, value, mask=m < M)
+        tl.store(parts_ptr + bands * M + at, subtotal, mask=m < M)
+        tl.store(index_ptr + at, tl.program_id(0) * BLOCK_N + index, mask=m < M)
+        tl.debug_barrier()  # every thread's parts are issued before the release
+        ticket = count_ptr + tl.program_id(1)
+        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == bands - 1:
+            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # for the next kernel
+            best_value = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            best = tl.zeros([BLOCK_M], tl.int32)
+            total = tl.zeros([BLOCK_M], tl.float32)
+            for b0 in range(0, bands, BLOCK_BANDS):  # the bands' choices, joined per block
+                b = b0 + tl.arange(0, BLOCK_BANDS)
+                valid = (b[None, :] < bands) & (m[:, None] < M)
+                band_at = b[None, :] * M + m[:, None]
+                values = tl.load(
+                    parts_ptr + band_at, mask=valid, other=float("-inf"), cache_modifier=".cg"
+                )
+                subtotals = tl.load(
+                    parts_ptr + bands * M + band_at, mask=valid, other=0.0, cache_modifier=".cg"
+                )
+                indices = tl.load(index_ptr + band_at, mask=valid, other=0, cache_modifier=".cg")
+                top, where = tl.max(
+                    values, axis=1, return_indices=True, return_indices_tie_break_left=True
+                )
+                top_index = tl.sum(tl.where(b[None, :] - b0 == where[:, None], indices, 0), axis=1)
+                top_base = tl.where(top == float("-inf"), 0.0, top)
+                own_base = tl.where(values == float("-inf"), 0.0, values)
+                top_total = tl.sum(subtotals * tl.exp(own_base - top_base[:, None]), axis=1)
+                best_value, best, total = _join_choice(
+                    best_value, best, total, top, top_index, top_total
+                )
+            _greedy_update(
+                m, best, total, m < M, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr,
+                eot_ptr, history_stride, True,
+            )  # fmt: skip
 
     @triton.jit
     def _prefetch_band(
@@ -714,21 +813,29 @@ def folded_linear(
     where that is the stream kernel); int8 / fp8 weights (quantize.QuantizedWeight) bring
     their own choice."""
     split = partial or residual is not None
-    if isinstance(w, Tensor):
-        data, scale = w, None
-        config = _linear_config(x, w, None if split else b, gelu, split)
-    else:
-        data, scale = w.data, w.scale
-        config = w.stream_config(x, split)
-    if config is None:
-        raise RuntimeError(
-            f"no stream kernel config agrees with cuBLAS for a {tuple(x.shape)} x "
-            f"{tuple(data.shape)} matmul on this GPU; use Runtime(..., fused=False)"
-        )
+    config = stream_config(x, w, None if split else b, gelu, split)
+    data, scale = (w, None) if isinstance(w, Tensor) else (w.data, w.scale)
     return skinny_linear(
         x, data, b, gelu, config, scale, partial=partial, stats=stats, norm=norm,
         residual=residual,
     )  # fmt: skip
+
+
+def stream_config(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, split: bool) -> StreamConfig:
+    """The stream kernel's config for a matmul whose epilogue does more than `linear`'s (the
+    folds of `Runtime._layer_folded` and `_logits_select`): the one `linear` picks for the
+    plain matmul (`Runtime._folds` says where that is the stream kernel); int8 / fp8 weights
+    (quantize.QuantizedWeight) bring their own choice."""
+    if isinstance(w, Tensor):
+        config, shape = _linear_config(x, w, b, gelu, split), w.shape
+    else:
+        config, shape = w.stream_config(x, split), w.data.shape
+    if config is None:
+        raise RuntimeError(
+            f"no stream kernel config agrees with cuBLAS for a {tuple(x.shape)} x "
+            f"{tuple(shape)} matmul on this GPU; use Runtime(..., fused=False)"
+        )
+    return config
 
 
 def norm_through(w: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor, float]:
@@ -1178,7 +1285,7 @@ class Runtime:
         self.logits[:rows].copy_(dec.logits(hidden))
         pos += 1
 
-    def _forward_fused(self, rows: int, windows: int) -> None:
+    def _forward_fused(self, rows: int, windows: int, select: bool) -> None:
         """`_forward` with the Triton kernels: the embedding and the first layer norm are one
         kernel; each residual add, the bias of the projection before it and the next layer norm
         are one; self-attention writes the token's K,V and attends up to each row's own length
@@ -1201,11 +1308,15 @@ class Runtime:
             last = i + 1 == len(blocks)
             next_ln = dec.ln if last else blocks[i + 1].attn_ln
             h = layer(block, i, x, h, windows, next_ln, last)
+        if float_embedding and select and self._folds(rows):
+            return self._logits_select(h, rows)
         if float_embedding:
             linear(h, embedding.weight, out=self.logits[:rows])
         else:
             self.logits[:rows].copy_(dec.logits(h))
         pos += 1
+        if select:
+            self._select(rows)
 
     def _layer_fused(
         self, block: nn.Module, i: int, x: Tensor, h: Tensor, windows: int,
@@ -1264,6 +1375,22 @@ class Runtime:
         stream(m, fc2.weight, fc2.bias, residual=(x, next_ln.weight))
         return None
 
+    def _logits_select(self, h: Tensor, rows: int) -> None:
+        """The logits of h [rows, D] by the embedding with `_select` and the step's `pos += 1`
+        in the matmul's epilogue (`_logits_select_kernel`), in the config `linear` picks."""
+        w = self.model.decoder.token_embedding.weight
+        block_n, block_k, warps, stages = stream_config(h, w, None, False, False)
+        bands = triton.cdiv(w.shape[0], block_n)
+        parts = torch.empty(2, bands, rows, device=h.device, dtype=torch.float32)
+        index = torch.empty(bands, rows, device=h.device, dtype=torch.int32)
+        _logits_select_kernel[(bands, triton.cdiv(rows, 16))](
+            h, w, self.logits, parts, index, self.stream_stats.counters, self.bias, self.token,
+            self.pos, self.finished, self.sum_logprobs, self.history, self.eot,
+            self.history.stride(0), rows, w.shape[0], bands, K=w.shape[1], BLOCK_M=16,
+            BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_BANDS=256, LINE=128 // w.element_size(),
+            num_warps=warps, num_stages=stages, **_launch(h),
+        )  # fmt: skip
+
     def _select(self, rows: int) -> None:
         """Greedy choice from self.logits + self.bias, as `decoding.GreedySearch` at temperature 0:
         finished rows repeat EOT and stop adding log-probabilities."""
@@ -1294,9 +1421,9 @@ class Runtime:
 
         def run() -> None:
             if self.fused:
-                self._forward_fused(rows, windows)
-            else:
-                self._forward(rows, windows, bucket)
+                self._forward_fused(rows, windows, select)
+                return
+            self._forward(rows, windows, bucket)
             if select:
                 self._select(rows)
 
