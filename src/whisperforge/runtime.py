@@ -314,32 +314,21 @@ if triton is not None:
 
     @triton.jit
     def _cross_attention_kernel(
-        q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr, A, n_head, scale,
+        q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, A, n_head, scale,
         Q_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DH: tl.constexpr,
-        KEYS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+        KEYS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """`_cross_attention_split` of (window, head, split) = program ids (0, 1, 2); the
-        window's K,V are prefetched into L2 before the query is ready. The last split of a
-        (window, head) to finish (counted in count_ptr, left zeroed) joins the splits
-        (`_combine_head`): no kernel of its own, so no dependent stage of its own."""
+        window's K,V are prefetched into L2 before the query is ready."""
         w, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        S = tl.num_programs(2)
         if PDL:
             _prefetch_cross_keys(kv_ptr, w, h, s, A, n_head * DH, DH, KEYS, BLOCK_T)
         _wait_for_inputs(PDL)
         _cross_attention_split(
-            q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, w, h, s, S,
+            q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, w, h, s, tl.num_programs(2),
             tl.num_programs(0) * GROUP, A, n_head, scale, Q_SPLITS, GROUP, BLOCK_G, DH, KEYS,
             BLOCK_T,
         )  # fmt: skip
-        tl.debug_barrier()  # every thread's partials are issued before the release
-        ticket = count_ptr + w * n_head + h
-        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == S - 1:
-            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # for the next kernel
-            for g in tl.static_range(GROUP):
-                _combine_head(
-                    m_ptr, l_ptr, acc_ptr, out_ptr, w * GROUP + g, h, n_head, S, DH, BLOCK_S
-                )
 
     @triton.jit
     def _cross_attention_split(
@@ -383,6 +372,18 @@ if triton is not None:
         tl.store(m_ptr + at, m, mask=keep)
         tl.store(l_ptr + at, l, mask=keep)
         tl.store(acc_ptr + at[:, None] * DH + d[None, :], acc, mask=keep[:, None])
+
+    @triton.jit
+    def _combine_kernel(
+        m_ptr, l_ptr, acc_ptr, out_ptr, n_head, S,
+        DH: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """`_combine_head` of (row, head) = program ids (0, 1)."""
+        _wait_for_inputs(PDL)
+        _combine_head(
+            m_ptr, l_ptr, acc_ptr, out_ptr, tl.program_id(0), tl.program_id(1), n_head, S, DH,
+            BLOCK_S,
+        )  # fmt: skip
 
     @triton.jit
     def _combine_head(
@@ -689,9 +690,9 @@ class StreamStats:
     residual stream's statistics as the matmul that last added into it left them, per band of
     `band` columns each row's mean and squared deviations (float32, room for [D / 16, rows,
     2]); the stream times the next norm's weight (`scaled`, [rows, D] in the compute dtype);
-    and zeroed counters, per output tile for a split matmul's programs (and per window and
-    head for `cross_attention`'s splits) to count their arrivals in; each kernel leaves them
-    zeroed."""
+    and zeroed counters for the programs of a folded kernel to count their arrivals in (per
+    output tile of a split matmul, per block of rows of `_logits_select_kernel`); each
+    kernel leaves them zeroed."""
 
     stats: Tensor
     scaled: Tensor
@@ -948,13 +949,10 @@ def decode_attention(qkv: Tensor, bias: Tensor, cache: Tensor, pos: Tensor, n_he
     return out
 
 
-def cross_attention(
-    q: Tensor, q_bias: Tensor, kv: Tensor, windows: int, n_head: int, counters: Tensor
-) -> Tensor:
+def cross_attention(q: Tensor, q_bias: Tensor, kv: Tensor, windows: int, n_head: int) -> Tensor:
     """A decode step's cross-attention: the query before its bias, [windows * group, D] or a
     split matmul's partial sums [splits, windows * group, D], rows grouped by window;
-    kv [>= windows, n_audio_ctx, 2D], each window's K then V -> out [rows, D]. counters:
-    zeroed int32, at least windows * n_head, left zeroed.
+    kv [>= windows, n_audio_ctx, 2D], each window's K then V -> out [rows, D].
     For 16-bit dtypes with 64-wide heads (every Whisper), whose key rows are 128-byte lines."""
     rows, D = q.shape[-2:]
     group, A, dh = rows // windows, kv.shape[1], D // n_head
@@ -962,12 +960,17 @@ def cross_attention(
     m = torch.empty(rows, n_head, splits, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     acc = torch.empty(rows, n_head, splits, dh, device=q.device, dtype=torch.float32)
-    out = torch.empty(rows, D, device=q.device, dtype=kv.dtype)
+    pdl = _launch(q)
     _cross_attention_kernel[(windows, n_head, splits)](
-        q.contiguous(), q_bias, kv, m, l, acc, counters, out, A, n_head, dh**-0.5,
+        q.contiguous(), q_bias, kv, m, l, acc, A, n_head, dh**-0.5,
         Q_SPLITS=q.shape[0] if q.dim() == 3 else 0, GROUP=group,
         BLOCK_G=max(16, triton.next_power_of_2(group)), DH=dh, KEYS=CROSS_KEYS, BLOCK_T=64,
-        BLOCK_S=triton.next_power_of_2(splits), num_warps=4, **_launch(q),
+        num_warps=4, **pdl,
+    )  # fmt: skip
+    out = torch.empty(rows, D, device=q.device, dtype=kv.dtype)
+    _combine_kernel[(rows, n_head)](
+        m, l, acc, out, n_head, splits, DH=dh, BLOCK_S=triton.next_power_of_2(splits),
+        num_warps=1, **pdl,
     )  # fmt: skip
     return out
 
@@ -1082,11 +1085,11 @@ class Runtime:
         self.prompt = torch.zeros(rows, T, dtype=torch.long, device=dev)  # prefill's, right-padded
         self.prompt_length = torch.zeros(rows, dtype=torch.long, device=dev)
         self.hidden = torch.zeros(rows, D, device=dev, dtype=dt)
-        # The residual stream's band statistics and tile counters of the folded step.
+        # The residual stream's band statistics and the counters of the folded step.
         self.stream_stats = StreamStats(
             torch.zeros(D // 16 * rows * 2, device=dev),
             torch.zeros(rows, D, device=dev, dtype=dt),
-            torch.zeros(max(1024, windows * H), device=dev, dtype=torch.int32),
+            torch.zeros(1024, device=dev, dtype=torch.int32),
         )
         self.logits = torch.zeros(rows, cfg.n_vocab, device=dev)
         self.bias = torch.zeros(cfg.n_vocab, device=dev)  # added to the logits: -inf suppresses
@@ -1231,8 +1234,7 @@ class Runtime:
         H, dh, D = self.n_head, self.d_head, self.config.n_text_state
         if x.dim() == 2 and self.fused and self.dtype != torch.float32:  # a step: Triton
             q = linear(x, attn.query.weight, partial=True)
-            counters = self.stream_stats.counters
-            return cross_attention(q, attn.query.bias, self.cross_kv[layer], windows, H, counters)
+            return cross_attention(q, attn.query.bias, self.cross_kv[layer], windows, H)
         q = linear(x, attn.query.weight, attn.query.bias) if x.dim() == 2 else attn.query(x)
         q = q.reshape(windows, -1, H, dh).transpose(1, 2)  # [W, H, group * T, dh]
         kv = self.cross_kv[layer][:windows]
@@ -1365,7 +1367,7 @@ class Runtime:
         stream(a, out.weight, out.bias, residual=(x, block.cross_attn_ln.weight))
         query, out = block.cross_attn.query, block.cross_attn.out
         q = stream(scaled, query.weight, partial=True, norm=query_norm)
-        c = cross_attention(q, query.bias, self.cross_kv[i], windows, self.n_head, stats.counters)
+        c = cross_attention(q, query.bias, self.cross_kv[i], windows, self.n_head)
         stream(c, out.weight, out.bias, residual=(x, block.mlp_ln.weight))
         fc1, fc2 = block.mlp[0], block.mlp[2]
         m = stream(scaled, fc1.weight, fc1.bias, gelu=True, norm=fc1_norm)
