@@ -681,6 +681,23 @@ _SKINNY_CONFIGS: list[StreamConfig] = [
     (32, 256, 4, 4), (64, 256, 8, 4), (64, 256, 8, 6),
 ]  # fmt: skip
 _linear_choice: dict[tuple, StreamConfig | None] = {}
+# The step matmuls of the large models (d = 1280: large-v1-v3, turbo) on Hopper under PDL,
+# chosen in the whole graphed greedy step (benchmarks/tune_step.py on an H200, large-v3 and
+# turbo, fp16): timing each shape alone misses what a kernel overlaps with its neighbours, and
+# its picks moved the step by up to 20 % between jobs. Keys: (1 row or up to 16, N, K, bias,
+# gelu, partial).
+HOPPER_STEP_CONFIGS: dict[tuple[int, int, int, bool, bool, bool], StreamConfig] = {
+    (1, 1280, 1280, False, False, True): (64, 128, 8, 3),
+    (1, 1280, 5120, False, False, True): (64, 128, 8, 3),
+    (1, 3840, 1280, False, False, False): (32, 256, 4, 4),
+    (1, 5120, 1280, True, True, False): (32, 256, 4, 4),
+    (1, 51866, 1280, False, False, False): (32, 256, 4, 4),
+    (16, 1280, 1280, False, False, True): (32, 128, 4, 3),
+    (16, 1280, 5120, False, False, True): (64, 128, 8, 3),
+    (16, 3840, 1280, False, False, False): (32, 256, 4, 4),
+    (16, 5120, 1280, True, True, False): (16, 256, 4, 3),
+    (16, 51866, 1280, False, False, False): (64, 128, 8, 3),
+}
 CROSS_KEYS = 192  # cross keys per program of `cross_attention`: 8 splits of a 30 s window
 
 
@@ -794,8 +811,18 @@ def _linear_config(
         # Not for float32: tl.dot would round its inputs to tf32, and float32 means float32.
         usable = x.is_cuda or _INTERPRETED
         usable = triton is not None and usable and M <= 16 and w.dtype != torch.float32
-        _linear_choice[key] = _pick_linear(x, w, b, gelu, pdl, partial) if usable else None
+        tuned = (1 if M == 1 else 16, w.shape[0], K, b is not None, gelu, partial)
+        if usable and pdl and _is_h100_or_h200() and tuned in HOPPER_STEP_CONFIGS:
+            _linear_choice[key] = HOPPER_STEP_CONFIGS[tuned]
+        else:
+            _linear_choice[key] = _pick_linear(x, w, b, gelu, pdl, partial) if usable else None
     return _linear_choice[key]
+
+
+@functools.cache
+def _is_h100_or_h200() -> bool:
+    """Whether the GPU is a Hopper (sm_90), where HOPPER_STEP_CONFIGS were measured."""
+    return torch.cuda.get_device_capability() == (9, 0)
 
 
 def folded_linear(
