@@ -375,6 +375,17 @@ for got in (run(row_kernel), run(lambda: rt._logits_select(h[:rows].contiguous()
         assert torch.allclose(a[:rows].float(), b[:rows].float(), rtol=1e-3, atol=1e-3), (a, b)
     assert all(torch.equal(a[:rows], b[:rows]) for a, b in zip(got[:3] + got[4:5], expected[:3] + expected[4:5]))
     assert not rt.stream_stats.counters.any()
+
+# An int8 embedding (quantize's, one scale per row): the fold scales the matmul's sums.
+from whisperforge.quantize import quantize_model
+quantize_model(rt.model, "int8", dynamic=False)
+weight = rt.model.decoder.token_embedding.weight
+logits = rt.model.decoder.logits(h[:rows]).float()
+assert rt.model.decoder.token_embedding.qweight.dtype == torch.int8
+expected = run(torch_path)
+got = run(lambda: rt._logits_select(h[:rows].contiguous(), rows))
+assert torch.allclose(got[5][:rows], expected[5][:rows], rtol=1e-3, atol=1e-3)
+assert torch.equal(got[0], expected[0]) and torch.equal(got[4], expected[4])
 print("ok")
 """
 
@@ -382,8 +393,8 @@ print("ok")
 def test_greedy_choice_in_the_interpreter():
     """The greedy choice on the device, in Triton's CPU interpreter: the row kernel over the
     logits and the choice folded into the logits matmul (bands joined by the last program,
-    positions advanced) give `_select`'s torch path's tokens, sums, history, finished flags
-    and logits, first index on ties. Skipped where Triton is not installed (CI)."""
+    positions advanced; float16 and int8 embeddings) give `_select`'s torch path's tokens,
+    sums, history, finished flags and logits, first index on ties. Skipped where Triton is not installed (CI)."""
     pytest.importorskip("triton")
     run = subprocess.run(
         [sys.executable, "-c", GREEDY_KERNELS],

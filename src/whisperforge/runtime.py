@@ -474,17 +474,19 @@ if triton is not None:
 
     @triton.jit
     def _logits_select_kernel(
-        x_ptr, w_ptr, logits_ptr, parts_ptr, index_ptr, count_ptr, bias_ptr, token_ptr,
+        x_ptr, w_ptr, s_ptr, logits_ptr, parts_ptr, index_ptr, count_ptr, bias_ptr, token_ptr,
         pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr, history_stride, M, N,
-        bands: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        BLOCK_BANDS: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr,
+        bands: tl.constexpr, K: tl.constexpr, SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_BANDS: tl.constexpr,
+        LINE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """A greedy step's logits matmul with the choice folded in: each program streams a
-        band of the embedding as `_skinny_linear_kernel` does, writes its logits (float32,
-        rounded as the matmul's output) and leaves its rows' `_choice` over the band (logits +
-        bias); the band's last program to finish (counted in count_ptr, left zeroed) joins
-        the bands and updates the loop state (`_greedy_update`, positions advanced). So the
-        choice costs no kernel and no second pass over the logits."""
+        band of the embedding as `_skinny_linear_kernel` does (int8 / fp8 with SCALE), writes
+        its logits (float32, rounded as the matmul's output) and leaves its rows' `_choice`
+        over the band (logits + bias); the band's last program to finish (counted in
+        count_ptr, left zeroed) joins the bands and updates the loop state (`_greedy_update`,
+        positions advanced). So the choice costs no kernel and no second pass over the
+        logits."""
         m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         if PDL:
@@ -493,7 +495,8 @@ if triton is not None:
         acc = _stream_tile(
             x_ptr, w_ptr, m, n, 0, M, N, K, K, BLOCK_K, w_ptr, w_ptr, 0.0, 0.0, False
         )
-        acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+        dtype = x_ptr.dtype.element_ty
+        acc = _linear_epilogue(acc, n, N, s_ptr, s_ptr, dtype, SCALE, False, False)
         tl.store(
             logits_ptr + m[:, None] * N + n[None, :], acc, mask=(m[:, None] < M) & (n[None, :] < N)
         )
@@ -1337,7 +1340,7 @@ class Runtime:
             last = i + 1 == len(blocks)
             next_ln = dec.ln if last else blocks[i + 1].attn_ln
             h = layer(block, i, x, h, windows, next_ln, last)
-        if float_embedding and select and self._folds(rows):
+        if select and self._folds(rows):
             return self._logits_select(h, rows)
         if float_embedding:
             linear(h, embedding.weight, out=self.logits[:rows])
@@ -1409,14 +1412,17 @@ class Runtime:
         in the matmul's epilogue (`_logits_select_kernel`), in the config `linear` picks."""
         w = self.model.decoder.token_embedding.weight
         block_n, block_k, warps, stages = stream_config(h, w, None, False, False)
-        bands = triton.cdiv(w.shape[0], block_n)
+        data, scale = (w, None) if isinstance(w, Tensor) else (w.data, w.scale)
+        N = self.config.n_vocab  # quantize's embedding may have rows past it
+        bands = triton.cdiv(N, block_n)
         parts = torch.empty(2, bands, rows, device=h.device, dtype=torch.float32)
         index = torch.empty(bands, rows, device=h.device, dtype=torch.int32)
         _logits_select_kernel[(bands, triton.cdiv(rows, 16))](
-            h, w, self.logits, parts, index, self.stream_stats.counters, self.bias, self.token,
-            self.pos, self.finished, self.sum_logprobs, self.history, self.eot,
-            self.history.stride(0), rows, w.shape[0], bands, K=w.shape[1], BLOCK_M=16,
-            BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_BANDS=256, LINE=128 // w.element_size(),
+            h, data, scale if scale is not None else data, self.logits, parts, index,
+            self.stream_stats.counters, self.bias, self.token, self.pos, self.finished,
+            self.sum_logprobs, self.history, self.eot, self.history.stride(0), rows, N, bands,
+            K=data.shape[1], SCALE=scale is not None, BLOCK_M=16, BLOCK_N=block_n,
+            BLOCK_K=block_k, BLOCK_BANDS=256, LINE=128 // data.element_size(),
             num_warps=warps, num_stages=stages, **_launch(h),
         )  # fmt: skip
 
