@@ -5,9 +5,13 @@ what it overlaps with its neighbours, and the pick moves between jobs (the same 
 and 1.85 ms on one H200). This times the whole graphed greedy step instead: for a preset and
 batch, coordinate descent over the step's matmul shapes, each shape's candidate configs tried
 with the others held, two passes, from the runtime's own choice (the table where it has the
-shape, else each picked alone); prints the table to paste into the runtime.
+shape, else each picked alone).
 
     python benchmarks/tune_step.py --preset large-v3 --batch 1 16
+    python benchmarks/tune_step.py --preset large-v3 --batch 1 16 --compute-type int8  # quantize's
+
+Prints each tuned choice by its key in `runtime._linear_choice` / `quantize._quantized_choice`,
+to copy into `runtime.HOPPER_STEP_CONFIGS` / `quantize.HOPPER_STREAM_CONFIGS`.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gpu import eot_for, prompt_for
 
-from whisperforge import runtime
+from whisperforge import quantize, runtime
 from whisperforge.presets import preset, random_model
 from whisperforge.runtime import Runtime
 
@@ -45,54 +49,57 @@ def step_ms(rt: Runtime, features: torch.Tensor, prompt: list[int], eot: int, st
     return statistics.median(times[1:])
 
 
-def tune(name: str, batch: int, steps: int, passes: int) -> dict[tuple, runtime.StreamConfig]:
+def tune(name: str, batch: int, steps: int, passes: int, compute_type: str) -> dict[tuple, tuple]:
+    """The step's stream kernel configs for `compute_type` (float16, or int8 / float8 weights,
+    whose choices quantize.py keeps), by coordinate descent on the whole step's time."""
     c = preset(name)
     model = random_model(c, seed=0, device="cuda", dtype=torch.float16)
+    if compute_type == "float16":
+        choice, candidates = runtime._linear_choice, runtime._SKINNY_CONFIGS
+    else:
+        quantize.quantize_model(model, quantize.COMPUTE_TYPES[compute_type][1])
+        choice, candidates = quantize._quantized_choice, quantize._QUANTIZED_CONFIGS
     rt = Runtime(model, "float16", max_windows=batch, max_rows=batch)
     torch.manual_seed(0)
     mel = torch.randn(batch, c.n_mels, 3000, device="cuda", dtype=torch.float16)
     features = rt.encoder(mel).clone()
     prompt, eot = prompt_for(c), eot_for(c)
-    runtime._linear_choice.clear()
+    choice.clear()
     first = step_ms(rt, features, prompt, eot, steps)  # the runtime's own choice of configs
-    keys = [k for k, v in runtime._linear_choice.items() if v is not None and k[0] == batch]
-    print(f"{name} b{batch}: {first:.4f} ms/step with the runtime's configs", flush=True)
+    # Keys are (rows, N, K, ...); a tuple is a stream kernel config (else cuBLAS or another op).
+    keys = [k for k, v in choice.items() if isinstance(v, tuple) and k[0] == batch]
+    print(f"{name} {compute_type} b{batch}: {first:.4f} ms/step, runtime's configs", flush=True)
     best = first
     for _ in range(passes):
         for key in keys:
-            chosen = runtime._linear_choice[key]
-            for config in runtime._SKINNY_CONFIGS:
+            chosen = choice[key]
+            for config in candidates:
                 if key[2] % config[1] or config == chosen:
                     continue
-                runtime._linear_choice[key] = config
+                choice[key] = config
                 ms = step_ms(rt, features, prompt, eot, steps)
                 if ms < best * 0.997:  # a real gain, not the noise between two runs
                     best, chosen = ms, config
-            runtime._linear_choice[key] = chosen
-            print(f"  {key[:3]} partial={key[7]}: {chosen} -> {best:.4f} ms/step", flush=True)
+            choice[key] = chosen
+            print(f"  {key}: {chosen} -> {best:.4f} ms/step", flush=True)
     final = step_ms(rt, features, prompt, eot, steps)
-    print(f"{name} b{batch}: {final:.4f} ms/step tuned (first {first:.4f})", flush=True)
-    return {k: runtime._linear_choice[k] for k in keys}
+    print(f"{name} {compute_type} b{batch}: {final:.4f} ms/step tuned (first {first:.4f})")
+    return {k: choice[k] for k in keys}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="large-v3")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--compute-type", default="float16", choices=["float16", "int8", "float8"])
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--passes", type=int, default=2)
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), flush=True)
-    table = {}
     for batch in args.batch:
-        for (M, N, K, _, bias, gelu, _, partial), config in tune(
-            args.preset, batch, args.steps, args.passes
-        ).items():
-            table[(M, N, K, bias, gelu, partial)] = config
-    print("HOPPER_STEP_CONFIGS = {  # (rows, N, K, bias, gelu, partial): config")
-    for key, config in sorted(table.items()):
-        print(f"    {key}: {config},")
-    print("}")
+        table = tune(args.preset, batch, args.steps, args.passes, args.compute_type)
+        for key, config in sorted(table.items(), key=str):
+            print(f"    {key}: {config},")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from .errors import InvalidOptionError
 from .model import Whisper
-from .runtime import _INTERPRETED, StreamConfig, fastest, skinny_linear, step_pdl
+from .runtime import _INTERPRETED, StreamConfig, fastest, on_hopper, skinny_linear, step_pdl
 
 try:
     import triton
@@ -168,7 +168,11 @@ class QuantizedWeight(NamedTuple):
         alone: the runtime folds layer norms and residual adds into it (`folded_linear`)."""
         key = (x.shape[0], *self.data.shape, self.data.dtype, x.dtype, "stream", partial)
         if key not in _quantized_choice:
-            _quantized_choice[key] = _pick_quantized(x, self, partial, stream_only=True)
+            tuned = (1 if x.shape[0] == 1 else 16, *self.data.shape, self.data.dtype, partial)
+            if x.is_cuda and step_pdl() and on_hopper() and tuned in HOPPER_STREAM_CONFIGS:
+                _quantized_choice[key] = HOPPER_STREAM_CONFIGS[tuned]
+            else:
+                _quantized_choice[key] = _pick_quantized(x, self, partial, stream_only=True)
         return _quantized_choice[key]
 
 
@@ -433,6 +437,31 @@ _QUANTIZED_CONFIGS = [
     (16, 128, 4, 3), (32, 128, 4, 3), (32, 256, 4, 3), (64, 256, 8, 3), (64, 256, 8, 4),
 ]  # fmt: skip
 _quantized_choice: dict[tuple, Callable[[Tensor, QuantizedWeight], Tensor] | StreamConfig] = {}
+# The folded step's configs (`QuantizedWeight.stream_config`) for the large models (d = 1280)
+# on Hopper under PDL, chosen in the whole graphed greedy step as runtime.HOPPER_STEP_CONFIGS
+# (benchmarks/tune_step.py --compute-type int8 / float8, H200). Keys: (1 row or up to 16, N,
+# K, weight dtype, partial).
+_I8, _F8 = torch.int8, torch.float8_e4m3fn
+HOPPER_STREAM_CONFIGS: dict[tuple[int, int, int, torch.dtype, bool], StreamConfig] = {
+    (1, 1280, 1280, _I8, True): (64, 256, 8, 3),
+    (1, 1280, 5120, _I8, True): (64, 256, 8, 3),
+    (1, 3840, 1280, _I8, False): (32, 128, 4, 3),
+    (1, 5120, 1280, _I8, False): (32, 256, 4, 3),
+    (1, 51866, 1280, _I8, False): (32, 256, 4, 3),  # the embedding: int8 for every type
+    (16, 1280, 1280, _I8, True): (32, 128, 4, 3),
+    (16, 1280, 5120, _I8, True): (32, 256, 4, 3),
+    (16, 3840, 1280, _I8, False): (32, 256, 4, 3),
+    (16, 5120, 1280, _I8, False): (32, 128, 4, 3),
+    (16, 51866, 1280, _I8, False): (64, 256, 8, 3),
+    (1, 1280, 1280, _F8, True): (64, 256, 8, 3),
+    (1, 1280, 5120, _F8, True): (32, 256, 4, 3),
+    (1, 3840, 1280, _F8, False): (64, 256, 8, 3),
+    (1, 5120, 1280, _F8, False): (32, 256, 4, 3),
+    (16, 1280, 1280, _F8, True): (64, 256, 8, 3),
+    (16, 1280, 5120, _F8, True): (32, 128, 4, 3),
+    (16, 3840, 1280, _F8, False): (32, 256, 4, 3),
+    (16, 5120, 1280, _F8, False): (32, 256, 4, 3),
+}
 
 
 def _pick_quantized(

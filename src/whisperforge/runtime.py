@@ -815,7 +815,7 @@ def _linear_config(
         usable = x.is_cuda or _INTERPRETED
         usable = triton is not None and usable and M <= 16 and w.dtype != torch.float32
         tuned = (1 if M == 1 else 16, w.shape[0], K, b is not None, gelu, partial)
-        if usable and pdl and _is_h100_or_h200() and tuned in HOPPER_STEP_CONFIGS:
+        if usable and pdl and on_hopper() and tuned in HOPPER_STEP_CONFIGS:
             _linear_choice[key] = HOPPER_STEP_CONFIGS[tuned]
         else:
             _linear_choice[key] = _pick_linear(x, w, b, gelu, pdl, partial) if usable else None
@@ -823,7 +823,7 @@ def _linear_config(
 
 
 @functools.cache
-def _is_h100_or_h200() -> bool:
+def on_hopper() -> bool:
     """Whether the GPU is a Hopper (sm_90), where HOPPER_STEP_CONFIGS were measured."""
     return torch.cuda.get_device_capability() == (9, 0)
 
