@@ -9,11 +9,14 @@ kernel launches and host syncs, not by the GPU. The runtime removes both:
   path (CPU, tests, the reference for the kernels) attends over `cache[:bucket]` with a mask,
   bucket from a short ladder; on CUDA a Triton kernel appends K,V and attends by length.
 - Each (windows on a ladder, rows per window[, bucket]) step is captured once as a CUDA graph
-  and replayed, and so is each prefill (windows, rows per window, prompt length on a ladder); on CUDA, Triton kernels also fuse each residual add, bias and layer norm (over
-  split matmuls' partial sums), the embedding, cross-attention split over the keys and the
-  greedy choice, and stream the weights for the few-row matmuls where that beats cuBLAS. On
-  Hopper they chain by programmatic dependent launch (`USE_PDL`), and the layer norms fold
-  into the epilogues of the matmuls around them (`Runtime._layer_folded`, `FOLD`).
+  and replayed, and so is each prefill (windows, rows per window, prompt length on a ladder);
+  on CUDA, Triton kernels also fuse each residual add, bias and layer norm (over split
+  matmuls' partial sums), the embedding, cross-attention split over the keys and the greedy
+  choice, and stream the weights for the few-row matmuls where that beats cuBLAS. On Hopper
+  they chain by programmatic dependent launch (`USE_PDL`), the layer norms fold into the
+  epilogues of the matmuls around them (`Runtime._layer_folded`, `FOLD`), a greedy step's
+  choice into its logits matmul (`_logits_select_kernel`), and the large models' matmuls run
+  the configs tuned in the whole step (`HOPPER_STEP_CONFIGS`).
 - The greedy loop state (last tokens, lengths, finished flags, sums of log-probs, the tokens
   so far) stays on the GPU; `greedy` runs a whole decode with no host sync per step.
 - Beams (or best-of samples) of one window are rows of one batch that share the window's cross
@@ -798,10 +801,10 @@ def linear(
     """F.linear (then GELU) for a decode step, into `out` if given. `partial`: the caller also
     takes float32 partial sums [splits, M, N] (add_layer_norm, cross_attention), which let a
     matmul with few output bands split its K over more programs. For up to 16 rows on
-    CUDA, the first call of each shape times the Triton stream kernel's configs, and cuBLAS
-    unless the step runs under PDL (where a kernel's own time misses what it overlaps), outside
-    any graph capture (a step runs once before it is captured), and keeps the fastest that
-    agrees with cuBLAS."""
+    CUDA, a shape in HOPPER_STEP_CONFIGS runs its config there; the first call of any other
+    shape times the Triton stream kernel's configs, and cuBLAS unless the step runs under PDL
+    (where a kernel's own time misses what it overlaps), outside any graph capture (a step
+    runs once before it is captured), and keeps the fastest that agrees with cuBLAS."""
     if not isinstance(w, Tensor):  # int8 / fp8 weights (quantize.QuantizedWeight): own kernels
         return w.linear(x, b, gelu, out=out, partial=partial)
     partial = partial and b is None and not gelu
