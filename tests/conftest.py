@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,18 @@ JFK = DEV_DIR / "openai-whisper__jfk.flac"
 def manifest() -> list[dict]:
     with open(DEV_DIR / "manifest.jsonl") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def run_interpreted(script: str, timeout: float = 300) -> None:
+    """Run a script that prints "ok" under Triton's CPU interpreter (the kernels are CUDA's);
+    skips where Triton is not installed (CI)."""
+    pytest.importorskip("triton")
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
 def short_english_clips() -> list[dict]:

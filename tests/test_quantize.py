@@ -17,7 +17,7 @@ import warnings
 import jiwer
 import pytest
 import torch
-from conftest import DEV_DIR, manifest
+from conftest import DEV_DIR, manifest, run_interpreted
 
 from whisperforge import WhisperModel, cli, load_audio
 from whisperforge.checkpoints import packaged_model_folders, save_quantized
@@ -239,13 +239,7 @@ print("ok")
 
 
 def test_triton_kernels_in_the_interpreter():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [sys.executable, "-c", INTERPRETED],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    run_interpreted(INTERPRETED, timeout=120)
 
 
 def test_float8_keeps_an_int8_embedding_and_its_scales_never_clip_int8(tiny_en, tmp_path):

@@ -4,13 +4,9 @@ finishing at different steps; and the same tokens as `decode` on the real tiny.e
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-from conftest import JFK
+from conftest import JFK, run_interpreted
 
 from whisperforge.audio import N_FRAMES, load_audio, log_mel_spectrogram, pad_or_trim
 from whisperforge.decoding import DecodingOptions, decode, suppress_token_list
@@ -312,14 +308,8 @@ def test_step_kernels_in_the_interpreter():
     """The decode step's Triton kernels (CUDA only) in Triton's CPU interpreter, against torch:
     split partial sums, the fused residual + layer norm over them, the same folded into the
     matmuls (residual add in a split matmul's epilogue, layer norm on the way into the next),
-    the embedding + layer norm, and cross-attention split over the keys. Skipped where Triton is not installed (CI)."""
-    pytest.importorskip("triton")
-    run = subprocess.run(
-        [sys.executable, "-c", STEP_KERNELS],
-        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
-        timeout=300, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    the embedding + layer norm, and cross-attention split over the keys."""
+    run_interpreted(STEP_KERNELS)
 
 
 GREEDY_KERNELS = """
@@ -394,11 +384,5 @@ def test_greedy_choice_in_the_interpreter():
     """The greedy choice on the device, in Triton's CPU interpreter: the row kernel over the
     logits and the choice folded into the logits matmul (bands joined by the last program,
     positions advanced; float16 and int8 embeddings) give `_select`'s torch path's tokens,
-    sums, history, finished flags and logits, first index on ties. Skipped where Triton is not installed (CI)."""
-    pytest.importorskip("triton")
-    run = subprocess.run(
-        [sys.executable, "-c", GREEDY_KERNELS],
-        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
-        timeout=300, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    sums, history, finished flags and logits, first index on ties."""
+    run_interpreted(GREEDY_KERNELS)
