@@ -1335,7 +1335,8 @@ class Runtime:
         kernel; each residual add, the bias of the projection before it and the next layer norm
         are one; self-attention writes the token's K,V and attends up to each row's own length
         in one; cross-attention is split over the keys and joined. On Hopper the kernels chain
-        by programmatic dependent launch (see USE_PDL)."""
+        by programmatic dependent launch (see USE_PDL). `select`: then the greedy choice
+        (`_select`), in the logits matmul's epilogue where the layers fold."""
         dec = self.model.decoder
         token, pos = self.token[:rows], self.pos[:rows]
         blocks = dec.blocks
