@@ -291,7 +291,7 @@ emb, pos = torch.randn(50, D, generator=g).to(dt), torch.randn(448, D, generator
 x, h = R.embed_layer_norm(tokens, positions, emb, pos, ln)
 assert torch.equal(x, emb[tokens] + pos[positions])
 
-W, G, H, dh, A = 2, 2, 3, 64, 1500  # 1500 keys: 8 splits, the last one short
+W, G, H, dh, A = 2, 2, 3, 64, 1500  # 1500 keys: 12 splits, the last one short
 q = torch.randn(3, W * G, H * dh, generator=g)  # a query's partial sums, before its bias
 q_bias = torch.randn(H * dh, generator=g).to(dt)
 kv = torch.randn(W + 1, A, 2 * H * dh, generator=g).to(dt)

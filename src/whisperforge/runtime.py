@@ -714,7 +714,7 @@ HOPPER_STEP_CONFIGS: dict[tuple[int, int, int, bool, bool, bool], StreamConfig] 
     (16, 5120, 1280, True, True, False): (16, 256, 4, 3),
     (16, 51866, 1280, False, False, False): (64, 128, 8, 3),
 }
-CROSS_KEYS = 192  # cross keys per program of `cross_attention`: 8 splits of a 30 s window
+CROSS_KEYS = 128  # cross keys per program of `cross_attention`: 12 splits of a 30 s window
 
 
 @dataclass
