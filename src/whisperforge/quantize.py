@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from .errors import InvalidOptionError
 from .model import Whisper
-from .runtime import _INTERPRETED, StreamConfig, fastest, on_hopper, skinny_linear, step_pdl
+from .runtime import _INTERPRETED, StreamConfig, fastest, skinny_linear, step_pdl, tuned_config
 
 try:
     import triton
@@ -168,11 +168,10 @@ class QuantizedWeight(NamedTuple):
         alone: the runtime folds layer norms and residual adds into it (`folded_linear`)."""
         key = (x.shape[0], *self.data.shape, self.data.dtype, x.dtype, "stream", partial)
         if key not in _quantized_choice:
-            tuned = (1 if x.shape[0] == 1 else 16, *self.data.shape, self.data.dtype, partial)
-            if x.is_cuda and step_pdl() and on_hopper() and tuned in HOPPER_STREAM_CONFIGS:
-                _quantized_choice[key] = HOPPER_STREAM_CONFIGS[tuned]
-            else:
-                _quantized_choice[key] = _pick_quantized(x, self, partial, stream_only=True)
+            tuned = tuned_config(
+                HOPPER_STREAM_CONFIGS, x, *self.data.shape, self.data.dtype, partial
+            )
+            _quantized_choice[key] = tuned or _pick_quantized(x, self, partial, stream_only=True)
         return _quantized_choice[key]
 
 

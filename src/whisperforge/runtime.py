@@ -138,6 +138,17 @@ if triton is not None:
             )  # fmt: skip
 
     @triton.jit
+    def _last_to_arrive(ticket, arrivals):
+        """Whether this program is the last of `arrivals` to count in at the zeroed int32
+        `ticket` (which it then zeroes for the next kernel); its stores before the call are
+        visible to that last program, whose loads after the call see every program's."""
+        tl.debug_barrier()  # every thread's stores are issued before the release
+        last = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == arrivals - 1
+        if last:
+            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
+        return last
+
+    @triton.jit
     def _sum_partials(ptr, offsets, mask, SPLITS: tl.constexpr, stride, dtype: tl.constexpr):
         """A matmul's output at offsets, in float32: as is (SPLITS = 0), or its float32 partial
         sums [SPLITS, stride] added up and rounded to dtype, as the whole matmul would write."""
@@ -423,7 +434,7 @@ if triton is not None:
             v = v0 + tl.arange(0, BLOCK_V)
             z = tl.load(logits_ptr + r * V + v, mask=v < V, other=float("-inf"))
             z += tl.load(bias_ptr + v, mask=v < V, other=0.0)
-            value, index, subtotal = _choice(z, 0)
+            value, index, subtotal = _choice(z, 1.0, 0)
             best_value, best, total = _join_choice(
                 best_value, best, total, value, v0 + index, subtotal
             )
@@ -433,13 +444,14 @@ if triton is not None:
         )  # fmt: skip
 
     @triton.jit
-    def _choice(z, AXIS: tl.constexpr):
-        """Greedy's choice over a part of the logits (+ bias) z: the best value, its first
-        index in the part, and the sum of exp(z - best) over the part (its softmax's
-        denominator; the base is 0 where the whole part is -inf)."""
-        value, index = tl.max(z, axis=AXIS, return_indices=True, return_indices_tie_break_left=True)
-        base = tl.where(value == float("-inf"), 0.0, value)
-        return value, index, tl.sum(tl.exp(z - tl.expand_dims(base, AXIS)), axis=AXIS)
+    def _choice(z, totals, AXIS: tl.constexpr):
+        """Greedy's choice along AXIS of values z, each standing for `totals` (1.0 for logits
+        + bias; for earlier choices, their sums of exp relative to their value): the best
+        value, where it first is, and the sum of exp(logit - best) over all it stands for (its
+        softmax's denominator; relative to 0 where everything is -inf)."""
+        value, where = tl.max(z, axis=AXIS, return_indices=True, return_indices_tie_break_left=True)
+        base = tl.expand_dims(tl.where(value == float("-inf"), 0.0, value), AXIS)
+        return value, where, tl.sum(totals * tl.exp(z - base), axis=AXIS)
 
     @triton.jit
     def _join_choice(best_value, best, total, value, index, subtotal):
@@ -448,8 +460,7 @@ if triton is not None:
         best = tl.where(value > best_value, index, best)
         new = tl.maximum(best_value, value)
         base = tl.where(new == float("-inf"), 0.0, new)
-        part_base = tl.where(value == float("-inf"), 0.0, value)
-        total = total * tl.exp(best_value - base) + subtotal * tl.exp(part_base - base)
+        total = total * tl.exp(best_value - base) + subtotal * tl.exp(value - base)
         return new, best, total
 
     @triton.jit
@@ -504,15 +515,12 @@ if triton is not None:
             logits_ptr + m[:, None] * N + n[None, :], acc, mask=(m[:, None] < M) & (n[None, :] < N)
         )
         bias = tl.load(bias_ptr + n, mask=n < N, other=float("-inf"))
-        value, index, subtotal = _choice(acc + bias[None, :], 1)
+        value, index, subtotal = _choice(acc + bias[None, :], 1.0, 1)
         at = tl.program_id(0) * M + m  # parts [2, bands, M]: value, subtotal; index [bands, M]
         tl.store(parts_ptr + at, value, mask=m < M)
         tl.store(parts_ptr + bands * M + at, subtotal, mask=m < M)
         tl.store(index_ptr + at, tl.program_id(0) * BLOCK_N + index, mask=m < M)
-        tl.debug_barrier()  # every thread's parts are issued before the release
-        ticket = count_ptr + tl.program_id(1)
-        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == bands - 1:
-            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # for the next kernel
+        if _last_to_arrive(count_ptr + tl.program_id(1), bands):
             best_value = tl.full([BLOCK_M], float("-inf"), tl.float32)
             best = tl.zeros([BLOCK_M], tl.int32)
             total = tl.zeros([BLOCK_M], tl.float32)
@@ -527,13 +535,8 @@ if triton is not None:
                     parts_ptr + bands * M + band_at, mask=valid, other=0.0, cache_modifier=".cg"
                 )
                 indices = tl.load(index_ptr + band_at, mask=valid, other=0, cache_modifier=".cg")
-                top, where = tl.max(
-                    values, axis=1, return_indices=True, return_indices_tie_break_left=True
-                )
+                top, where, top_total = _choice(values, subtotals, 1)
                 top_index = tl.sum(tl.where(b[None, :] - b0 == where[:, None], indices, 0), axis=1)
-                top_base = tl.where(top == float("-inf"), 0.0, top)
-                own_base = tl.where(values == float("-inf"), 0.0, values)
-                top_total = tl.sum(subtotals * tl.exp(own_base - top_base[:, None]), axis=1)
                 best_value, best, total = _join_choice(
                     best_value, best, total, top, top_index, top_total
                 )
@@ -662,10 +665,8 @@ if triton is not None:
         if K_SPLIT < K:
             tl.store(part_ptr + tl.program_id(2) * M * N + at, acc, mask=keep)
             if RESIDUAL:
-                tl.debug_barrier()  # every thread's partials are issued before the release
                 tile = count_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-                if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == K // K_SPLIT - 1:
-                    tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")  # for the next kernel
+                if _last_to_arrive(tile, K // K_SPLIT):
                     acc = _sum_partials(part_ptr, at, keep, K // K_SPLIT, M * N, dtype)
                     if BIAS:
                         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
@@ -827,17 +828,27 @@ def _linear_config(
         # Not for float32: tl.dot would round its inputs to tf32, and float32 means float32.
         usable = x.is_cuda or _INTERPRETED
         usable = triton is not None and usable and M <= 16 and w.dtype != torch.float32
-        tuned = (1 if M == 1 else 16, w.shape[0], K, b is not None, gelu, partial)
-        if usable and pdl and on_hopper() and tuned in HOPPER_STEP_CONFIGS:
-            _linear_choice[key] = HOPPER_STEP_CONFIGS[tuned]
+        if usable:
+            tuned = tuned_config(
+                HOPPER_STEP_CONFIGS, x, w.shape[0], K, b is not None, gelu, partial
+            )
+            _linear_choice[key] = tuned or _pick_linear(x, w, b, gelu, pdl, partial)
         else:
-            _linear_choice[key] = _pick_linear(x, w, b, gelu, pdl, partial) if usable else None
+            _linear_choice[key] = None
     return _linear_choice[key]
 
 
+def tuned_config(table: dict[tuple, StreamConfig], x: Tensor, *shape) -> StreamConfig | None:
+    """The config a table of step matmuls tuned on Hopper under PDL (HOPPER_STEP_CONFIGS,
+    quantize.HOPPER_STREAM_CONFIGS) has for x [rows, K] and the rest of its key, on such a
+    GPU: keyed by 1 row or up to 16."""
+    if not (x.is_cuda and step_pdl() and _on_hopper()):
+        return None
+    return table.get((1 if x.shape[0] == 1 else 16, *shape))
+
+
 @functools.cache
-def on_hopper() -> bool:
-    """Whether the GPU is a Hopper (sm_90), where HOPPER_STEP_CONFIGS were measured."""
+def _on_hopper() -> bool:
     return torch.cuda.get_device_capability() == (9, 0)
 
 
