@@ -290,6 +290,11 @@ tokens, positions = torch.tensor([3, 7, 49]), torch.tensor([0, 5, 447])
 emb, pos = torch.randn(50, D, generator=g).to(dt), torch.randn(448, D, generator=g).to(dt)
 x, h = R.embed_layer_norm(tokens, positions, emb, pos, ln)
 assert torch.equal(x, emb[tokens] + pos[positions])
+assert rel(h, F.layer_norm(x.float(), (D,), ln.weight.float(), ln.bias.float())) < 1e-3
+from whisperforge.quantize import quantize_weight
+q, scale = quantize_weight(emb.float(), "int8")  # quantize's embedding: int8 rows, a scale each
+x, h = R.embed_layer_norm(tokens, positions, q, pos, ln, scale)
+assert torch.equal(x, (q[tokens].float() * scale[tokens, None]).to(dt) + pos[positions])
 
 W, G, H, dh, A = 2, 2, 3, 64, 1500  # 1500 keys: 12 splits, the last one short
 q = torch.randn(3, W * G, H * dh, generator=g)  # a query's partial sums, before its bias
@@ -308,7 +313,7 @@ def test_step_kernels_in_the_interpreter():
     """The decode step's Triton kernels (CUDA only) in Triton's CPU interpreter, against torch:
     split partial sums, the fused residual + layer norm over them, the same folded into the
     matmuls (residual add in a split matmul's epilogue, layer norm on the way into the next),
-    the embedding + layer norm, and cross-attention split over the keys."""
+    the embedding (float16 or int8) + layer norm, and cross-attention split over the keys."""
     run_interpreted(STEP_KERNELS)
 
 

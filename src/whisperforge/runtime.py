@@ -42,12 +42,16 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .model import CrossAttention, SelfAttention, Whisper, merge_heads, split_heads
+
+if TYPE_CHECKING:
+    from .quantize import QuantizedWeight
 
 try:
     import triton
@@ -239,18 +243,22 @@ if triton is not None:
 
     @triton.jit
     def _embed_layer_norm_kernel(
-        token_ptr, pos_ptr, token_emb_ptr, pos_emb_ptr, w_ptr, b_ptr, x_ptr, h_ptr, D, eps,
-        BLOCK: tl.constexpr, PDL: tl.constexpr,
+        token_ptr, pos_ptr, token_emb_ptr, scale_ptr, pos_emb_ptr, w_ptr, b_ptr, x_ptr, h_ptr, D,
+        eps, SCALE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """x = token_embedding[token] + positional_embedding[pos]; h = layer_norm(x). One row
-        per program: the start of a decode step."""
+        per program: the start of a decode step. SCALE: the embedding is quantize's (int8 rows
+        times a scale per row, rounded to x's dtype as `QuantizedEmbedding` rounds)."""
         _wait_for_inputs(PDL)
         r = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < D
         token = tl.load(token_ptr + r).to(tl.int64)
         pos = tl.load(pos_ptr + r).to(tl.int64)
-        x = tl.load(token_emb_ptr + token * D + cols, mask=mask, other=0.0)
+        x = tl.load(token_emb_ptr + token * D + cols, mask=mask, other=0)
+        if SCALE:
+            x = x.to(tl.float32) * tl.load(scale_ptr + token).to(tl.float32)
+        x = x.to(x_ptr.dtype.element_ty)
         x += tl.load(pos_emb_ptr + pos * D + cols, mask=mask, other=0.0)  # in the dtype, as torch
         tl.store(x_ptr + r.to(tl.int64) * D + cols, x, mask=mask)
         h = _layer_norm_row(x.to(tl.float32), w_ptr, b_ptr, cols, mask, D, eps)
@@ -869,11 +877,17 @@ def folded_linear(
     their own choice."""
     split = partial or residual is not None
     config = stream_config(x, w, None if split else b, gelu, split)
-    data, scale = (w, None) if isinstance(w, Tensor) else (w.data, w.scale)
+    data, scale = weight_and_scale(w)
     return skinny_linear(
         x, data, b, gelu, config, scale, partial=partial, stats=stats, norm=norm,
         residual=residual,
     )  # fmt: skip
+
+
+def weight_and_scale(w: Tensor | QuantizedWeight) -> tuple[Tensor, Tensor | None]:
+    """A weight as the stream kernel takes it: a float tensor and no scale, or quantize's int8 /
+    fp8 data and its scale per output channel."""
+    return (w, None) if isinstance(w, Tensor) else (w.data, w.scale)
 
 
 def stream_config(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, split: bool) -> StreamConfig:
@@ -974,16 +988,18 @@ def add_layer_norm(
 
 def embed_layer_norm(
     token: Tensor, pos: Tensor, token_embedding: Tensor, positional_embedding: Tensor,
-    ln: nn.LayerNorm,
+    ln: nn.LayerNorm, scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The start of a decode step in one kernel: (x, layer_norm(x)) for
-    x = token_embedding[token] + positional_embedding[pos], one row per token."""
+    x = token_embedding[token] (* scale[token], quantize's int8 rows) + positional_embedding[pos],
+    one row per token, in the positional embedding's dtype."""
     rows, D = token.shape[0], token_embedding.shape[1]
-    x = torch.empty(rows, D, device=token.device, dtype=token_embedding.dtype)
+    x = torch.empty(rows, D, device=token.device, dtype=positional_embedding.dtype)
     h = torch.empty_like(x)
     block = triton.next_power_of_2(D)
     _embed_layer_norm_kernel[(rows,)](
-        token, pos, token_embedding, positional_embedding, ln.weight, ln.bias, x, h, D, ln.eps,
+        token, pos, token_embedding, scale if scale is not None else token_embedding,
+        positional_embedding, ln.weight, ln.bias, x, h, D, ln.eps, SCALE=scale is not None,
         BLOCK=block, num_warps=8 if block >= 2048 else 4, **_launch(x),
     )  # fmt: skip
     return x, h
@@ -1352,14 +1368,10 @@ class Runtime:
         token, pos = self.token[:rows], self.pos[:rows]
         blocks = dec.blocks
         embedding = dec.token_embedding
-        float_embedding = type(embedding.weight) is nn.Parameter  # not quantize's int8 / fp8
-        if float_embedding:
-            x, h = embed_layer_norm(
-                token, pos, embedding.weight, dec.positional_embedding, blocks[0].attn_ln
-            )
-        else:
-            x = embedding(token) + dec.positional_embedding[pos]  # [R, D]
-            h = layer_norm(blocks[0].attn_ln, x)
+        data, scale = weight_and_scale(embedding.weight)
+        x, h = embed_layer_norm(
+            token, pos, data, dec.positional_embedding, blocks[0].attn_ln, scale
+        )
         layer = self._layer_folded if self._folds(rows) else self._layer_fused
         for i, block in enumerate(blocks):
             last = i + 1 == len(blocks)
@@ -1367,7 +1379,7 @@ class Runtime:
             h = layer(block, i, x, h, windows, next_ln, last)
         if select and self._folds(rows):
             return self._logits_select(h, rows)
-        if float_embedding:
+        if scale is None:
             linear(h, embedding.weight, out=self.logits[:rows])
         else:
             self.logits[:rows].copy_(dec.logits(h))
@@ -1437,7 +1449,7 @@ class Runtime:
         in the matmul's epilogue (`_logits_select_kernel`), in the config `linear` picks."""
         w = self.model.decoder.token_embedding.weight
         block_n, block_k, warps, stages = stream_config(h, w, None, False, False)
-        data, scale = (w, None) if isinstance(w, Tensor) else (w.data, w.scale)
+        data, scale = weight_and_scale(w)
         N = self.config.n_vocab  # quantize's embedding may have rows past it
         bands = triton.cdiv(N, block_n)
         parts = torch.empty(2, bands, rows, device=h.device, dtype=torch.float32)
