@@ -296,15 +296,17 @@ q, scale = quantize_weight(emb.float(), "int8")  # quantize's embedding: int8 ro
 x, h = R.embed_layer_norm(tokens, positions, q, pos, ln, scale)
 assert torch.equal(x, (q[tokens].float() * scale[tokens, None]).to(dt) + pos[positions])
 
-W, G, H, dh, A = 2, 2, 3, 64, 1500  # 1500 keys: 12 splits, the last one short
+W, G, H, dh, A = 2, 2, 3, 64, 1500  # 1500 keys: 12 or 6 splits, the last one short
 q = torch.randn(3, W * G, H * dh, generator=g)  # a query's partial sums, before its bias
 q_bias = torch.randn(H * dh, generator=g).to(dt)
 kv = torch.randn(W + 1, A, 2 * H * dh, generator=g).to(dt)
-out = R.cross_attention(q, q_bias, kv, W, H)
 query = (q.sum(0).to(dt).float() + q_bias.float()).to(dt).float()
 heads = lambda t: t.float().reshape(W, -1, H, dh).transpose(1, 2)
 ref = F.scaled_dot_product_attention(heads(query), heads(kv[:W, :, : H * dh]), heads(kv[:W, :, H * dh :]))
-assert rel(out, ref.transpose(1, 2).reshape(W * G, H * dh)) < 2e-3
+assert R.cross_keys(W * H, A, q.device) == 128 and R.cross_keys(132 * 2 * 6, A, q.device) == 256
+for keys in (128, 256):
+    out = R.cross_attention(q, q_bias, kv, W, H, keys)
+    assert rel(out, ref.transpose(1, 2).reshape(W * G, H * dh)) < 2e-3
 print("ok")
 """
 

@@ -433,7 +433,8 @@ def _int8_pack_mm(x: Tensor, w: QuantizedWeight) -> Tensor:
 
 # Stream kernel configs (runtime.StreamConfig); few, as each is compiled per K on first use
 _QUANTIZED_CONFIGS = [
-    (16, 128, 4, 3), (32, 128, 4, 3), (32, 256, 4, 3), (64, 256, 8, 3), (64, 256, 8, 4),
+    (16, 128, 4, 3), (32, 128, 4, 3), (32, 256, 4, 3), (32, 256, 4, 4), (64, 256, 8, 3),
+    (64, 256, 8, 4),
 ]  # fmt: skip
 _quantized_choice: dict[tuple, Callable[[Tensor, QuantizedWeight], Tensor] | StreamConfig] = {}
 # The folded step's configs (`QuantizedWeight.stream_config`) for the large models (d = 1280)
@@ -444,7 +445,7 @@ _I8, _F8 = torch.int8, torch.float8_e4m3fn
 HOPPER_STREAM_CONFIGS: dict[tuple[int, int, int, torch.dtype, bool], StreamConfig] = {
     (1, 1280, 1280, _I8, True): (64, 256, 8, 3),
     (1, 1280, 5120, _I8, True): (64, 256, 8, 3),
-    (1, 3840, 1280, _I8, False): (32, 128, 4, 3),
+    (1, 3840, 1280, _I8, False): (32, 256, 4, 4),
     (1, 5120, 1280, _I8, False): (32, 256, 4, 3),
     (1, 51866, 1280, _I8, False): (32, 256, 4, 3),  # the embedding: int8 for every type
     (16, 1280, 1280, _I8, True): (32, 128, 4, 3),
