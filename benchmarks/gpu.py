@@ -23,7 +23,6 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -354,14 +353,12 @@ def check(
     compute_types: list[str],
     greedy: bool,
     device: str = "cuda",
-    seeds: Sequence[int] = (0,),
 ) -> None:
-    """Transcribe every clip (int16, 16 kHz; .npz of clips or .npy files) once per compute type
-    and seed of the fallback's sampling; write texts and tokens, by compute type ("TYPE#SEED"
-    past seed 0). "plain-float32" is the reference network on the GPU without the runtime;
-    `device` "cpu" makes the CPU reference to `compare` with. `greedy`: temperature 0 and beam
-    1 (deterministic, for token comparisons); else the defaults (beam 5 and the fallback
-    ladder)."""
+    """Transcribe every clip (int16, 16 kHz; .npz of clips or .npy files) once per compute type;
+    write texts and tokens. "plain-float32" is the reference network on the GPU without the
+    runtime; `device` "cpu" makes the CPU reference to `compare` with. `greedy`: temperature 0
+    and beam 1 (deterministic, for token comparisons); else the defaults (beam 5 and the
+    fallback ladder)."""
     import numpy as np
 
     from whisperforge import WhisperModel
@@ -377,21 +374,20 @@ def check(
         assert model.runtime is not None or device == "cpu"
         if compute_type.startswith("plain"):  # the reference network on the GPU, no runtime
             model.runtime, model.decode_model = None, model.model
-        for seed in seeds:
-            label = compute_type if seed == 0 else f"{compute_type}#{seed}"
-            start = time.perf_counter()
-            for name, samples in clips.items():
-                # Fallback samples at temperature > 0: the same draws for every compute type
-                # and device, so a long file's WER moves with the numbers, not the sampling.
-                torch.manual_seed(seed)
-                segments, _ = model.transcribe(samples.astype(np.float32) / 32768, **options)
-                segments = list(segments)
-                results[name][label] = {
-                    "text": "".join(s.text for s in segments).strip(),
-                    "tokens": [t for s in segments for t in s.tokens],
-                }
-            elapsed = time.perf_counter() - start
-            print(f"{label}: {len(clips)} clips in {elapsed:.1f} s", flush=True)
+        start = time.perf_counter()
+        for name, samples in clips.items():
+            # Fallback samples at temperature > 0: the same draws for every compute type and
+            # device, so a long file's WER moves with the numbers, not with the sampling.
+            torch.manual_seed(0)
+            segments, _ = model.transcribe(samples.astype(np.float32) / 32768, **options)
+            segments = list(segments)
+            results[name][compute_type] = {
+                "text": "".join(s.text for s in segments).strip(),
+                "tokens": [t for s in segments for t in s.tokens],
+            }
+        print(
+            f"{compute_type}: {len(clips)} clips in {time.perf_counter() - start:.1f} s", flush=True
+        )
         del model
         torch.cuda.empty_cache()
         Path(out).write_text(json.dumps(results))  # after each type: a run cut short keeps them
@@ -400,8 +396,7 @@ def check(
 def compare(results_path: str, reference_path: str, longform_text: str | None) -> None:
     """`check`'s transcripts against a reference run's (its first compute type): per compute
     type, clips with the same text and the same tokens, the clips that differ, and WER on the
-    manifest's exact English references (and the long file, with its reference text); with
-    several seeds of the fallback's sampling, each type's mean and range over them."""
+    manifest's exact English references (and the long file, with its reference text)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from quantize_cpu import DEV_DIR, wer
 
@@ -419,7 +414,6 @@ def compare(results_path: str, reference_path: str, longform_text: str | None) -
         f"| compute_type | text = {ref_type} ({len(short)} clips) | tokens = | WER exact clips | WER long file |"
     )
     print("|---|---|---|---|---|")
-    seeded: dict[str, list[tuple[float, float]]] = {}  # compute type -> (clips, long) per seed
     for label, source, compute_type in columns:
         texts = {name: source[name][compute_type]["text"] for name in source}
         same_text = [n for n in short if texts[n] == reference[n][ref_type]["text"]]
@@ -430,25 +424,15 @@ def compare(results_path: str, reference_path: str, longform_text: str | None) -
         ]
         scored = [n for n in short if n in exact]
         clip_wer = wer([exact[n] for n in scored], [texts[n] for n in scored])
-        long_wer = float("nan")
+        long_wer = "-"
         if longform_text and "longform" in texts:
-            long_wer = 100 * wer([Path(longform_text).read_text()], [texts["longform"]])
+            long_wer = f"{100 * wer([Path(longform_text).read_text()], [texts['longform']]):.2f} %"
         print(
             f"| {label} | {len(same_text)} / {len(short)} | {len(same_tokens)} / {len(short)}"
-            f" | {100 * clip_wer:.2f} % ({len(scored)}) | {long_wer:.2f} % |"
+            f" | {100 * clip_wer:.2f} % ({len(scored)}) | {long_wer} |"
         )
         for name in sorted(set(short) - set(same_text)):
             print(f"    {name}: {texts[name]!r} vs {reference[name][ref_type]['text']!r}")
-        if source is results:
-            seeded.setdefault(compute_type.split("#")[0], []).append((100 * clip_wer, long_wer))
-    if any(len(runs) > 1 for runs in seeded.values()):
-        print(
-            "\n| compute_type | seeds | WER exact clips: mean (range) | WER long file: mean (range) |"
-        )
-        print("|---|---|---|---|")
-        for compute_type, runs in seeded.items():
-            cells = [f"{statistics.mean(v):.2f} % ({min(v):.2f}-{max(v):.2f})" for v in zip(*runs)]
-            print(f"| {compute_type} | {len(runs)} | {cells[0]} | {cells[1]} |")
 
 
 def check_prompts(model_dir: str, audio_paths: list[str]) -> None:
@@ -510,9 +494,6 @@ def main() -> None:
     )
     parser.add_argument("--greedy", action="store_true", help="--check at temperature 0, beam 1")
     parser.add_argument(
-        "--seeds", type=int, nargs="+", default=[0], help="--check: the fallback's sampling seeds"
-    )
-    parser.add_argument(
         "--device", default="cuda", help="--check on this device (cpu: a reference)"
     )
     parser.add_argument(
@@ -529,10 +510,7 @@ def main() -> None:
         compare(*args.compare, args.audio[0] if args.audio else None)
         return
     if args.check:
-        check(
-            args.check, args.audio, args.out, args.compute_types, args.greedy, args.device,
-            args.seeds,
-        )  # fmt: skip
+        check(args.check, args.audio, args.out, args.compute_types, args.greedy, args.device)
         return
     if args.selftest:
         selftest()
