@@ -10,8 +10,8 @@ shape, else each picked alone).
     python benchmarks/tune_step.py --preset large-v3 --batch 1 16
     python benchmarks/tune_step.py --preset large-v3 --batch 1 16 --compute-type int8  # quantize's
 
-Prints each tuned choice by its key in `runtime._linear_choice` / `quantize._quantized_choice`,
-to copy into `runtime.HOPPER_STEP_CONFIGS` / `quantize.HOPPER_STREAM_CONFIGS`.
+Prints each tuned choice under its key in `runtime.HOPPER_STEP_CONFIGS` /
+`quantize.HOPPER_STREAM_CONFIGS`, (rows, `runtime.step_role`[, weight dtype]), to copy there.
 """
 
 from __future__ import annotations
@@ -99,7 +99,10 @@ def main() -> None:
     for batch in args.batch:
         table = tune(args.preset, batch, args.steps, args.passes, args.compute_type)
         for key, config in sorted(table.items(), key=str):
-            print(f"    {key}: {config},")
+            # As the tables key it: (1 row or up to 16, role[, int8 / fp8 weight dtype]).
+            rows, role = 1 if key[0] == 1 else 16, runtime.step_role(key[1], key[2])
+            quantized = (key[3],) if args.compute_type != "float16" else ()
+            print(f"    {(rows, role, *quantized)}: {config},  # {key}")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,25 @@ def test_presets_and_unfuse_round_trip():
     assert all(torch.equal(again[k], state[k]) for k in state)
 
 
+def test_every_model_has_a_tuned_config_for_each_step_matmul():
+    """The tuned tables are keyed by a matmul's role, which every preset's step shapes map to
+    (so no model's configs are timed per process on Hopper, and its transcripts repeat)."""
+    from whisperforge import quantize, runtime
+
+    for name, c in PRESETS.items():
+        d = c.n_text_state
+        shapes = {"qkv": (3 * d, d), "out": (d, d), "fc1": (4 * d, d), "fc2": (d, 4 * d)}
+        shapes["logits"] = (c.n_vocab, d)
+        for role, (N, K) in shapes.items():
+            assert runtime.step_role(N, K) == role, (name, role)
+            for rows in (1, 16):
+                assert (rows, role) in runtime.HOPPER_STEP_CONFIGS
+                assert (rows, role, torch.int8) in quantize.HOPPER_STREAM_CONFIGS
+                assert role == "logits" or (rows, role, torch.float8_e4m3fn) in (
+                    quantize.HOPPER_STREAM_CONFIGS
+                )
+
+
 def test_runtime_keeps_the_model_dtype_unless_told():
     model = random_model(CONFIG).to(torch.bfloat16)
     assert Runtime(model).model is model  # no copy: WhisperModel's compute_type stands

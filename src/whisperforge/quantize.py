@@ -168,9 +168,7 @@ class QuantizedWeight(NamedTuple):
         alone: the runtime folds layer norms and residual adds into it (`folded_linear`)."""
         key = (x.shape[0], *self.data.shape, self.data.dtype, x.dtype, "stream", partial)
         if key not in _quantized_choice:
-            tuned = tuned_config(
-                HOPPER_STREAM_CONFIGS, x, *self.data.shape, self.data.dtype, partial
-            )
+            tuned = tuned_config(HOPPER_STREAM_CONFIGS, x, self.data.shape[0], self.data.dtype)
             _quantized_choice[key] = tuned or _pick_quantized(x, self, partial, stream_only=True)
         return _quantized_choice[key]
 
@@ -437,30 +435,30 @@ _QUANTIZED_CONFIGS = [
     (64, 256, 8, 4),
 ]  # fmt: skip
 _quantized_choice: dict[tuple, Callable[[Tensor, QuantizedWeight], Tensor] | StreamConfig] = {}
-# The folded step's configs (`QuantizedWeight.stream_config`) for the large models (d = 1280)
-# on Hopper under PDL, chosen in the whole graphed greedy step as runtime.HOPPER_STEP_CONFIGS
-# (benchmarks/tune_step.py --compute-type int8 / float8, H200). Keys: (1 row or up to 16, N,
-# K, weight dtype, partial).
+# The folded step's configs (`QuantizedWeight.stream_config`) on Hopper under PDL, chosen in
+# the whole graphed greedy step as runtime.HOPPER_STEP_CONFIGS (benchmarks/tune_step.py
+# --compute-type int8 / float8, H200, large-v3). Keys: (1 row or up to 16, runtime.step_role,
+# weight dtype).
 _I8, _F8 = torch.int8, torch.float8_e4m3fn
-HOPPER_STREAM_CONFIGS: dict[tuple[int, int, int, torch.dtype, bool], StreamConfig] = {
-    (1, 1280, 1280, _I8, True): (64, 256, 8, 3),
-    (1, 1280, 5120, _I8, True): (64, 256, 8, 3),
-    (1, 3840, 1280, _I8, False): (32, 256, 4, 4),
-    (1, 5120, 1280, _I8, False): (32, 256, 4, 3),
-    (1, 51866, 1280, _I8, False): (32, 256, 4, 3),  # the embedding: int8 for every type
-    (16, 1280, 1280, _I8, True): (32, 128, 4, 3),
-    (16, 1280, 5120, _I8, True): (32, 256, 4, 3),
-    (16, 3840, 1280, _I8, False): (32, 256, 4, 3),
-    (16, 5120, 1280, _I8, False): (32, 128, 4, 3),
-    (16, 51866, 1280, _I8, False): (64, 256, 8, 3),
-    (1, 1280, 1280, _F8, True): (64, 256, 8, 3),
-    (1, 1280, 5120, _F8, True): (32, 256, 4, 3),
-    (1, 3840, 1280, _F8, False): (64, 256, 8, 3),
-    (1, 5120, 1280, _F8, False): (32, 256, 4, 3),
-    (16, 1280, 1280, _F8, True): (64, 256, 8, 3),
-    (16, 1280, 5120, _F8, True): (32, 128, 4, 3),
-    (16, 3840, 1280, _F8, False): (32, 256, 4, 3),
-    (16, 5120, 1280, _F8, False): (32, 256, 4, 3),
+HOPPER_STREAM_CONFIGS: dict[tuple[int, str, torch.dtype], StreamConfig] = {
+    (1, "out", _I8): (64, 256, 8, 3),
+    (1, "fc2", _I8): (64, 256, 8, 3),
+    (1, "qkv", _I8): (32, 256, 4, 4),
+    (1, "fc1", _I8): (32, 256, 4, 3),
+    (1, "logits", _I8): (32, 256, 4, 3),  # the embedding: int8 for every type
+    (16, "out", _I8): (32, 128, 4, 3),
+    (16, "fc2", _I8): (32, 256, 4, 3),
+    (16, "qkv", _I8): (32, 256, 4, 3),
+    (16, "fc1", _I8): (32, 128, 4, 3),
+    (16, "logits", _I8): (64, 256, 8, 3),
+    (1, "out", _F8): (64, 256, 8, 3),
+    (1, "fc2", _F8): (32, 256, 4, 3),
+    (1, "qkv", _F8): (64, 256, 8, 3),
+    (1, "fc1", _F8): (32, 256, 4, 3),
+    (16, "out", _F8): (64, 256, 8, 3),
+    (16, "fc2", _F8): (32, 128, 4, 3),
+    (16, "qkv", _F8): (32, 256, 4, 3),
+    (16, "fc1", _F8): (32, 256, 4, 3),
 }
 
 

@@ -15,8 +15,8 @@ kernel launches and host syncs, not by the GPU. The runtime removes both:
   choice, and stream the weights for the few-row matmuls where that beats cuBLAS. On Hopper
   they chain by programmatic dependent launch (`USE_PDL`), the layer norms fold into the
   epilogues of the matmuls around them (`Runtime._layer_folded`, `FOLD`), a greedy step's
-  choice into its logits matmul (`_logits_select_kernel`), and the large models' matmuls run
-  the configs tuned in the whole step (`HOPPER_STEP_CONFIGS`).
+  choice into its logits matmul (`_logits_select_kernel`), and each matmul runs the config
+  tuned in the whole step for its role (`HOPPER_STEP_CONFIGS`), the same in every process.
 - The greedy loop state (last tokens, lengths, finished flags, sums of log-probs, the tokens
   so far) stays on the GPU; `greedy` runs a whole decode with no host sync per step.
 - Beams (or best-of samples) of one window are rows of one batch that share the window's cross
@@ -707,22 +707,22 @@ _SKINNY_CONFIGS: list[StreamConfig] = [
     (32, 256, 4, 4), (64, 256, 8, 4), (64, 256, 8, 6),
 ]  # fmt: skip
 _linear_choice: dict[tuple, StreamConfig | None] = {}
-# The step matmuls of the large models (d = 1280: large-v1-v3, turbo) on Hopper under PDL,
-# chosen in the whole graphed greedy step (benchmarks/tune_step.py on an H200, large-v3 and
-# turbo, fp16): timing each shape alone misses what a kernel overlaps with its neighbours, and
-# its picks moved the step by up to 20 % between jobs. Keys: (1 row or up to 16, N, K, bias,
-# gelu, partial).
-HOPPER_STEP_CONFIGS: dict[tuple[int, int, int, bool, bool, bool], StreamConfig] = {
-    (1, 1280, 1280, False, False, True): (64, 128, 8, 3),
-    (1, 1280, 5120, False, False, True): (64, 128, 8, 3),
-    (1, 3840, 1280, False, False, False): (32, 256, 4, 4),
-    (1, 5120, 1280, True, True, False): (32, 256, 4, 4),
-    (1, 51866, 1280, False, False, False): (32, 256, 4, 4),
-    (16, 1280, 1280, False, False, True): (32, 128, 4, 3),
-    (16, 1280, 5120, False, False, True): (64, 128, 8, 3),
-    (16, 3840, 1280, False, False, False): (32, 256, 4, 4),
-    (16, 5120, 1280, True, True, False): (16, 256, 4, 3),
-    (16, 51866, 1280, False, False, False): (64, 128, 8, 3),
+# The step matmuls on Hopper under PDL, chosen in the whole graphed greedy step
+# (benchmarks/tune_step.py on an H200, large-v3 and turbo, fp16) and used for every model: timing
+# each shape alone misses what a kernel overlaps with its neighbours, its picks moved the step by
+# up to 20 % between jobs, and the transcripts with them (split sums round by config). Keys: (1
+# row or up to 16, `step_role`).
+HOPPER_STEP_CONFIGS: dict[tuple[int, str], StreamConfig] = {
+    (1, "out"): (64, 128, 8, 3),
+    (1, "fc2"): (64, 128, 8, 3),
+    (1, "qkv"): (32, 256, 4, 4),
+    (1, "fc1"): (32, 256, 4, 4),
+    (1, "logits"): (32, 256, 4, 4),
+    (16, "out"): (32, 128, 4, 3),
+    (16, "fc2"): (64, 128, 8, 3),
+    (16, "qkv"): (32, 256, 4, 4),
+    (16, "fc1"): (16, 256, 4, 3),
+    (16, "logits"): (64, 128, 8, 3),
 }
 
 
@@ -810,8 +810,8 @@ def linear(
     """F.linear (then GELU) for a decode step, into `out` if given. `partial`: the caller also
     takes float32 partial sums [splits, M, N] (add_layer_norm, cross_attention), which let a
     matmul with few output bands split its K over more programs. For up to 16 rows on
-    CUDA, a shape in HOPPER_STEP_CONFIGS runs its config there; the first call of any other
-    shape times the Triton stream kernel's configs, and cuBLAS unless the step runs under PDL
+    CUDA, Hopper under PDL runs HOPPER_STEP_CONFIGS' config for the matmul's role; elsewhere
+    the first call of a shape times the Triton stream kernel's configs, and cuBLAS unless the step runs under PDL
     (where a kernel's own time misses what it overlaps), outside any graph capture (a step
     runs once before it is captured), and keeps the fastest that agrees with cuBLAS."""
     if not isinstance(w, Tensor):  # int8 / fp8 weights (quantize.QuantizedWeight): own kernels
@@ -837,22 +837,34 @@ def _linear_config(
         usable = x.is_cuda or _INTERPRETED
         usable = triton is not None and usable and M <= 16 and w.dtype != torch.float32
         if usable:
-            tuned = tuned_config(
-                HOPPER_STEP_CONFIGS, x, w.shape[0], K, b is not None, gelu, partial
-            )
+            tuned = tuned_config(HOPPER_STEP_CONFIGS, x, w.shape[0])
             _linear_choice[key] = tuned or _pick_linear(x, w, b, gelu, pdl, partial)
         else:
             _linear_choice[key] = None
     return _linear_choice[key]
 
 
-def tuned_config(table: dict[tuple, StreamConfig], x: Tensor, *shape) -> StreamConfig | None:
+def tuned_config(table: dict[tuple, StreamConfig], x: Tensor, N: int, *rest) -> StreamConfig | None:
     """The config a table of step matmuls tuned on Hopper under PDL (HOPPER_STEP_CONFIGS,
-    quantize.HOPPER_STREAM_CONFIGS) has for x [rows, K] and the rest of its key, on such a
-    GPU: keyed by 1 row or up to 16."""
-    if not (x.is_cuda and step_pdl() and _on_hopper()):
+    quantize.HOPPER_STREAM_CONFIGS) has for x [rows, K] @ w[N, K]^T, on such a GPU: keyed by
+    1 row or up to 16, the matmul's `step_role` and the rest of the table's key. Its tile of K
+    narrows to 128 where K is not a multiple of it (tiny's 384, small's 768)."""
+    role = step_role(N, x.shape[1])
+    if role is None or not (x.is_cuda and step_pdl() and _on_hopper()):
         return None
-    return table.get((1 if x.shape[0] == 1 else 16, *shape))
+    config = table.get((1 if x.shape[0] == 1 else 16, role, *rest))
+    if config is None or x.shape[1] % config[1] == 0:
+        return config
+    return (config[0], 128, *config[2:])
+
+
+def step_role(N: int, K: int) -> str | None:
+    """Which of a decode step's matmuls x [rows, K] @ w[N, K]^T is, by its shape (None: none of
+    them): the tuned tables' key, the same for every model size. "out" is each N = K projection
+    (self-attention's output, the cross query and output)."""
+    if N > 8 * K:
+        return "logits"
+    return {3 * K: "qkv", K: "out", 4 * K: "fc1", K // 4: "fc2"}.get(N)
 
 
 @functools.cache
