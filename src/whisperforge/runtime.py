@@ -809,11 +809,12 @@ def linear(
 ) -> Tensor:
     """F.linear (then GELU) for a decode step, into `out` if given. `partial`: the caller also
     takes float32 partial sums [splits, M, N] (add_layer_norm, cross_attention), which let a
-    matmul with few output bands split its K over more programs. For up to 16 rows on
-    CUDA, Hopper under PDL runs HOPPER_STEP_CONFIGS' config for the matmul's role; elsewhere
-    the first call of a shape times the Triton stream kernel's configs, and cuBLAS unless the step runs under PDL
-    (where a kernel's own time misses what it overlaps), outside any graph capture (a step
-    runs once before it is captured), and keeps the fastest that agrees with cuBLAS."""
+    matmul with few output bands split its K over more programs. For up to 16 rows on CUDA,
+    Hopper under PDL runs HOPPER_STEP_CONFIGS' config for the matmul's role; elsewhere the
+    first call of a shape times the Triton stream kernel's configs, and cuBLAS unless the step
+    runs under PDL (where a kernel's own time misses what it overlaps), outside any graph
+    capture (a step runs once before it is captured), and keeps the fastest that agrees with
+    cuBLAS."""
     if not isinstance(w, Tensor):  # int8 / fp8 weights (quantize.QuantizedWeight): own kernels
         return w.linear(x, b, gelu, out=out, partial=partial)
     partial = partial and b is None and not gelu
