@@ -1404,12 +1404,13 @@ class Runtime:
         x, h = embed_layer_norm(
             token, pos, data, dec.positional_embedding, blocks[0].attn_ln, scale
         )
-        layer = self._layer_folded if self._folds(rows) else self._layer_fused
+        folds = self._folds(rows)
+        layer = self._layer_folded if folds else self._layer_fused
         for i, block in enumerate(blocks):
             last = i + 1 == len(blocks)
             next_ln = dec.ln if last else blocks[i + 1].attn_ln
             h = layer(block, i, x, h, windows, next_ln, last)
-        if select and self._folds(rows):
+        if select and folds:
             return self._logits_select(h, rows)
         if scale is None:
             linear(h, embedding.weight, out=self.logits[:rows])
