@@ -266,8 +266,8 @@ def _persistent_kernel(
         t = tl.minimum(pid + i, TILES - 1)
         n = (t // SPLITS) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = _stream_tile(
-            x_ptr, w_ptr, m, n, (t % SPLITS) * K_SPLIT, M, N, K, K_SPLIT, BLOCK_K, w_ptr, w_ptr,
-            0.0, 0.0, False,
+            x_ptr, w_ptr, w_ptr, m, n, (t % SPLITS) * K_SPLIT, M, N, K, K_SPLIT, BLOCK_K, 0,
+            w_ptr, w_ptr, 0.0, 0.0, False,
         )  # fmt: skip
         out = y_ptr + m[:, None] * N + n[None, :]
         keep = (m[:, None] < M) & (n[None, :] < N) & (pid + i < TILES)

@@ -122,8 +122,8 @@ def _linear_tiles(
             if NORM:
                 mean, rstd = _band_stats(stats_ptr, m, eps, M, K, BLOCK_N, BLOCK_BANDS)
             acc = _stream_tile(
-                x_ptr, w_ptr, m, n, 0, M, N, K, K, BLOCK_K, ln_w_ptr, ln_b_ptr, mean, rstd,
-                NORM,
+                x_ptr, w_ptr, s_ptr, m, n, 0, M, N, K, K, BLOCK_K, 0, ln_w_ptr, ln_b_ptr, mean,
+                rstd, NORM,
             )  # fmt: skip
             acc = _linear_epilogue(acc, n, N, s_ptr, b_ptr, dtype, SCALE, BIAS, GELU)
             if RESIDUAL:  # as add_layer_norm: one rounding of x + (rounded output + bias)

@@ -230,6 +230,10 @@ for M, N, K in ((3, 80, 256), (20, 100, 128)):  # rows over two blocks, N past t
     ref = torch.nn.functional.gelu((Q._dequantized(x.float(), w).half() + b).float())
     y = skinny_linear(x, w.data, b, True, (32, 128, 4, 3), scale=w.scale)
     assert y.dtype == torch.float16 and float((y.float() - ref).norm() / ref.norm()) < 2e-3
+    wg = Q.QuantizedWeight(*Q.quantize_weight(Q.dequantize(*w), "int8", group=64))
+    ref = Q._dequantized(x.float(), wg)  # scales per 64 columns: the token embedding's
+    y = skinny_linear(x, wg.data, None, False, (32, 128, 4, 3), scale=wg.scale)
+    assert wg.scale.shape == (N, K // 64) and float((y.float() - ref).norm() / ref.norm()) < 2e-3
     w16 = Q.dequantize(*w).half()  # the same kernel on float16 weights: the runtime's step
     ref = (x.float() @ w16.float().T + b.float()).half()
     y = skinny_linear(x, w16, b, False, (32, 128, 4, 3))
@@ -243,8 +247,9 @@ def test_triton_kernels_in_the_interpreter():
 
 
 def test_float8_keeps_an_int8_embedding_and_its_scales_never_clip_int8(tiny_en, tmp_path):
-    """Under float8 the tied embedding is saved int8 (its e4m3 rows cost base 0.64 WER points);
-    a float8 folder opened as int8 re-scales its fp8 weights instead of clipping them at 127."""
+    """Under float8 the tied embedding is saved int8 (its e4m3 rows cost base 0.64 WER points)
+    with scales per 64 columns, and loads back exactly; a float8 folder opened as int8
+    re-scales its fp8 weights instead of clipping them at 127."""
     from whisperforge.checkpoints import load_quantized
     from whisperforge.quantize import dequantize
 
@@ -255,7 +260,11 @@ def test_float8_keeps_an_int8_embedding_and_its_scales_never_clip_int8(tiny_en, 
     from safetensors.torch import load_file
 
     stored = load_file(str(out / "model.safetensors"))
-    assert stored["decoder.token_embedding.weight"].dtype == torch.int8
+    embedding = "decoder.token_embedding.weight"  # int8, a scale per 64 columns of each row
+    assert stored[embedding].dtype == torch.int8
+    assert stored[f"{embedding}_scale"].shape == (tiny_en.checkpoint.config.n_vocab, 384 // 64)
+    q, _ = quantize_weight(loaded.state_dict[embedding], "int8", loaded.weight_scales[embedding])
+    assert torch.equal(q, stored[embedding])  # exact round trip
     assert stored[name].dtype == torch.float8_e4m3fn
     fp8_weight = loaded.state_dict[name]
     q, scale = quantize_weight(fp8_weight, "int8", loaded.weight_scales[name])

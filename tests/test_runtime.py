@@ -310,10 +310,11 @@ emb, pos = torch.randn(50, D, generator=g).to(dt), torch.randn(448, D, generator
 x, h = R.embed_layer_norm(tokens, positions, emb, pos, ln)
 assert torch.equal(x, emb[tokens] + pos[positions])
 assert rel(h, F.layer_norm(x.float(), (D,), ln.weight.float(), ln.bias.float())) < 1e-3
-from whisperforge.quantize import quantize_weight
-q, scale = quantize_weight(emb.float(), "int8")  # quantize's embedding: int8 rows, a scale each
-x, h = R.embed_layer_norm(tokens, positions, q, pos, ln, scale)
-assert torch.equal(x, (q[tokens].float() * scale[tokens, None]).to(dt) + pos[positions])
+from whisperforge.quantize import dequantize, quantize_weight
+for group in (0, 64):  # int8 rows with a scale each, or per 64 columns (quantize's embedding)
+    q, scale = quantize_weight(emb.float(), "int8", group=group)
+    x, h = R.embed_layer_norm(tokens, positions, q, pos, ln, scale)
+    assert torch.equal(x, dequantize(q[tokens], scale[tokens]).to(dt) + pos[positions])
 
 W, G, H, dh, A = 2, 2, 3, 64, 1500  # 1500 keys: 12 or 6 splits, the last one short
 q = torch.randn(3, W * G, H * dh, generator=g)  # a query's partial sums, before its bias
@@ -392,12 +393,13 @@ for got in (run(row_kernel), run(lambda: rt._logits_select(h[:rows].contiguous()
     assert all(torch.equal(a[:rows], b[:rows]) for a, b in zip(got[:3] + got[4:5], expected[:3] + expected[4:5]))
     assert not rt.stream_stats.counters.any()
 
-# An int8 embedding (quantize's, one scale per row): the fold scales the matmul's sums.
+# An int8 embedding (quantize's, a scale per 64 columns): the fold scales each group's sums.
 from whisperforge.quantize import quantize_model
 quantize_model(rt.model, "int8", dynamic=False)
 weight = rt.model.decoder.token_embedding.weight
 logits = rt.model.decoder.logits(h[:rows]).float()
 assert rt.model.decoder.token_embedding.qweight.dtype == torch.int8
+assert rt.model.decoder.token_embedding.scale.shape == (5000, 2)
 expected = run(torch_path)
 got = run(lambda: rt._logits_select(h[:rows].contiguous(), rows))
 assert torch.allclose(got[5][:rows], expected[5][:rows], rtol=1e-3, atol=1e-3)

@@ -495,8 +495,9 @@ QUANTIZED_FORMAT = "whisperforge-quantized"  # config.json's "format" in `save_q
 
 
 def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "int8") -> None:
-    """Write `checkpoint` with every linear weight and the token embedding quantized per output
-    channel (int8 or fp8 e4m3, scales as `<name>_scale` in float32) to folder/model.safetensors;
+    """Write `checkpoint` with every linear weight and the token embedding quantized (int8 or fp8
+    e4m3, as `quantize.weight_format` says; scales as `<name>_scale` in float32, [N] per output
+    channel or [N, K // group]) to folder/model.safetensors;
     other weights as they are; config.json (dims, alignment heads, compute type) and
     tokenizer.json beside it. `WhisperModel(folder)` loads it, by default in `compute_type`."""
     from safetensors.torch import save_file
@@ -513,7 +514,8 @@ def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "in
     tensors: dict[str, Tensor] = {}
     for name, tensor in checkpoint.state_dict.items():
         if tensor.dim() == 2 and name.endswith(".weight"):  # linears and the token embedding
-            q, scale = quantize_weight(tensor, weight_format(name, weights), saved_scales.get(name))
+            kind, group = weight_format(name, weights, tensor.shape[1])
+            q, scale = quantize_weight(tensor, kind, saved_scales.get(name), group)
             tensors[name], tensors[f"{name}_scale"] = q, scale
         else:
             tensors[name] = tensor.contiguous()

@@ -29,12 +29,14 @@ What is quantized, and how (`compute_type`, faster-whisper's names plus `float8`
   fp8 weights widened in registers (weight-only: the activations stay 16-bit).
 
 The token embedding, which is also the output projection (tied logits), is quantized too, to
-int8 under every compute type (`weight_format`), with one scale per vocabulary row
-(`QuantizedEmbedding`): it is the largest single matrix, 71 % of the weights a decode step
-reads for tiny.en, 42 % for large-v3-turbo (8 % for large-v3), so leaving it float would cap a
-step's speed-up well short of 2x. Per-row scales keep each token's logit exact up to int8
-rounding of its own row; the WER figures in benchmarks/RESULTS.md show the words do not change
-(within 0.3 points) with it quantized.
+int8 under every compute type (`weight_format`), with one scale per 64 columns of each
+vocabulary row (`EMBEDDING_GROUP`, `QuantizedEmbedding`): it is the largest single matrix, 71 %
+of the weights a decode step reads for tiny.en, 42 % for large-v3-turbo (8 % for large-v3), so
+leaving it float would cap a step's speed-up well short of 2x. With one scale per row it cost
+tiny.en on the GPU most of its clips that differ from float32 (44 of 53 alike; 49 with scales
+per 64 columns, at float16's WER; benchmarks/RESULTS.md, session 19); the scales add 1/32 to
+its bytes. The CPU's fbgemm GEMV takes one scale per row, so there the logits multiply the same
+rows re-quantized per row (`QuantizedEmbedding`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ COMPUTE_TYPES: dict[str, tuple[torch.dtype | None, str | None]] = {
 }
 QMAX = {"int8": 127.0, "float8": 448.0}  # the largest magnitude each weight format holds
 EMBEDDING = "decoder.token_embedding.weight"
+EMBEDDING_GROUP = 64  # columns per scale of the token embedding (see above)
 # The decoder's linears that run at every decode step (the cross K,V projection runs per window).
 STEP_LINEARS = ("attn.qkv", "attn.out", "cross_attn.query", "cross_attn.out", "mlp.0", "mlp.2")
 # The CPU's int8: each step linear keeps its call's 8 largest input channels in float
@@ -121,36 +124,45 @@ def resolve_compute_type(
 
 
 def quantize_weight(
-    weight: Tensor, weights: str, scale: Tensor | None = None
+    weight: Tensor, weights: str, scale: Tensor | None = None, group: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """[N, K] float -> (q [N, K] int8 or float8_e4m3fn, scale [N] float32), w ~ q * scale[:, None].
-    A given `scale` (a quantized checkpoint's) reproduces the saved q exactly from q * scale;
-    one made for a narrower range (fp8's absmax / 448, loaded as int8) is replaced by a fresh
-    one rather than clipping the weights."""
+    """[N, K] float -> (q [N, K] int8 or float8_e4m3fn, scale float32), symmetric: one scale per
+    output channel ([N]), or with `group` one per `group` columns of each ([N, K // group]);
+    w ~ dequantize(q, scale). A given `scale` (a quantized checkpoint's) sets the layout and
+    reproduces the saved q exactly from its dequantized weights; one made for a narrower range
+    (fp8's absmax / 448, loaded as int8) is replaced by a fresh one rather than clipping them."""
     w = weight.detach().float()
+    N, K = w.shape
     if scale is not None:
-        scale = scale.to(device=w.device, dtype=torch.float32)
-        q = w / scale[:, None]
+        group = K // scale.shape[1] if scale.dim() == 2 else 0
+    blocks = w.reshape(N, -1, group or K)  # [N, groups, columns]
+    if scale is not None:
+        scale = scale.to(device=w.device, dtype=torch.float32).reshape(N, -1)
+        q = blocks / scale[:, :, None]
         if q.abs().amax() > QMAX[weights] * (1 + 1e-3):
             scale = None
     if scale is None:
-        scale = w.abs().amax(dim=1).clamp(min=1e-12) / QMAX[weights]
-        q = w / scale[:, None]
+        scale = blocks.abs().amax(dim=2).clamp(min=1e-12) / QMAX[weights]
+        q = blocks / scale[:, :, None]
+    q, scale = q.reshape(N, K), scale if group else scale.reshape(N)
     if weights == "int8":
         return q.round_().clamp_(-127, 127).to(torch.int8), scale
     return q.to(torch.float8_e4m3fn), scale
 
 
-def dequantize(q: Tensor, scale: Tensor) -> Tensor:
-    """q * scale per output channel, in float32."""
-    return q.float() * scale.float()[:, None]
+def dequantize(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """q * its scales (per output channel or per group of columns), computed in `dtype`."""
+    N, K = q.shape
+    groups = scale.numel() // N
+    scale = scale.to(dtype).reshape(N, groups, 1)
+    return (q.to(dtype).reshape(N, groups, -1) * scale).reshape(N, K)
 
 
 class QuantizedWeight(NamedTuple):
     """What the runtime's `linear()` receives for a quantized linear: it calls `linear` here."""
 
     data: Tensor  # [N, K] int8 or float8_e4m3fn
-    scale: Tensor  # [N] float32
+    scale: Tensor  # [N] float32, or [N, K // group] (quantize_weight)
 
     def linear(
         self,
@@ -215,21 +227,24 @@ class QuantizedLinear(_Quantized):
 
 
 class QuantizedEmbedding(_Quantized):
-    """The token embedding and the tied output projection (`TokenEmbedding`'s interface), with
-    one scale per vocabulary row, int8 under every compute type (`weight_format`). `dynamic`
-    (the CPU's int8): the projection is an `Int8Linear` on the same q and scales, as fbgemm
-    packs them (a second int8 copy: together half of the float32 matrix). On AVX2 that GEMV is
-    ~7x faster than float32, where torch's weight-only int8 matmul is ~2.5x slower."""
+    """The token embedding and the tied output projection (`TokenEmbedding`'s interface), int8
+    under every compute type with a scale per `EMBEDDING_GROUP` columns (`weight_format`).
+    `dynamic` (the CPU's int8): the projection is an `Int8Linear` on the same rows re-quantized
+    with one scale per row, as fbgemm takes them (a second int8 copy: together half of the
+    float32 matrix). On AVX2 that GEMV is ~7x faster than float32, where torch's weight-only
+    int8 matmul is ~2.5x slower; fbgemm GEMVs per group of 64 columns were 2.4x slower."""
 
     def __init__(
         self, q: Tensor, scale: Tensor, dtype: torch.dtype, n_vocab: int, dynamic: bool = False
     ):
         super().__init__(q, scale, dtype)
         self.num_embeddings, self.embedding_dim = n_vocab, q.shape[1]
-        self.projection = Int8Linear(q, scale, None) if dynamic else None
+        per_row = quantize_weight(dequantize(q, scale), "int8") if scale.dim() == 2 else (q, scale)
+        self.projection = Int8Linear(*per_row, None) if dynamic else None
 
     def forward(self, tokens: Tensor) -> Tensor:
-        rows = self.qweight[tokens].float() * self.scale[tokens, None]
+        q, scale = self.qweight[tokens.reshape(-1)], self.scale[tokens.reshape(-1)]
+        rows = dequantize(q, scale).reshape(*tokens.shape, self.embedding_dim)
         return rows.to(self.dtype)
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -242,11 +257,14 @@ class QuantizedEmbedding(_Quantized):
 # --- the module swap -------------------------------------------------------------------------
 
 
-def weight_format(name: str, weights: str) -> str:
-    """The format the weight `name` is stored in under `weights`: the tied token embedding /
-    logits projection is int8 under float8 too, as e4m3's 3 mantissa bits on it cost base 0.64
-    WER points on the dev clips (benchmarks/RESULTS.md, session 15); the same bytes."""
-    return "int8" if name == EMBEDDING else weights
+def weight_format(name: str, weights: str, columns: int) -> tuple[str, int]:
+    """How the weight `name` ([N, columns]) is stored under `weights`: (format, columns per
+    scale, 0 for one per row). The tied token embedding / logits projection is int8 under
+    float8 too, as e4m3's 3 mantissa bits on it cost base 0.64 WER points on the dev clips
+    (benchmarks/RESULTS.md, session 15), with a scale per `EMBEDDING_GROUP` columns."""
+    if name != EMBEDDING:
+        return weights, 0
+    return "int8", EMBEDDING_GROUP if columns % EMBEDDING_GROUP == 0 else 0
 
 
 def _fused_scale(scales: dict[str, Tensor], name: str) -> Tensor | None:
@@ -300,9 +318,8 @@ def quantize_model(
                     lambda q, scale, bias: QuantizedLinear(q, scale, bias, dtype),
                 )
     embedding = model.decoder.token_embedding
-    q, scale = quantize_weight(
-        embedding.weight, weight_format(EMBEDDING, weights), scales.get(EMBEDDING)
-    )
+    kind, group = weight_format(EMBEDDING, weights, embedding.weight.shape[1])
+    q, scale = quantize_weight(embedding.weight, kind, scales.get(EMBEDDING), group)
     model.decoder.token_embedding = QuantizedEmbedding(
         q, scale, dtype, embedding.num_embeddings, dynamic
     )
@@ -420,7 +437,7 @@ def quantized_linear(
 def _dequantized(x: Tensor, w: QuantizedWeight) -> Tensor:
     """Dequantize (int8 or fp8), then the float matmul (cuBLAS): for many rows, and the
     reference."""
-    return F.linear(x, (w.data.to(x.dtype) * w.scale[:, None].to(x.dtype)))
+    return F.linear(x, dequantize(w.data, w.scale, x.dtype))
 
 
 def _int8_pack_mm(x: Tensor, w: QuantizedWeight) -> Tensor:
@@ -471,16 +488,17 @@ def _pick_quantized(
     capture: a step runs once before it is captured) and keeps the fastest that agrees with the
     reference (the Triton stream kernel widens int8 or fp8 weights in registers)."""
     fp8 = w.data.dtype == torch.float8_e4m3fn
+    per_row = w.scale.dim() == 1  # torch's int8 matmul takes one scale per row
     if stream_only:  # only the stream kernel's configs (None if none agrees)
         candidates, runs = [None], []
     elif not x.is_cuda or triton is None or x.shape[0] > 64:
         if fp8:
             return _fp8_linear
         if not x.is_cuda:
-            return _int8_pack_mm if x.dtype == torch.float32 else _dequantized
+            return _int8_pack_mm if x.dtype == torch.float32 and per_row else _dequantized
         return _dequantized
     else:
-        candidates = [_fp8_linear] if fp8 else [_dequantized, _int8_pack_mm]
+        candidates = [_fp8_linear] if fp8 else [_dequantized] + [_int8_pack_mm] * per_row
         runs = [(f, functools.partial(f, x, w)) for f in candidates]
     if x.dtype != torch.float32:  # tl.dot would round float32 to tf32
         stream = functools.partial(skinny_linear, x, w.data, None, False, scale=w.scale)

@@ -244,11 +244,12 @@ if triton is not None:
     @triton.jit
     def _embed_layer_norm_kernel(
         token_ptr, pos_ptr, token_emb_ptr, scale_ptr, pos_emb_ptr, w_ptr, b_ptr, x_ptr, h_ptr, D,
-        eps, SCALE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+        eps, SCALE: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """x = token_embedding[token] + positional_embedding[pos]; h = layer_norm(x). One row
-        per program: the start of a decode step. SCALE: the embedding is quantize's (int8 rows
-        times a scale per row, rounded to x's dtype as `QuantizedEmbedding` rounds)."""
+        per program: the start of a decode step. SCALE / GROUP: the embedding is quantize's,
+        int8 rows times a scale per row / per GROUP columns (`scale_layout`), rounded to x's
+        dtype as `QuantizedEmbedding` rounds."""
         _wait_for_inputs(PDL)
         r = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
@@ -258,6 +259,9 @@ if triton is not None:
         x = tl.load(token_emb_ptr + token * D + cols, mask=mask, other=0)
         if SCALE:
             x = x.to(tl.float32) * tl.load(scale_ptr + token).to(tl.float32)
+        if GROUP:
+            at = token * (D // GROUP) + cols // GROUP
+            x = x.to(tl.float32) * tl.load(scale_ptr + at, mask=mask, other=0.0).to(tl.float32)
         x = x.to(x_ptr.dtype.element_ty)
         x += tl.load(pos_emb_ptr + pos * D + cols, mask=mask, other=0.0)  # in the dtype, as torch
         tl.store(x_ptr + r.to(tl.int64) * D + cols, x, mask=mask)
@@ -499,12 +503,12 @@ if triton is not None:
     def _logits_select_kernel(
         x_ptr, w_ptr, s_ptr, logits_ptr, parts_ptr, index_ptr, count_ptr, bias_ptr, token_ptr,
         pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr, history_stride, M, N,
-        bands: tl.constexpr, K: tl.constexpr, SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_BANDS: tl.constexpr,
-        LINE: tl.constexpr, PDL: tl.constexpr,
+        bands: tl.constexpr, K: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_BANDS: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """A greedy step's logits matmul with the choice folded in: each program streams a
-        band of the embedding as `_skinny_linear_kernel` does (int8 / fp8 with SCALE), writes
+        band of the embedding as `_skinny_linear_kernel` does (int8 with SCALE or GROUP), writes
         its logits (float32, rounded as the matmul's output) and leaves its rows' `_choice`
         over the band (logits + bias); the band's last program to finish (counted in
         count_ptr, left zeroed) joins the bands and updates the loop state (`_greedy_update`,
@@ -516,8 +520,9 @@ if triton is not None:
             _prefetch_band(w_ptr, n, N, 0, K, K, BLOCK_K, LINE)
         _wait_for_inputs(PDL)
         acc = _stream_tile(
-            x_ptr, w_ptr, m, n, 0, M, N, K, K, BLOCK_K, w_ptr, w_ptr, 0.0, 0.0, False
-        )
+            x_ptr, w_ptr, s_ptr, m, n, 0, M, N, K, K, BLOCK_K, GROUP, w_ptr, w_ptr, 0.0, 0.0,
+            False,
+        )  # fmt: skip
         dtype = x_ptr.dtype.element_ty
         acc = _linear_epilogue(acc, n, N, s_ptr, s_ptr, dtype, SCALE, False, False)
         tl.store(
@@ -567,33 +572,56 @@ if triton is not None:
 
     @triton.jit
     def _stream_tile(
-        x_ptr, w_ptr, m, n, k_start, M, N, K: tl.constexpr, K_SPLIT: tl.constexpr,
-        BLOCK_K: tl.constexpr, ln_w_ptr, ln_b_ptr, mean, rstd, NORM: tl.constexpr,
+        x_ptr, w_ptr, s_ptr, m, n, k_start, M, N, K: tl.constexpr, K_SPLIT: tl.constexpr,
+        BLOCK_K: tl.constexpr, GROUP: tl.constexpr, ln_w_ptr, ln_b_ptr, mean, rstd,
+        NORM: tl.constexpr,
     ):  # fmt: skip
         """x[m, k_start:k_start + K_SPLIT] @ w[n, same columns]^T in float32: the weights are
-        widened to x's dtype in registers (exact for int8 and fp8). NORM (benchmarks/layer.py):
-        x's rows are layer-normed on the way in (their mean and rstd, the norm's weight and
-        bias), rounded to x's dtype as a stored layer_norm output would be."""
-        k = tl.arange(0, BLOCK_K)
+        widened to x's dtype in registers (exact for int8 and fp8). GROUP: w's scales are one
+        per GROUP columns (s_ptr [N, K // GROUP], float32), each group's sums scaled by its own
+        (the tile's loads stay BLOCK_K wide). NORM (benchmarks/layer.py): x's rows are
+        layer-normed on the way in (their mean and rstd, the norm's weight and bias), rounded
+        to x's dtype as a stored layer_norm output would be."""
         acc = tl.zeros((m.shape[0], n.shape[0]), dtype=tl.float32)
-        for k0 in range(0, K_SPLIT, BLOCK_K):
-            kk = k_start + k0 + k
-            # .cg (past L1) here and in the helpers: the same code runs as phases of one grid
-            # in benchmarks/layer.py, whose other programs' writes L1 would not see.
-            x = tl.load(
-                x_ptr + m[:, None] * K + kk[None, :], mask=m[:, None] < M, other=0.0,
-                cache_modifier=".cg",
-            )  # fmt: skip
-            if NORM:
-                g = tl.load(ln_w_ptr + kk).to(tl.float32)
-                b = tl.load(ln_b_ptr + kk).to(tl.float32)
-                x = (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * g[None, :] + b[None, :]
-                x = x.to(x_ptr.dtype.element_ty)
-            # No `other`: a masked row only feeds outputs n >= N, which are not stored (and no
-            # constant casts to fp8).
-            w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=n[:, None] < N)
-            acc += tl.dot(x, tl.trans(_widen(w, x.dtype)))
+        for k0 in range(0, K_SPLIT, BLOCK_K):  # constant trip counts, here and below
+            if GROUP:
+                for g in tl.static_range(0, BLOCK_K, GROUP):
+                    k = k_start + k0 + g
+                    sums = _dot_columns(
+                        x_ptr, w_ptr, m, n, k, M, N, K, GROUP, ln_w_ptr, ln_b_ptr, mean, rstd,
+                        NORM,
+                    )  # fmt: skip
+                    at = n * (K // GROUP) + k // GROUP
+                    acc += sums * tl.load(s_ptr + at, mask=n < N, other=0.0)[None, :]
+            else:
+                acc += _dot_columns(
+                    x_ptr, w_ptr, m, n, k_start + k0, M, N, K, BLOCK_K, ln_w_ptr, ln_b_ptr,
+                    mean, rstd, NORM,
+                )  # fmt: skip
         return acc
+
+    @triton.jit
+    def _dot_columns(
+        x_ptr, w_ptr, m, n, k_start, M, N, K: tl.constexpr, COLUMNS: tl.constexpr, ln_w_ptr,
+        ln_b_ptr, mean, rstd, NORM: tl.constexpr,
+    ):  # fmt: skip
+        """x[m, k_start:k_start + COLUMNS] @ w[n, same columns]^T in float32 (`_stream_tile`)."""
+        kk = k_start + tl.arange(0, COLUMNS)
+        # .cg (past L1) here and in the helpers: the same code runs as phases of one grid
+        # in benchmarks/layer.py, whose other programs' writes L1 would not see.
+        x = tl.load(
+            x_ptr + m[:, None] * K + kk[None, :], mask=m[:, None] < M, other=0.0,
+            cache_modifier=".cg",
+        )  # fmt: skip
+        if NORM:
+            g = tl.load(ln_w_ptr + kk).to(tl.float32)
+            b = tl.load(ln_b_ptr + kk).to(tl.float32)
+            x = (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * g[None, :] + b[None, :]
+            x = x.to(x_ptr.dtype.element_ty)
+        # No `other`: a masked row only feeds outputs n >= N, which are not stored (and no
+        # constant casts to fp8).
+        w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=n[:, None] < N)
+        return tl.dot(x, tl.trans(_widen(w, x.dtype)))
 
     @triton.jit
     def _widen(w, dtype: tl.constexpr):
@@ -627,15 +655,17 @@ if triton is not None:
     def _skinny_linear_kernel(
         x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, stats_ptr, count_ptr, wg_ptr, wb_ptr,
         z_ptr, g_ptr, eps, M, N,
-        K: tl.constexpr, K_SPLIT: tl.constexpr, SCALE: tl.constexpr, GELU: tl.constexpr,
-        BIAS: tl.constexpr, NORM: tl.constexpr, BAND: tl.constexpr, BLOCK_BANDS: tl.constexpr,
+        K: tl.constexpr, K_SPLIT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
+        GELU: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr, BAND: tl.constexpr,
+        BLOCK_BANDS: tl.constexpr,
         RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """y[M, N] = x[M, K] @ w[N, K]^T (* scale[N], + bias, then GELU) for a few rows: a
         decode step's matmul is a stream over the weights, each program a band of BLOCK_N rows
-        for BLOCK_M rows of x. int8 or fp8 weights (quantize.py, with SCALE) are widened to x's
-        dtype in registers (exact), so a step reads half the bytes. Under PDL the band is
+        for BLOCK_M rows of x. int8 or fp8 weights (quantize.py, with SCALE or GROUP: see
+        `scale_layout`) are widened to x's dtype in registers (exact), so a step reads half the
+        bytes. Under PDL the band is
         prefetched into L2 (a LINE of elements at a time) before the inputs are waited for.
         K_SPLIT < K: program (., ., s) sums columns [s K_SPLIT, (s + 1) K_SPLIT) into float32
         partials part[s] (scaled, no bias), which `add_layer_norm` or `cross_attention` add
@@ -657,8 +687,9 @@ if triton is not None:
         if NORM:  # loaded before the stream, used after it: the loads overlap
             stats = _load_band_stats(stats_ptr, m, M, K, BAND, BLOCK_BANDS)
         acc = _stream_tile(
-            x_ptr, w_ptr, m, n, k_start, M, N, K, K_SPLIT, BLOCK_K, w_ptr, w_ptr, 0.0, 0.0, False
-        )
+            x_ptr, w_ptr, s_ptr, m, n, k_start, M, N, K, K_SPLIT, BLOCK_K, GROUP, w_ptr, w_ptr,
+            0.0, 0.0, False,
+        )  # fmt: skip
         at = m[:, None] * N + n[None, :]
         keep = (m[:, None] < M) & (n[None, :] < N)
         dtype = x_ptr.dtype.element_ty
@@ -756,7 +787,7 @@ def skinny_linear(
     norm: tuple[Tensor, Tensor, float] | None = None,
     residual: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """The Triton stream kernel: x [M, K] @ w^T (* scale per output channel, + b, then GELU)
+    """The Triton stream kernel: x [M, K] @ w^T (* quantize's scales, + b, then GELU)
     into `out` or a new [M, N] in x's dtype. config: (block_n, block_k, warps, stages); K must
     be a multiple of block_k. `partial` (with no bias nor GELU): the caller also takes float32
     partial sums [splits, M, N] (`add_layer_norm`, `cross_attention`), which let a matmul with
@@ -785,7 +816,7 @@ def skinny_linear(
         x, w, scale if scale is not None else w, b if b is not None else w, y, part,
         stats.stats if stats is not None else w, stats.counters if stats is not None else w,
         wg, wb, stats.scaled if stats is not None else w, g, eps, M, N, K=K,
-        K_SPLIT=K // splits, SCALE=scale is not None, GELU=gelu, BIAS=b is not None,
+        K_SPLIT=K // splits, **scale_layout(scale, K), GELU=gelu, BIAS=b is not None,
         NORM=norm is not None, BAND=K // bands, BLOCK_BANDS=triton.next_power_of_2(bands),
         RESIDUAL=residual is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
         LINE=128 // w.element_size(), num_warps=warps, num_stages=stages, **_launch(x),
@@ -899,8 +930,17 @@ def folded_linear(
 
 def weight_and_scale(w: Tensor | QuantizedWeight) -> tuple[Tensor, Tensor | None]:
     """A weight as the stream kernel takes it: a float tensor and no scale, or quantize's int8 /
-    fp8 data and its scale per output channel."""
+    fp8 data and its scales."""
     return (w, None) if isinstance(w, Tensor) else (w.data, w.scale)
+
+
+def scale_layout(scale: Tensor | None, K: int) -> dict[str, int]:
+    """The kernels' SCALE and GROUP for quantize's scales of a [N, K] weight: one per output
+    channel (SCALE, applied to the sums) or one per GROUP columns of each row (GROUP, applied
+    to each group's sums, as the stream goes; the token embedding's)."""
+    if scale is None or scale.dim() == 1:
+        return {"SCALE": scale is not None, "GROUP": 0}
+    return {"SCALE": False, "GROUP": K // scale.shape[1]}
 
 
 def stream_config(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, split: bool) -> StreamConfig:
@@ -926,7 +966,7 @@ def norm_through(w: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor, float]:
     g, b = ln.weight.float(), ln.bias.float()
     if isinstance(w, Tensor):
         return w.float() @ g, w.float() @ b, ln.eps
-    scale = w.scale.float()
+    scale = w.scale.float()  # one per output channel: the step linears'
     return (w.data.float() @ g) * scale, (w.data.float() @ b) * scale, ln.eps
 
 
@@ -1004,15 +1044,15 @@ def embed_layer_norm(
     ln: nn.LayerNorm, scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The start of a decode step in one kernel: (x, layer_norm(x)) for
-    x = token_embedding[token] (* scale[token], quantize's int8 rows) + positional_embedding[pos],
-    one row per token, in the positional embedding's dtype."""
+    x = token_embedding[token] (times its `scale`s: quantize's int8 rows) +
+    positional_embedding[pos], one row per token, in the positional embedding's dtype."""
     rows, D = token.shape[0], token_embedding.shape[1]
     x = torch.empty(rows, D, device=token.device, dtype=positional_embedding.dtype)
     h = torch.empty_like(x)
     block = triton.next_power_of_2(D)
     _embed_layer_norm_kernel[(rows,)](
         token, pos, token_embedding, scale if scale is not None else token_embedding,
-        positional_embedding, ln.weight, ln.bias, x, h, D, ln.eps, SCALE=scale is not None,
+        positional_embedding, ln.weight, ln.bias, x, h, D, ln.eps, **scale_layout(scale, D),
         BLOCK=block, num_warps=8 if block >= 2048 else 4, **_launch(x),
     )  # fmt: skip
     return x, h
@@ -1491,7 +1531,7 @@ class Runtime:
             h, data, scale if scale is not None else data, self.logits, parts, index,
             self.stream_stats.counters, self.bias, self.token, self.pos, self.finished,
             self.sum_logprobs, self.history, self.eot, self.history.stride(0), rows, N, bands,
-            K=data.shape[1], SCALE=scale is not None, BLOCK_M=16, BLOCK_N=block_n,
+            K=data.shape[1], **scale_layout(scale, data.shape[1]), BLOCK_M=16, BLOCK_N=block_n,
             BLOCK_K=block_k, BLOCK_BANDS=256, LINE=128 // data.element_size(),
             num_warps=warps, num_stages=stages, **_launch(h),
         )  # fmt: skip
