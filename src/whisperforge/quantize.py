@@ -33,10 +33,10 @@ int8 under every compute type (`weight_format`), with one scale per 64 columns o
 vocabulary row (`EMBEDDING_GROUP`, `QuantizedEmbedding`): it is the largest single matrix, 71 %
 of the weights a decode step reads for tiny.en, 42 % for large-v3-turbo (8 % for large-v3), so
 leaving it float would cap a step's speed-up well short of 2x. With one scale per row it cost
-tiny.en on the GPU most of its clips that differ from float32 (44 of 53 alike; 49 with scales
-per 64 columns, at float16's WER; benchmarks/RESULTS.md, session 19); the scales add 1/32 to
-its bytes. The CPU's fbgemm GEMV takes one scale per row, so there the logits multiply the same
-rows re-quantized per row (`QuantizedEmbedding`).
+tiny.en on the GPU most of its clips whose text differs from float32's (44 of 53 alike, 47 per
+64 columns, at float16's WER on the clips; benchmarks/RESULTS.md, sessions 19-20); the float32
+scales add 1/16 to its bytes. The CPU's fbgemm GEMV takes one scale per row, so there the
+logits multiply the same rows re-quantized per row (`QuantizedEmbedding`).
 """
 
 from __future__ import annotations
