@@ -239,8 +239,10 @@ class QuantizedEmbedding(_Quantized):
     ):
         super().__init__(q, scale, dtype)
         self.num_embeddings, self.embedding_dim = n_vocab, q.shape[1]
-        per_row = quantize_weight(dequantize(q, scale), "int8") if scale.dim() == 2 else (q, scale)
-        self.projection = Int8Linear(*per_row, None) if dynamic else None
+        self.projection = None
+        if dynamic:  # fbgemm's GEMV, one scale per row
+            rows = quantize_weight(dequantize(q, scale), "int8") if scale.dim() == 2 else (q, scale)
+            self.projection = Int8Linear(*rows, None)
 
     def forward(self, tokens: Tensor) -> Tensor:
         q, scale = self.qweight[tokens.reshape(-1)], self.scale[tokens.reshape(-1)]

@@ -657,16 +657,15 @@ if triton is not None:
         z_ptr, g_ptr, eps, M, N,
         K: tl.constexpr, K_SPLIT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
         GELU: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr, BAND: tl.constexpr,
-        BLOCK_BANDS: tl.constexpr,
-        RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_BANDS: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """y[M, N] = x[M, K] @ w[N, K]^T (* scale[N], + bias, then GELU) for a few rows: a
         decode step's matmul is a stream over the weights, each program a band of BLOCK_N rows
         for BLOCK_M rows of x. int8 or fp8 weights (quantize.py, with SCALE or GROUP: see
         `scale_layout`) are widened to x's dtype in registers (exact), so a step reads half the
-        bytes. Under PDL the band is
-        prefetched into L2 (a LINE of elements at a time) before the inputs are waited for.
+        bytes. Under PDL the band is prefetched into L2 (a LINE of elements at a time) before
+        the inputs are waited for.
         K_SPLIT < K: program (., ., s) sums columns [s K_SPLIT, (s + 1) K_SPLIT) into float32
         partials part[s] (scaled, no bias), which `add_layer_norm` or `cross_attention` add
         up, or, with RESIDUAL, the tile's last program to finish (counted in count_ptr).
@@ -789,7 +788,7 @@ def skinny_linear(
 ) -> Tensor:
     """The Triton stream kernel: x [M, K] @ w^T (* quantize's scales, + b, then GELU)
     into `out` or a new [M, N] in x's dtype. config: (block_n, block_k, warps, stages); K must
-    be a multiple of block_k. `partial` (with no bias nor GELU): the caller also takes float32
+    be a multiple of block_k, and block_k of the scales' group if they have one. `partial` (with no bias nor GELU): the caller also takes float32
     partial sums [splits, M, N] (`add_layer_norm`, `cross_attention`), which let a matmul with
     few output bands split its K over more programs (`stream_splits`).
     The folded layer norms (see `_skinny_linear_kernel`), with `stats`: `residual` (stream,
