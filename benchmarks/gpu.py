@@ -12,7 +12,10 @@ openai-whisper. A peer's step is the median gap between two calls of a logits pr
 
 --check transcribes int16 16 kHz clips on the GPU through WhisperModel (which runs on the runtime
 there) in each of --compute-types (float16, float32, int8_float16, float8, ...) and writes texts
-and tokens, to compare with a CPU reference.
+and tokens, to compare with a CPU reference (--compare). --seeds with --perturb adds a pass per
+seed on weights moved by tiny noise (`perturbed`), and --compare then prints each type's mean
+WER over them: the 19-minute file's WER moves by up to half a point with any change of numbers,
+the mean over such passes much less.
 """
 
 from __future__ import annotations
@@ -353,15 +356,20 @@ def check(
     compute_types: list[str],
     greedy: bool,
     device: str = "cuda",
+    seeds: list[int] | None = None,
+    perturb: float = 0.0,
 ) -> None:
     """Transcribe every clip (int16, 16 kHz; .npz of clips or .npy files) once per compute type;
     write texts and tokens. "plain-float32" is the reference network on the GPU without the
     runtime; `device` "cpu" makes the CPU reference to `compare` with. `greedy`: temperature 0
     and beam 1 (deterministic, for token comparisons); else the defaults (beam 5 and the
-    fallback ladder)."""
+    fallback ladder). `seeds`, `perturb`: a pass per seed, each with the weights moved by
+    `perturbed` (seed 0: as they are), stored under the compute type's name for the first
+    seed and as "TYPE seed N" for the others."""
     import numpy as np
 
     from whisperforge import WhisperModel
+    from whisperforge.checkpoints import resolve_checkpoint
 
     clips: dict[str, np.ndarray] = {}
     for path in audio_paths:  # an .npz of clips by name, or one .npy clip named by its file
@@ -369,34 +377,54 @@ def check(
     results: dict[str, dict] = {name: {} for name in clips}
     torch.backends.cudnn.allow_tf32 = False  # the plain model's convolutions too: fp32 is fp32
     options = {"beam_size": 1, "temperature": 0.0} if greedy else {}
-    for compute_type in compute_types:
-        model = WhisperModel(model_dir, device=device, compute_type=compute_type.split("-")[-1])
-        assert model.runtime is not None or device == "cpu"
-        if compute_type.startswith("plain"):  # the reference network on the GPU, no runtime
-            model.runtime, model.decode_model = None, model.model
-        start = time.perf_counter()
-        for name, samples in clips.items():
-            # Fallback samples at temperature > 0: the same draws for every compute type and
-            # device, so a long file's WER moves with the numbers, not with the sampling.
-            torch.manual_seed(0)
-            segments, _ = model.transcribe(samples.astype(np.float32) / 32768, **options)
-            segments = list(segments)
-            results[name][compute_type] = {
-                "text": "".join(s.text for s in segments).strip(),
-                "tokens": [t for s in segments for t in s.tokens],
-            }
-        print(
-            f"{compute_type}: {len(clips)} clips in {time.perf_counter() - start:.1f} s", flush=True
-        )
-        del model
-        torch.cuda.empty_cache()
-        Path(out).write_text(json.dumps(results))  # after each type: a run cut short keeps them
+    checkpoint = resolve_checkpoint(model_dir)
+    for i, seed in enumerate(seeds or [0]):
+        weights = perturbed(checkpoint, perturb, seed) if perturb and seed else checkpoint
+        for compute_type in compute_types:
+            key = compute_type if i == 0 else f"{compute_type} seed {seed}"
+            model = WhisperModel(weights, device=device, compute_type=compute_type.split("-")[-1])
+            assert model.runtime is not None or device == "cpu"
+            if compute_type.startswith("plain"):  # the reference network on the GPU, no runtime
+                model.runtime, model.decode_model = None, model.model
+            start = time.perf_counter()
+            for name, samples in clips.items():
+                # Fallback samples at temperature > 0: the same draws for every compute type and
+                # device, so a long file's WER moves with the numbers, not with the sampling.
+                torch.manual_seed(0)
+                segments, _ = model.transcribe(samples.astype(np.float32) / 32768, **options)
+                segments = list(segments)
+                results[name][key] = {
+                    "text": "".join(s.text for s in segments).strip(),
+                    "tokens": [t for s in segments for t in s.tokens],
+                }
+            print(f"{key}: {len(clips)} clips in {time.perf_counter() - start:.1f} s", flush=True)
+            del model
+            torch.cuda.empty_cache()
+            Path(out).write_text(json.dumps(results))  # after each: a run cut short keeps them
+
+
+def perturbed(checkpoint, relative: float, seed: int):
+    """The checkpoint with each float weight w moved to w (1 + relative * N(0, 1)), in float32:
+    a model as good as the given one that rounds differently. Its spread of WER over seeds is
+    what a change of numbers alone moves a WER by (the 19-minute file's: up to half a point,
+    since one early word changes every later window's prompt), the yardstick for a quantized
+    model's."""
+    import dataclasses
+
+    g = torch.Generator().manual_seed(seed)
+    state = {
+        name: w.float() * (1 + relative * torch.randn(w.shape, generator=g))
+        if w.is_floating_point() else w
+        for name, w in checkpoint.state_dict.items()
+    }  # fmt: skip
+    return dataclasses.replace(checkpoint, state_dict=state)
 
 
 def compare(results_path: str, reference_path: str, longform_text: str | None) -> None:
     """`check`'s transcripts against a reference run's (its first compute type): per compute
     type, clips with the same text and the same tokens, the clips that differ, and WER on the
-    manifest's exact English references (and the long file, with its reference text)."""
+    manifest's exact English references (and the long file, with its reference text); with
+    several seeds, each type's mean WER over them."""
     sys.path.insert(0, str(Path(__file__).parent))
     from quantize_cpu import DEV_DIR, wer
 
@@ -414,6 +442,7 @@ def compare(results_path: str, reference_path: str, longform_text: str | None) -
         f"| compute_type | text = {ref_type} ({len(short)} clips) | tokens = | WER exact clips | WER long file |"
     )
     print("|---|---|---|---|---|")
+    scores: dict[str, list[tuple[float, float | None]]] = {}  # per type: (clips, long) per seed
     for label, source, compute_type in columns:
         texts = {name: source[name][compute_type]["text"] for name in source}
         same_text = [n for n in short if texts[n] == reference[n][ref_type]["text"]]
@@ -424,15 +453,31 @@ def compare(results_path: str, reference_path: str, longform_text: str | None) -
         ]
         scored = [n for n in short if n in exact]
         clip_wer = wer([exact[n] for n in scored], [texts[n] for n in scored])
-        long_wer = "-"
+        long_wer = None
         if longform_text and "longform" in texts:
-            long_wer = f"{100 * wer([Path(longform_text).read_text()], [texts['longform']]):.2f} %"
+            long_wer = wer([Path(longform_text).read_text()], [texts["longform"]])
+        long_text = "-" if long_wer is None else f"{100 * long_wer:.2f} %"
         print(
             f"| {label} | {len(same_text)} / {len(short)} | {len(same_tokens)} / {len(short)}"
-            f" | {100 * clip_wer:.2f} % ({len(scored)}) | {long_wer} |"
+            f" | {100 * clip_wer:.2f} % ({len(scored)}) | {long_text} |"
         )
         for name in sorted(set(short) - set(same_text)):
             print(f"    {name}: {texts[name]!r} vs {reference[name][ref_type]['text']!r}")
+        if source is results:
+            scores.setdefault(compute_type.split(" seed ")[0], []).append((clip_wer, long_wer))
+    if any(len(runs) > 1 for runs in scores.values()):
+        print(
+            "\n| compute_type | seeds | mean WER exact clips | mean WER long file | long file per seed |"
+        )
+        print("|---|---|---|---|---|")
+        for compute_type, runs in scores.items():
+            clips, long = zip(*runs)
+            mean_long = f"{100 * statistics.mean(long):.2f} %" if None not in long else "-"
+            each = " / ".join(f"{100 * w:.2f}" for w in long if w is not None)
+            print(
+                f"| {compute_type} | {len(runs)} | {100 * statistics.mean(clips):.2f} % "
+                f"| {mean_long} | {each} |"
+            )
 
 
 def check_prompts(model_dir: str, audio_paths: list[str]) -> None:
@@ -494,6 +539,13 @@ def main() -> None:
     )
     parser.add_argument("--greedy", action="store_true", help="--check at temperature 0, beam 1")
     parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0], help="--check: a pass per seed of --perturb"
+    )
+    parser.add_argument(
+        "--perturb", type=float, default=0.0,
+        help="--check: weights moved by this relative N(0, 1) noise per seed (seed 0: none)",
+    )  # fmt: skip
+    parser.add_argument(
         "--device", default="cuda", help="--check on this device (cpu: a reference)"
     )
     parser.add_argument(
@@ -510,7 +562,10 @@ def main() -> None:
         compare(*args.compare, args.audio[0] if args.audio else None)
         return
     if args.check:
-        check(args.check, args.audio, args.out, args.compute_types, args.greedy, args.device)
+        check(
+            args.check, args.audio, args.out, args.compute_types, args.greedy, args.device,
+            args.seeds, args.perturb,
+        )  # fmt: skip
         return
     if args.selftest:
         selftest()

@@ -304,13 +304,19 @@ for partial in (False, True):
         norm=R.norm_through(w2, ln),
     )
     assert rel(y.sum(0) if partial else y, normed.float() @ w2.float().T) < 2e-3
+from whisperforge.quantize import QuantizedWeight, dequantize, quantize_weight
+w8 = QuantizedWeight(*quantize_weight(w2.float(), "int8"))  # an int8 step linear
+y = R.skinny_linear(
+    stats.scaled, w8.data, None, False, (32, 128, 4, 3), w8.scale, stats=stats,
+    norm=R.norm_through(w8, ln),
+)
+assert rel(y, normed.float() @ w8.float().T) < 2e-3
 
 tokens, positions = torch.tensor([3, 7, 49]), torch.tensor([0, 5, 447])
 emb, pos = torch.randn(50, D, generator=g).to(dt), torch.randn(448, D, generator=g).to(dt)
 x, h = R.embed_layer_norm(tokens, positions, emb, pos, ln)
 assert torch.equal(x, emb[tokens] + pos[positions])
 assert rel(h, F.layer_norm(x.float(), (D,), ln.weight.float(), ln.bias.float())) < 1e-3
-from whisperforge.quantize import dequantize, quantize_weight
 for group in (0, 64):  # int8 rows with a scale each, or per 64 columns (quantize's embedding)
     q, scale = quantize_weight(emb.float(), "int8", group=group)
     x, h = R.embed_layer_norm(tokens, positions, q, pos, ln, scale)

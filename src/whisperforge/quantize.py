@@ -29,14 +29,20 @@ What is quantized, and how (`compute_type`, faster-whisper's names plus `float8`
   fp8 weights widened in registers (weight-only: the activations stay 16-bit).
 
 The token embedding, which is also the output projection (tied logits), is quantized too, to
-int8 under every compute type (`weight_format`), with one scale per 64 columns of each
-vocabulary row (`EMBEDDING_GROUP`, `QuantizedEmbedding`): it is the largest single matrix, 71 %
-of the weights a decode step reads for tiny.en, 42 % for large-v3-turbo (8 % for large-v3), so
-leaving it float would cap a step's speed-up well short of 2x. With one scale per row it cost
-tiny.en on the GPU most of its clips whose text differs from float32's (44 of 53 alike, 47 per
-64 columns, at float16's WER on the clips; benchmarks/RESULTS.md, sessions 19-20); the float32
-scales add 1/16 to its bytes. The CPU's fbgemm GEMV takes one scale per row, so there the
-logits multiply the same rows re-quantized per row (`QuantizedEmbedding`).
+int8 under every compute type (`weight_format`, `QuantizedEmbedding`): it is the largest single
+matrix, 71 % of the weights a decode step reads for tiny.en, 42 % for large-v3-turbo (8 % for
+large-v3), so leaving it float would cap a step's speed-up well short of 2x.
+
+The embedding's int8 scales are one per 64 columns of each vocabulary row (`EMBEDDING_GROUP`):
+with one per row it cost tiny.en on the GPU most of its clips whose text differs from
+float32's (44 of 53 alike, 47 per 64 columns, at float16's WER on the clips); the float32 scales
+add 1/16 to its bytes, and the stream kernel scales each group's sums as it goes
+(`runtime._stream_tile`). The CPU's fbgemm takes one scale per row, so there `Int8Linear`
+re-quantizes the rows per row for the logits. The step linears keep one scale per output
+channel: per 64 or 32 columns they cost the GPU's int8 step 14-16 % at one row and left
+tiny.en's WER where it was (benchmarks/RESULTS.md, session 21: on the 19-minute file int8 costs
+tiny.en what random noise of int8's size on the float32 weights costs it, ~0.4 points, whatever
+the scales' layout; base, nothing).
 """
 
 from __future__ import annotations
@@ -175,6 +181,10 @@ class QuantizedWeight(NamedTuple):
     ) -> Tensor:
         return quantized_linear(x, self, bias, gelu, out=out, partial=partial)
 
+    def float(self) -> Tensor:
+        """The dequantized weight in float32 (as `Tensor.float` for a float weight)."""
+        return dequantize(self.data, self.scale)
+
     def stream_config(self, x: Tensor, partial: bool = False) -> StreamConfig | None:
         """The runtime's stream kernel config for x @ self, picked among that kernel's configs
         alone: the runtime folds layer norms and residual adds into it (`folded_linear`)."""
@@ -239,10 +249,7 @@ class QuantizedEmbedding(_Quantized):
     ):
         super().__init__(q, scale, dtype)
         self.num_embeddings, self.embedding_dim = n_vocab, q.shape[1]
-        self.projection = None
-        if dynamic:  # fbgemm's GEMV, one scale per row
-            rows = quantize_weight(dequantize(q, scale), "int8") if scale.dim() == 2 else (q, scale)
-            self.projection = Int8Linear(*rows, None)
+        self.projection = Int8Linear(q, scale, None) if dynamic else None
 
     def forward(self, tokens: Tensor) -> Tensor:
         q, scale = self.qweight[tokens.reshape(-1)], self.scale[tokens.reshape(-1)]
@@ -261,8 +268,8 @@ class QuantizedEmbedding(_Quantized):
 
 def weight_format(name: str, weights: str, columns: int) -> tuple[str, int]:
     """How the weight `name` ([N, columns]) is stored under `weights`: (format, columns per
-    scale, 0 for one per row). The tied token embedding / logits projection is int8 under
-    float8 too, as e4m3's 3 mantissa bits on it cost base 0.64 WER points on the dev clips
+    scale, 0 for one per output channel). The tied token embedding / logits projection is int8
+    under float8 too, as e4m3's 3 mantissa bits on it cost base 0.64 WER points on the dev clips
     (benchmarks/RESULTS.md, session 15), with a scale per `EMBEDDING_GROUP` columns."""
     if name != EMBEDDING:
         return weights, 0
@@ -300,7 +307,8 @@ def quantize_model(
         parent, _, child = name.rpartition(".")
         module = model.get_submodule(parent)
         linear = getattr(module, child)
-        q, scale = quantize_weight(linear.weight, weights, _fused_scale(scales, name))
+        kind, group = weight_format(name, weights, linear.in_features)
+        q, scale = quantize_weight(linear.weight, kind, _fused_scale(scales, name), group)
         setattr(module, child, make(q, scale, linear.bias))
 
     if dynamic:
@@ -344,12 +352,16 @@ class Int8Linear(nn.Module):
     - `outliers`: that many input channels, the call's largest in magnitude, are multiplied in
       float (their int8 weight rows dequantized) and left out of the int8 GEMM, so a few loud
       channels do not coarsen the grid of the rest (the decoder's step linears).
-    The weights are used as given (a quantized checkpoint's come back exactly); 7-bit weights
-    derived from them would allow 8-bit activations everywhere, but the second rounding cost
-    more than it gained."""
+    fbgemm takes one scale per output channel: weights with scales per group of columns
+    (`weight_format`) are re-quantized per channel from their dequantized values. Otherwise
+    they are used as given (a quantized checkpoint's come back exactly); 7-bit weights derived
+    from them would allow 8-bit activations everywhere, but the second rounding cost more than
+    it gained."""
 
     def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None, outliers: int = 0):
         super().__init__()
+        if scale.dim() == 2:
+            q, scale = quantize_weight(dequantize(q, scale), "int8")
         self.in_features, self.out_features = q.shape[1], q.shape[0]
         self.outliers = outliers
         if outliers:  # [K, N]: an input channel's weights are one contiguous row to gather

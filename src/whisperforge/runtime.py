@@ -962,11 +962,8 @@ def stream_config(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, split: boo
 def norm_through(w: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor, float]:
     """(w g, w b, eps) in float32 for a layer norm (weight g, bias b) before the matmul by w
     [N, K] (or a quantize.QuantizedWeight): what `folded_linear` computes it with."""
-    g, b = ln.weight.float(), ln.bias.float()
-    if isinstance(w, Tensor):
-        return w.float() @ g, w.float() @ b, ln.eps
-    scale = w.scale.float()  # one per output channel: the step linears'
-    return (w.data.float() @ g) * scale, (w.data.float() @ b) * scale, ln.eps
+    weight = w.float()  # a QuantizedWeight dequantizes
+    return weight @ ln.weight.float(), weight @ ln.bias.float(), ln.eps
 
 
 def _pick_linear(

@@ -199,7 +199,7 @@ class WhisperModel:
     decoder's step linears with float16 activations), "int8_float32", "int8_float16",
     "int8_bfloat16" (int8 weights, activations in that float type; 16-bit ones fall back to
     float32 on the CPU), "float8" (fp8 e4m3 weights and activations on Ada/Hopper GPUs). The
-    token embedding and tied logits projection are quantized with per-row scales too.
+    token embedding and tied logits projection are int8 too, with a scale per 64 columns.
     """
 
     def __init__(
