@@ -231,7 +231,7 @@ for M, N, K in ((3, 80, 256), (20, 100, 128)):  # rows over two blocks, N past t
     y = skinny_linear(x, w.data, b, True, (32, 128, 4, 3), scale=w.scale)
     assert y.dtype == torch.float16 and float((y.float() - ref).norm() / ref.norm()) < 2e-3
     wg = Q.QuantizedWeight(*Q.quantize_weight(Q.dequantize(*w), "int8", group=64))
-    ref = Q._dequantized(x.float(), wg)  # scales per 64 columns: quantize's int8
+    ref = Q._dequantized(x.float(), wg)  # scales per 64 columns: the token embedding's
     y = skinny_linear(x, wg.data, None, False, (32, 128, 4, 3), scale=wg.scale)
     assert wg.scale.shape == (N, K // 64) and float((y.float() - ref).norm() / ref.norm()) < 2e-3
     w16 = Q.dequantize(*w).half()  # the same kernel on float16 weights: the runtime's step

@@ -39,10 +39,10 @@ float32's (44 of 53 alike, 47 per 64 columns, at float16's WER on the clips); th
 add 1/16 to its bytes, and the stream kernel scales each group's sums as it goes
 (`runtime._stream_tile`). The CPU's fbgemm takes one scale per row, so there `Int8Linear`
 re-quantizes the rows per row for the logits. The step linears keep one scale per output
-channel: per 64 or 32 columns they cost the GPU's int8 step 14-16 % at one row and left
-tiny.en's WER where it was (benchmarks/RESULTS.md, session 21: on the 19-minute file int8 costs
-tiny.en what random noise of int8's size on the float32 weights costs it, ~0.4 points, whatever
-the scales' layout; base, nothing).
+channel: per 64 columns they cost the GPU's int8 step 14-16 % at one row, and per 64 or 32
+left tiny.en's WER where it was (benchmarks/RESULTS.md, session 21: on the 19-minute file,
+int8 costs tiny.en what random noise of int8's size on the float32 weights costs it, ~0.4
+points, whatever the scales' layout; base, nothing).
 """
 
 from __future__ import annotations
