@@ -14,8 +14,8 @@ openai-whisper. A peer's step is the median gap between two calls of a logits pr
 there) in each of --compute-types (float16, float32, int8_float16, float8, ...) and writes texts
 and tokens, to compare with a CPU reference (--compare). --seeds with --perturb adds a pass per
 seed on weights moved by tiny noise (`perturbed`), and --compare then prints each type's mean
-WER over them: the 19-minute file's WER moves by up to half a point with any change of numbers,
-the mean over such passes much less.
+WER over them: the 19-minute file's WER moves by up to a point with any change of numbers, the
+mean over such passes much less.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from whisperforge import runtime
-from whisperforge.checkpoints import hf_name
+from whisperforge.checkpoints import Checkpoint, hf_name
 from whisperforge.model import ModelConfig, Whisper
 from whisperforge.presets import preset, random_model, unfuse_state_dict
 from whisperforge.runtime import Runtime
@@ -389,7 +389,7 @@ def check(
             start = time.perf_counter()
             for name, samples in clips.items():
                 # Fallback samples at temperature > 0: the same draws for every compute type and
-                # device, so a long file's WER moves with the numbers, not with the sampling.
+                # device (on the dev files they never decided a transcript: RESULTS, session 21).
                 torch.manual_seed(0)
                 segments, _ = model.transcribe(samples.astype(np.float32) / 32768, **options)
                 segments = list(segments)
@@ -403,10 +403,10 @@ def check(
             Path(out).write_text(json.dumps(results))  # after each: a run cut short keeps them
 
 
-def perturbed(checkpoint, relative: float, seed: int):
+def perturbed(checkpoint: Checkpoint, relative: float, seed: int) -> Checkpoint:
     """The checkpoint with each float weight w moved to w (1 + relative * N(0, 1)), in float32:
     a model as good as the given one that rounds differently. Its spread of WER over seeds is
-    what a change of numbers alone moves a WER by (the 19-minute file's: up to half a point,
+    what a change of numbers alone moves a WER by (the 19-minute file's: up to a point,
     since one early word changes every later window's prompt), the yardstick for a quantized
     model's."""
     import dataclasses
