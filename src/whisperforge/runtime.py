@@ -244,12 +244,12 @@ if triton is not None:
     @triton.jit
     def _embed_layer_norm_kernel(
         token_ptr, pos_ptr, token_emb_ptr, scale_ptr, pos_emb_ptr, w_ptr, b_ptr, x_ptr, h_ptr, D,
-        eps, SCALE: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+        eps, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """x = token_embedding[token] + positional_embedding[pos]; h = layer_norm(x). One row
-        per program: the start of a decode step. SCALE / GROUP: the embedding is quantize's,
-        int8 rows times a scale per row / per GROUP columns (`scale_layout`), rounded to x's
-        dtype as `QuantizedEmbedding` rounds."""
+        per program: the start of a decode step. GROUP: the embedding is quantize's, int8 rows
+        times a scale per GROUP columns (GROUP = D: one per row), rounded to x's dtype as
+        `QuantizedEmbedding` rounds."""
         _wait_for_inputs(PDL)
         r = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
@@ -257,8 +257,6 @@ if triton is not None:
         token = tl.load(token_ptr + r).to(tl.int64)
         pos = tl.load(pos_ptr + r).to(tl.int64)
         x = tl.load(token_emb_ptr + token * D + cols, mask=mask, other=0)
-        if SCALE:
-            x = x.to(tl.float32) * tl.load(scale_ptr + token).to(tl.float32)
         if GROUP:
             at = token * (D // GROUP) + cols // GROUP
             x = x.to(tl.float32) * tl.load(scale_ptr + at, mask=mask, other=0.0).to(tl.float32)
@@ -788,9 +786,10 @@ def skinny_linear(
 ) -> Tensor:
     """The Triton stream kernel: x [M, K] @ w^T (* quantize's scales, + b, then GELU)
     into `out` or a new [M, N] in x's dtype. config: (block_n, block_k, warps, stages); K must
-    be a multiple of block_k, and block_k of the scales' group if they have one. `partial` (with no bias nor GELU): the caller also takes float32
-    partial sums [splits, M, N] (`add_layer_norm`, `cross_attention`), which let a matmul with
-    few output bands split its K over more programs (`stream_splits`).
+    be a multiple of block_k, and block_k of the scales' group if they have one. `partial`
+    (with no bias nor GELU): the caller also takes float32 partial sums [splits, M, N]
+    (`add_layer_norm`, `cross_attention`), which let a matmul with few output bands split its K
+    over more programs (`stream_splits`).
     The folded layer norms (see `_skinny_linear_kernel`), with `stats`: `residual` (stream,
     g), no GELU: the output is added into the residual stream [M, N] in place, which is
     returned, leaving its statistics and stream * g in `stats` for the next `norm`. `norm`
@@ -1048,8 +1047,8 @@ def embed_layer_norm(
     block = triton.next_power_of_2(D)
     _embed_layer_norm_kernel[(rows,)](
         token, pos, token_embedding, scale if scale is not None else token_embedding,
-        positional_embedding, ln.weight, ln.bias, x, h, D, ln.eps, **scale_layout(scale, D),
-        BLOCK=block, num_warps=8 if block >= 2048 else 4, **_launch(x),
+        positional_embedding, ln.weight, ln.bias, x, h, D, ln.eps,
+        GROUP=0 if scale is None else D // (scale.numel() // scale.shape[0]), BLOCK=block, num_warps=8 if block >= 2048 else 4, **_launch(x),
     )  # fmt: skip
     return x, h
 
