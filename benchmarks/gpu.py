@@ -358,18 +358,23 @@ def check(
     device: str = "cuda",
     seeds: list[int] | None = None,
     perturb: float = 0.0,
+    calibration_paths: list[str] | None = None,
 ) -> None:
     """Transcribe every clip (int16, 16 kHz; .npz of clips or .npy files) once per compute type;
     write texts and tokens. "plain-float32" is the reference network on the GPU without the
     runtime; `device` "cpu" makes the CPU reference to `compare` with. `greedy`: temperature 0
     and beam 1 (deterministic, for token comparisons); else the defaults (beam 5 and the
     fallback ladder). `seeds`, `perturb`: a pass per seed, each with the weights moved by
-    `perturbed` (seed 0: as they are), stored under the compute type's name for the first
-    seed and as "TYPE seed N" for the others."""
+    `perturbed` (seed 0: as they are), stored under the compute type's name for seed 0 and as
+    "TYPE seed N" for the others (so runs of different seeds merge). "calibrated-TYPE": TYPE's weights rounded by GPTQ
+    on `calibration_paths` (.npy int16 clips; `whisperforge.calibration`), per pass."""
     import numpy as np
 
     from whisperforge import WhisperModel
+    from whisperforge.calibration import calibrate
     from whisperforge.checkpoints import resolve_checkpoint
+
+    calibration_audio = [np.load(p).astype(np.float32) / 32768 for p in calibration_paths or []]
 
     clips: dict[str, np.ndarray] = {}
     for path in audio_paths:  # an .npz of clips by name, or one .npy clip named by its file
@@ -378,11 +383,15 @@ def check(
     torch.backends.cudnn.allow_tf32 = False  # the plain model's convolutions too: fp32 is fp32
     options = {"beam_size": 1, "temperature": 0.0} if greedy else {}
     checkpoint = resolve_checkpoint(model_dir)
-    for i, seed in enumerate(seeds or [0]):
+    for seed in seeds or [0]:
         weights = perturbed(checkpoint, perturb, seed) if perturb and seed else checkpoint
         for compute_type in compute_types:
-            key = compute_type if i == 0 else f"{compute_type} seed {seed}"
-            model = WhisperModel(weights, device=device, compute_type=compute_type.split("-")[-1])
+            key = compute_type if seed == 0 else f"{compute_type} seed {seed}"
+            kind = compute_type.split("-")[-1]
+            source = weights
+            if compute_type.startswith("calibrated"):  # GPTQ on the calibration audio
+                source = calibrate(weights, kind, calibration_audio or [], device)
+            model = WhisperModel(source, device=device, compute_type=kind)
             assert model.runtime is not None or device == "cpu"
             if compute_type.startswith("plain"):  # the reference network on the GPU, no runtime
                 model.runtime, model.decode_model = None, model.model
@@ -546,6 +555,10 @@ def main() -> None:
         help="--check: weights moved by this relative N(0, 1) noise per seed (seed 0: none)",
     )  # fmt: skip
     parser.add_argument(
+        "--calibration-audio", nargs="+", metavar="NPY",
+        help="--check: int16 16 kHz clips for the calibrated-TYPE compute types",
+    )  # fmt: skip
+    parser.add_argument(
         "--device", default="cuda", help="--check on this device (cpu: a reference)"
     )
     parser.add_argument(
@@ -564,7 +577,7 @@ def main() -> None:
     if args.check:
         check(
             args.check, args.audio, args.out, args.compute_types, args.greedy, args.device,
-            args.seeds, args.perturb,
+            args.seeds, args.perturb, args.calibration_audio,
         )  # fmt: skip
         return
     if args.selftest:
