@@ -358,7 +358,6 @@ def check(
     device: str = "cuda",
     seeds: list[int] | None = None,
     perturb: float = 0.0,
-    calibration_paths: list[str] | None = None,
 ) -> None:
     """Transcribe every clip (int16, 16 kHz; .npz of clips or .npy files) once per compute type;
     write texts and tokens. "plain-float32" is the reference network on the GPU without the
@@ -366,15 +365,11 @@ def check(
     and beam 1 (deterministic, for token comparisons); else the defaults (beam 5 and the
     fallback ladder). `seeds`, `perturb`: a pass per seed, each with the weights moved by
     `perturbed` (seed 0: as they are), stored under the compute type's name for seed 0 and as
-    "TYPE seed N" for the others (so runs of different seeds merge). "calibrated-TYPE": TYPE's weights rounded by GPTQ
-    on `calibration_paths` (.npy int16 clips; `whisperforge.calibration`), per pass."""
+    "TYPE seed N" for the others (so the JSON of runs over different seeds merge)."""
     import numpy as np
 
     from whisperforge import WhisperModel
-    from whisperforge.calibration import calibrate
     from whisperforge.checkpoints import resolve_checkpoint
-
-    calibration_audio = [np.load(p).astype(np.float32) / 32768 for p in calibration_paths or []]
 
     clips: dict[str, np.ndarray] = {}
     for path in audio_paths:  # an .npz of clips by name, or one .npy clip named by its file
@@ -387,11 +382,7 @@ def check(
         weights = perturbed(checkpoint, perturb, seed) if perturb and seed else checkpoint
         for compute_type in compute_types:
             key = compute_type if seed == 0 else f"{compute_type} seed {seed}"
-            kind = compute_type.split("-")[-1]
-            source = weights
-            if compute_type.startswith("calibrated"):  # GPTQ on the calibration audio
-                source = calibrate(weights, kind, calibration_audio or [], device)
-            model = WhisperModel(source, device=device, compute_type=kind)
+            model = WhisperModel(weights, device=device, compute_type=compute_type.split("-")[-1])
             assert model.runtime is not None or device == "cpu"
             if compute_type.startswith("plain"):  # the reference network on the GPU, no runtime
                 model.runtime, model.decode_model = None, model.model
@@ -555,10 +546,6 @@ def main() -> None:
         help="--check: weights moved by this relative N(0, 1) noise per seed (seed 0: none)",
     )  # fmt: skip
     parser.add_argument(
-        "--calibration-audio", nargs="+", metavar="NPY",
-        help="--check: int16 16 kHz clips for the calibrated-TYPE compute types",
-    )  # fmt: skip
-    parser.add_argument(
         "--device", default="cuda", help="--check on this device (cpu: a reference)"
     )
     parser.add_argument(
@@ -577,7 +564,7 @@ def main() -> None:
     if args.check:
         check(
             args.check, args.audio, args.out, args.compute_types, args.greedy, args.device,
-            args.seeds, args.perturb, args.calibration_audio,
+            args.seeds, args.perturb,
         )  # fmt: skip
         return
     if args.selftest:

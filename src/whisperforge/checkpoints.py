@@ -32,13 +32,7 @@ from torch import Tensor
 
 from .errors import InvalidOptionError, ModelFormatError, ModelNotFoundError
 from .model import ModelConfig
-from .quantize import (
-    COMPUTE_TYPES,
-    dequantize,
-    quantize_weight,
-    stored_quantized,
-    weight_format,
-)
+from .quantize import COMPUTE_TYPES, dequantize, quantize_weight, weight_format
 
 
 @dataclass
@@ -501,10 +495,9 @@ QUANTIZED_FORMAT = "whisperforge-quantized"  # config.json's "format" in `save_q
 
 
 def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "int8") -> None:
-    """Write `checkpoint` with the weights `quantize.stored_quantized` names quantized (for int8
-    every linear and the token embedding; for the GPU's types the decoder's step linears and the
-    embedding), int8 or fp8 e4m3 as `quantize.weight_format` says, scales as `<name>_scale` in
-    float32, [N] per output channel or [N, K // group], to folder/model.safetensors;
+    """Write `checkpoint` with every linear weight and the token embedding quantized (int8 or fp8
+    e4m3, as `quantize.weight_format` says; scales as `<name>_scale` in float32, [N] per output
+    channel or [N, K // group]) to folder/model.safetensors;
     other weights as they are; config.json (dims, alignment heads, compute type) and
     tokenizer.json beside it. `WhisperModel(folder)` loads it, by default in `compute_type`."""
     from safetensors.torch import save_file
@@ -520,7 +513,7 @@ def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "in
     saved_scales = checkpoint.weight_scales or {}
     tensors: dict[str, Tensor] = {}
     for name, tensor in checkpoint.state_dict.items():
-        if tensor.dim() == 2 and name.endswith(".weight") and stored_quantized(name, compute_type):
+        if tensor.dim() == 2 and name.endswith(".weight"):  # linears and the token embedding
             kind, group = weight_format(name, weights, tensor.shape[1])
             q, scale = quantize_weight(tensor, kind, saved_scales.get(name), group)
             tensors[name], tensors[f"{name}_scale"] = q, scale

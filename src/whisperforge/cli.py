@@ -824,10 +824,6 @@ def _add_quantize_parser(commands: Any) -> None:
     q.add_argument("--compute-type", choices=QUANTIZED_COMPUTE_TYPES, default="int8",
                    help="the weights, and the default compute type when loading "
                    "(default: %(default)s)")  # fmt: skip
-    q.add_argument("--calibration-audio", nargs="+", metavar="FILE",
-                   help="speech like yours (a few minutes): round the weights to keep each "
-                   "layer's outputs on it (GPTQ) rather than each weight to its nearest step; "
-                   "runs the model over it, on the GPU when there is one")  # fmt: skip
     q.set_defaults(run=run_quantize)
 
 
@@ -838,14 +834,8 @@ def run_quantize(args: argparse.Namespace) -> int:
     if out.is_file() or (out.is_dir() and any(out.iterdir())):
         raise InvalidOptionError(f"{out} exists and is not an empty folder; pass a new folder")
     checkpoint = resolve_checkpoint(args.model)
-    before = sum(t.nbytes for t in checkpoint.state_dict.values()) / 1e6
-    if args.calibration_audio:
-        from .calibration import calibrate
-        from .transcribe import resolve_device
-
-        device = resolve_device("auto")
-        checkpoint = calibrate(checkpoint, args.compute_type, args.calibration_audio, device)
     save_quantized(checkpoint, out, args.compute_type)
+    before = sum(t.nbytes for t in checkpoint.state_dict.values()) / 1e6
     after = sum(f.stat().st_size for f in out.iterdir()) / 1e6
     print(f"quantized {args.model} ({args.compute_type}) to {out}: {after:.1f} MB on disk "
           f"(weights were {before:.1f} MB)")  # fmt: skip

@@ -276,35 +276,12 @@ def weight_format(name: str, weights: str, columns: int) -> tuple[str, int]:
     return "int8", EMBEDDING_GROUP if columns % EMBEDDING_GROUP == 0 else 0
 
 
-def stored_quantized(name: str, compute_type: str) -> bool:
-    """Whether a quantized checkpoint of `compute_type` (`save_quantized`, `calibrate`) holds the
-    canonical 2-D weight `name` quantized. The CPU's types (int8, int8_float32: fbgemm runs every
-    linear in int8): every linear and the token embedding. The GPU's (int8_float16,
-    int8_bfloat16, float8): the decoder's step linears and the token embedding, the weights it
-    runs quantized; the encoder and the cross K,V projection run in float there, and rounded to
-    the int8 grid they only cost words (tiny.en's 19-minute file, calibrated: 9.23 % with them,
-    8.87 % without; benchmarks/RESULTS.md, session 22)."""
-    if compute_type in ("int8", "int8_float32") or name == EMBEDDING:
-        return True
-    block, _, role = name.removeprefix("decoder.blocks.").partition(".")
-    return name.startswith("decoder.blocks.") and block.isdigit() and role in _STEP_WEIGHTS
-
-
-def canonical_weights(name: str) -> list[str]:
-    """The canonical (unfused) weights of the model's linear `name`: a fused qkv / kv
+def _fused_scale(scales: dict[str, Tensor], name: str) -> Tensor | None:
+    """The saved (canonical, unfused) scales of the model's linear `name`: a fused qkv / kv
     projection's output channels are its parts', in order."""
     base, _, proj = name.rpartition(".")
     parts = {"qkv": ("query", "key", "value"), "kv": ("key", "value")}.get(proj, (proj,))
-    return [f"{base}.{part}.weight" for part in parts]
-
-
-# The step linears' canonical weights within a decoder block ("attn.query.weight", ...).
-_STEP_WEIGHTS = {weight for part in STEP_LINEARS for weight in canonical_weights(part)}
-
-
-def _fused_scale(scales: dict[str, Tensor], name: str) -> Tensor | None:
-    """The saved scales of the model's linear `name` (of its canonical parts, in order)."""
-    found = [scales.get(part) for part in canonical_weights(name)]
+    found = [scales.get(f"{base}.{part}.weight") for part in parts]
     return None if any(s is None for s in found) else torch.cat(found)  # type: ignore[arg-type]
 
 
