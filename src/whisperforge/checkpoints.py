@@ -211,32 +211,26 @@ def _ct2_to_canonical(v: dict[str, np.ndarray]) -> tuple[ModelConfig, dict[str, 
     def n_layers(side: str) -> int:
         return len({m.group(1) for k in v if (m := re.match(rf"{side}/layer_(\d+)/", k))})
 
-    for i in range(n_layers("encoder")):
-        src, dst = f"encoder/layer_{i}", f"encoder.blocks.{i}"
-        norm(f"{dst}.attn_ln", f"{src}/self_attention/layer_norm")
-        split_linear(
-            [f"{dst}.attn.{p}" for p in ("query", "key", "value")], f"{src}/self_attention/linear_0"
-        )
-        linear(f"{dst}.attn.out", f"{src}/self_attention/linear_1")
-        norm(f"{dst}.mlp_ln", f"{src}/ffn/layer_norm")
-        linear(f"{dst}.mlp.0", f"{src}/ffn/linear_0")
-        linear(f"{dst}.mlp.2", f"{src}/ffn/linear_1")
-    for i in range(n_layers("decoder")):
-        src, dst = f"decoder/layer_{i}", f"decoder.blocks.{i}"
-        norm(f"{dst}.attn_ln", f"{src}/self_attention/layer_norm")
-        split_linear(
-            [f"{dst}.attn.{p}" for p in ("query", "key", "value")], f"{src}/self_attention/linear_0"
-        )
-        linear(f"{dst}.attn.out", f"{src}/self_attention/linear_1")
-        norm(f"{dst}.cross_attn_ln", f"{src}/attention/layer_norm")
-        linear(f"{dst}.cross_attn.query", f"{src}/attention/linear_0")
-        split_linear(
-            [f"{dst}.cross_attn.{p}" for p in ("key", "value")], f"{src}/attention/linear_1"
-        )
-        linear(f"{dst}.cross_attn.out", f"{src}/attention/linear_2")
-        norm(f"{dst}.mlp_ln", f"{src}/ffn/layer_norm")
-        linear(f"{dst}.mlp.0", f"{src}/ffn/linear_0")
-        linear(f"{dst}.mlp.2", f"{src}/ffn/linear_1")
+    for side in ("encoder", "decoder"):
+        for i in range(n_layers(side)):
+            src, dst = f"{side}/layer_{i}", f"{side}.blocks.{i}"
+            norm(f"{dst}.attn_ln", f"{src}/self_attention/layer_norm")
+            split_linear(
+                [f"{dst}.attn.{p}" for p in ("query", "key", "value")],
+                f"{src}/self_attention/linear_0",
+            )
+            linear(f"{dst}.attn.out", f"{src}/self_attention/linear_1")
+            if side == "decoder":
+                norm(f"{dst}.cross_attn_ln", f"{src}/attention/layer_norm")
+                linear(f"{dst}.cross_attn.query", f"{src}/attention/linear_0")
+                split_linear(
+                    [f"{dst}.cross_attn.{p}" for p in ("key", "value")],
+                    f"{src}/attention/linear_1",
+                )
+                linear(f"{dst}.cross_attn.out", f"{src}/attention/linear_2")
+            norm(f"{dst}.mlp_ln", f"{src}/ffn/layer_norm")
+            linear(f"{dst}.mlp.0", f"{src}/ffn/linear_0")
+            linear(f"{dst}.mlp.2", f"{src}/ffn/linear_1")
     linear("encoder.conv1", "encoder/conv1")
     linear("encoder.conv2", "encoder/conv2")
     put("encoder.positional_embedding", v["encoder/position_encodings/encodings"])

@@ -72,32 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     t.add_argument("files", nargs="+", metavar="FILE", help="audio file(s) to transcribe")
-    model = t.add_argument_group("model")
-    model.add_argument(
-        "--model",
-        default="tiny.en",
-        metavar="NAME",
-        help="model name (see `whisperforge models`), model folder or OpenAI .pt "
-        "file (default: %(default)s)",
-    )
-    model.add_argument(
-        "--device",
-        default="auto",
-        help="auto (CUDA when present), cpu or cuda[:N] (default: %(default)s)",
-    )
-    model.add_argument(
-        "--compute-type",
-        default="default",
-        choices=["default", "float32", "float16", "bfloat16", *QUANTIZED_COMPUTE_TYPES],
-        help="default: float16 on CUDA, float32 on CPU (a quantized model: its own type)",
-    )
-    model.add_argument(
-        "--threads",
-        metavar="N",
-        type=int,
-        default=0,
-        help="CPU threads for torch (default: 0, torch's choice)",
-    )
+    _add_model_options(t)
 
     decode = t.add_argument_group("decoding")
     decode.add_argument(
@@ -261,9 +236,14 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int = 0) -> Non
         "--model",
         default="tiny.en",
         metavar="NAME",
-        help="model name, model folder or OpenAI .pt file (default: %(default)s)",
+        help="model name (see `whisperforge models`), model folder or OpenAI .pt "
+        "file (default: %(default)s)",
     )
-    group.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
+    group.add_argument(
+        "--device",
+        default="auto",
+        help="auto (CUDA when present), cpu or cuda[:N] (default: %(default)s)",
+    )
     group.add_argument(
         "--compute-type",
         default="default",

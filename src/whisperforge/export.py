@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from .checkpoints import Checkpoint, _heads, resolve_checkpoint
 from .errors import InvalidOptionError, ModelFormatError, ModelNotFoundError, WhisperforgeError
 from .model import ModelConfig, Whisper, merge_heads, split_heads
+from .runtime import encoder_blocks
 
 if TYPE_CHECKING:
     import onnx
@@ -78,15 +79,7 @@ class Encoder(nn.Module):
         x = F.gelu(enc.conv1(mel))
         x = F.gelu(enc.conv2(x)).transpose(1, 2)
         x = x + enc.positional_embedding.to(x.dtype)
-        for block in enc.blocks:
-            q, k, v = block.attn.qkv(_layer_norm(block.attn_ln, x)).chunk(3, dim=-1)
-            H = block.attn.n_head
-            a = F.scaled_dot_product_attention(
-                split_heads(q, H), split_heads(k, H), split_heads(v, H)
-            )
-            x = x + block.attn.out(merge_heads(a))
-            x = x + block.mlp(_layer_norm(block.mlp_ln, x))
-        return _layer_norm(enc.ln_post, x)
+        return encoder_blocks(enc, x, _layer_norm)
 
 
 class CrossKV(nn.Module):

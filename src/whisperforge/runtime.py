@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .model import CrossAttention, SelfAttention, Whisper, merge_heads, split_heads
+from .model import AudioEncoder, CrossAttention, SelfAttention, Whisper, merge_heads, split_heads
 
 if TYPE_CHECKING:
     from .quantize import QuantizedWeight
@@ -83,6 +83,20 @@ def layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
     # In the compute dtype: the kernel accumulates in fp32 anyway, and the reference's casts to
     # fp32 and back would cost two extra passes over the activations.
     return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+
+
+def encoder_blocks(
+    encoder: AudioEncoder, x: Tensor, norm: Callable[[nn.LayerNorm, Tensor], Tensor]
+) -> Tensor:
+    """The encoder's blocks and final layer norm on x [B, T, D] (after the convolutions and
+    positions), attention by SDPA (flash where it can), each layer norm by `norm`."""
+    for block in encoder.blocks:
+        q, k, v = block.attn.qkv(norm(block.attn_ln, x)).chunk(3, dim=-1)
+        H = block.attn.n_head
+        a = F.scaled_dot_product_attention(split_heads(q, H), split_heads(k, H), split_heads(v, H))
+        x = x + block.attn.out(merge_heads(a))
+        x = x + block.mlp(norm(block.mlp_ln, x))
+    return norm(encoder.ln_post, x)
 
 
 # --- Triton kernels for the decode step (CUDA only; the torch path is their reference) ---------
@@ -1316,15 +1330,7 @@ class Runtime:
                 next_ln = enc.blocks[i + 1].attn_ln if i + 1 < len(enc.blocks) else enc.ln_post
                 h = add_layer_norm(x, m, fc2.bias, next_ln)
             return h.view(shape)
-        for block in enc.blocks:
-            q, k, v = block.attn.qkv(layer_norm(block.attn_ln, x)).chunk(3, dim=-1)
-            H = block.attn.n_head
-            a = F.scaled_dot_product_attention(
-                split_heads(q, H), split_heads(k, H), split_heads(v, H)
-            )
-            x = x + block.attn.out(merge_heads(a))
-            x = x + block.mlp(layer_norm(block.mlp_ln, x))
-        return layer_norm(enc.ln_post, x)
+        return encoder_blocks(enc, x, layer_norm)
 
     @torch.inference_mode()
     def encoder(self, mel: Tensor) -> Tensor:
