@@ -443,6 +443,7 @@ def compare(results_path: str, reference_path: str, longform_text: str | None) -
     )
     print("|---|---|---|---|---|")
     scores: dict[str, list[tuple[float, float | None]]] = {}  # per type: (clips, long) per seed
+    long_reference = Path(longform_text).read_text() if longform_text else ""
     for label, source, compute_type in columns:
         texts = {name: source[name][compute_type]["text"] for name in source}
         same_text = [n for n in short if texts[n] == reference[n][ref_type]["text"]]
@@ -455,7 +456,7 @@ def compare(results_path: str, reference_path: str, longform_text: str | None) -
         clip_wer = wer([exact[n] for n in scored], [texts[n] for n in scored])
         long_wer = None
         if longform_text and "longform" in texts:
-            long_wer = wer([Path(longform_text).read_text()], [texts["longform"]])
+            long_wer = wer([long_reference], [texts["longform"]])
         long_text = "-" if long_wer is None else f"{100 * long_wer:.2f} %"
         print(
             f"| {label} | {len(same_text)} / {len(short)} | {len(same_tokens)} / {len(short)}"

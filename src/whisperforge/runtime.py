@@ -1059,10 +1059,12 @@ def embed_layer_norm(
     x = torch.empty(rows, D, device=token.device, dtype=positional_embedding.dtype)
     h = torch.empty_like(x)
     block = triton.next_power_of_2(D)
+    # columns per scale: quantize's scales are per row ([V], one group of D) or [V, D // group]
+    group = 0 if scale is None else D // (scale.numel() // scale.shape[0])
     _embed_layer_norm_kernel[(rows,)](
         token, pos, token_embedding, scale if scale is not None else token_embedding,
-        positional_embedding, ln.weight, ln.bias, x, h, D, ln.eps,
-        GROUP=0 if scale is None else D // (scale.numel() // scale.shape[0]), BLOCK=block, num_warps=8 if block >= 2048 else 4, **_launch(x),
+        positional_embedding, ln.weight, ln.bias, x, h, D, ln.eps, GROUP=group, BLOCK=block,
+        num_warps=8 if block >= 2048 else 4, **_launch(x),
     )  # fmt: skip
     return x, h
 
