@@ -165,7 +165,7 @@ def report(
 
 def _stream(x: torch.Tensor, N: int, K: int):
     """The runtime's stream kernel, its configs, whole or split into partial sums."""
-    for config in runtime._SKINNY_CONFIGS:
+    for config in runtime.STREAM_CANDIDATES:
         if K % config[1]:
             continue
         for partial in (False, True):

@@ -1,17 +1,17 @@
-"""The step matmuls' stream kernel configs, chosen in the step itself (runtime.HOPPER_STEP_CONFIGS).
+"""The step matmuls' stream kernel configs, chosen in the step itself (runtime.STEP_CONFIGS).
 
-`linear` picks a config per shape by timing each alone, but under PDL a kernel's own time misses
-what it overlaps with its neighbours, and the pick moves between jobs (the same step came out 1.69
-and 1.85 ms on one H200). This times the whole graphed greedy step instead: for a preset and
-batch, coordinate descent over the step's matmul shapes, each shape's candidate configs tried
-with the others held, two passes, from the runtime's own choice (the table where it has the
-shape, else each picked alone).
+Timing each matmul's config alone misses what a kernel overlaps with its neighbours under PDL,
+and such picks moved between jobs (the same step came out 1.69 and 1.85 ms on one H200). This
+times the whole graphed greedy step instead: for a preset and batch, coordinate descent over the
+step's matmul shapes, each shape's candidate configs (`runtime.STREAM_CANDIDATES`,
+`quantize.QUANTIZED_CANDIDATES`) tried with the others held, two passes, from the tables'
+configs.
 
     python benchmarks/tune_step.py --preset large-v3 --batch 1 16
     python benchmarks/tune_step.py --preset large-v3 --batch 1 16 --compute-type int8  # quantize's
 
-Prints each tuned choice under its key in `runtime.HOPPER_STEP_CONFIGS` /
-`quantize.HOPPER_STREAM_CONFIGS`, (rows, `runtime.step_role`[, weight dtype]), to copy there.
+Prints each tuned choice under its key in `runtime.STEP_CONFIGS` /
+`quantize.STREAM_CONFIGS`, (rows, `runtime.step_role`[, weight dtype]), to copy there.
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ def tune(name: str, batch: int, steps: int, passes: int, compute_type: str) -> d
     c = preset(name)
     model = random_model(c, seed=0, device="cuda", dtype=torch.float16)
     if compute_type == "float16":
-        choice, candidates = runtime._linear_choice, runtime._SKINNY_CONFIGS
+        choice, candidates = runtime._linear_choice, runtime.STREAM_CANDIDATES
     else:
         quantize.quantize_model(model, quantize.COMPUTE_TYPES[compute_type][1])
-        choice, candidates = quantize._quantized_choice, quantize._QUANTIZED_CONFIGS
+        choice, candidates = quantize._quantized_choice, quantize.QUANTIZED_CANDIDATES
     rt = Runtime(model, "float16", max_windows=batch, max_rows=batch)
     torch.manual_seed(0)
     mel = torch.randn(batch, c.n_mels, 3000, device="cuda", dtype=torch.float16)

@@ -60,9 +60,22 @@ def test_presets_and_unfuse_round_trip():
     assert all(torch.equal(again[k], state[k]) for k in state)
 
 
+def test_pipeline_stages_fit_the_gpus_shared_memory():
+    """The tables' configs (tuned on an H200) keep their pipeline where it fits and lose
+    stages where a GPU's shared memory is smaller, never below one."""
+    from whisperforge.runtime import pipeline_stages
+
+    tile = 256 * (32 * 2 + 16 * 2)  # (32, 256, 4, 4) on fp16 weights: 24 KiB a stage
+    assert pipeline_stages(4, tile, 227 * 1024) == 4  # H100 / H200
+    assert pipeline_stages(4, tile, 99 * 1024) == 3  # consumer Ampere / Ada
+    assert pipeline_stages(4, tile, 64 * 1024) == 2  # T4
+    assert pipeline_stages(3, 10**6, 48 * 1024) == 1
+
+
 def test_every_model_has_a_tuned_config_for_each_step_matmul():
     """The tuned tables are keyed by a matmul's role, which every preset's step shapes map to
-    (so no model's configs are timed per process on Hopper, and its transcripts repeat)."""
+    (so every model's step runs the same kernels in every process, and its transcripts
+    repeat)."""
     from whisperforge import quantize, runtime
 
     for name, c in PRESETS.items():
@@ -72,10 +85,10 @@ def test_every_model_has_a_tuned_config_for_each_step_matmul():
         for role, (N, K) in shapes.items():
             assert runtime.step_role(N, K) == role, (name, role)
             for rows in (1, 16):
-                assert (rows, role) in runtime.HOPPER_STEP_CONFIGS
-                assert (rows, role, torch.int8) in quantize.HOPPER_STREAM_CONFIGS
+                assert (rows, role) in runtime.STEP_CONFIGS
+                assert (rows, role, torch.int8) in quantize.STREAM_CONFIGS
                 assert role == "logits" or (rows, role, torch.float8_e4m3fn) in (
-                    quantize.HOPPER_STREAM_CONFIGS
+                    quantize.STREAM_CONFIGS
                 )
 
 

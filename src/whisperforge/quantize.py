@@ -59,7 +59,7 @@ from torch import Tensor, nn
 
 from .errors import InvalidOptionError
 from .model import Whisper
-from .runtime import _INTERPRETED, StreamConfig, fastest, skinny_linear, step_pdl, tuned_config
+from .runtime import StreamConfig, skinny_linear, tuned_config
 
 try:
     import triton
@@ -185,13 +185,14 @@ class QuantizedWeight(NamedTuple):
         """The dequantized weight in float32 (as `Tensor.float` for a float weight)."""
         return dequantize(self.data, self.scale)
 
-    def stream_config(self, x: Tensor, partial: bool = False) -> StreamConfig | None:
-        """The runtime's stream kernel config for x @ self, picked among that kernel's configs
-        alone: the runtime folds layer norms and residual adds into it (`folded_linear`)."""
-        key = (x.shape[0], *self.data.shape, self.data.dtype, x.dtype, "stream", partial)
+    def stream_config(self, x: Tensor) -> StreamConfig | None:
+        """The stream kernel config (STREAM_CONFIGS') the runtime folds layer norms and residual
+        adds into for x @ self (`folded_linear`)."""
+        key = (x.shape[0], *self.data.shape, self.data.dtype, x.dtype, "stream")
         if key not in _quantized_choice:
-            tuned = tuned_config(HOPPER_STREAM_CONFIGS, x, self.data.shape[0], self.data.dtype)
-            _quantized_choice[key] = tuned or _pick_quantized(x, self, partial, stream_only=True)
+            _quantized_choice[key] = tuned_config(
+                STREAM_CONFIGS, x, self.data.shape[0], self.data.dtype
+            )
         return _quantized_choice[key]
 
 
@@ -435,10 +436,10 @@ def quantized_linear(
     """x [M, K] @ dequantized w^T (+ bias, then GELU), in x's dtype (into `out` if given;
     `partial`: see runtime.linear)."""
     partial = partial and bias is None and not gelu
-    key = (x.shape[0], *w.data.shape, w.data.dtype, x.dtype, x.device.type, step_pdl(), partial)
+    key = (x.shape[0], *w.data.shape, w.data.dtype, x.dtype, x.device.type)
     choice = _quantized_choice.get(key)
     if choice is None:
-        choice = _quantized_choice[key] = _pick_quantized(x, w, partial)
+        choice = _quantized_choice[key] = _pick_quantized(x, w)
     if isinstance(choice, tuple):  # the Triton kernel applies bias and GELU itself
         return skinny_linear(x, w.data, bias, gelu, choice, scale=w.scale, out=out, partial=partial)
     y = choice(x, w)
@@ -460,18 +461,17 @@ def _int8_pack_mm(x: Tensor, w: QuantizedWeight) -> Tensor:
     return torch._weight_int8pack_mm(x.contiguous(), w.data, w.scale.to(x.dtype))
 
 
-# Stream kernel configs (runtime.StreamConfig); few, as each is compiled per K on first use
-_QUANTIZED_CONFIGS = [
+# The configs STREAM_CONFIGS was tuned among (benchmarks/tune_step.py --compute-type)
+QUANTIZED_CANDIDATES: list[StreamConfig] = [
     (16, 128, 4, 3), (32, 128, 4, 3), (32, 256, 4, 3), (32, 256, 4, 4), (64, 256, 8, 3),
     (64, 256, 8, 4),
 ]  # fmt: skip
 _quantized_choice: dict[tuple, Callable[[Tensor, QuantizedWeight], Tensor] | StreamConfig] = {}
-# The folded step's configs (`QuantizedWeight.stream_config`) on Hopper under PDL, chosen in
-# the whole graphed greedy step as runtime.HOPPER_STEP_CONFIGS (benchmarks/tune_step.py
-# --compute-type int8 / float8, H200, large-v3). Keys: (1 row or up to 16, runtime.step_role,
-# weight dtype).
+# The step matmuls' configs on int8 / fp8 weights, chosen in the whole graphed greedy step as
+# runtime.STEP_CONFIGS (benchmarks/tune_step.py --compute-type int8 / float8, H200, large-v3)
+# and used on every GPU. Keys: (1 row or up to 16, runtime.step_role, weight dtype).
 _I8, _F8 = torch.int8, torch.float8_e4m3fn
-HOPPER_STREAM_CONFIGS: dict[tuple[int, str, torch.dtype], StreamConfig] = {
+STREAM_CONFIGS: dict[tuple[int, str, torch.dtype], StreamConfig] = {
     (1, "out", _I8): (64, 256, 8, 3),
     (1, "fc2", _I8): (64, 256, 8, 3),
     (1, "qkv", _I8): (32, 256, 4, 4),
@@ -493,36 +493,25 @@ HOPPER_STREAM_CONFIGS: dict[tuple[int, str, torch.dtype], StreamConfig] = {
 }
 
 
-def _pick_quantized(
-    x: Tensor, w: QuantizedWeight, partial: bool = False, stream_only: bool = False
-):
-    """The CPU uses PyTorch's int8 matmul; CUDA, for many rows (a prefill: compute-bound, and of
-    ever new shapes), dequantize + cuBLAS for int8, fp8 activations + _scaled_mm for fp8. For the
-    few rows of a decode step the first call of each shape times the candidates (outside graph
-    capture: a step runs once before it is captured) and keeps the fastest that agrees with the
-    reference (the Triton stream kernel widens int8 or fp8 weights in registers)."""
+def _pick_quantized(x: Tensor, w: QuantizedWeight):
+    """How x @ w runs. The CPU: PyTorch's int8 matmul (float32, one scale per row), else
+    dequantize. CUDA: up to 64 rows of a decode step's matmul in 16 bits on the Triton stream
+    kernel (it widens int8 or fp8 weights in registers) in STREAM_CONFIGS' config for its role,
+    the same in every process as runtime.linear's; more rows (a prefill: compute-bound, of ever
+    new shapes) or another shape: dequantize + cuBLAS for int8, fp8 activations + _scaled_mm for
+    fp8. (PyTorch's int8 matmul on CUDA took 4-18x the time of either at 16-64 rows: RESULTS,
+    session 23.)"""
     fp8 = w.data.dtype == torch.float8_e4m3fn
-    per_row = w.scale.dim() == 1  # torch's int8 matmul takes one scale per row
-    if stream_only:  # only the stream kernel's configs (None if none agrees)
-        candidates, runs = [None], []
-    elif not x.is_cuda or triton is None or x.shape[0] > 64:
+    if not x.is_cuda:
         if fp8:
             return _fp8_linear
-        if not x.is_cuda:
-            return _int8_pack_mm if x.dtype == torch.float32 and per_row else _dequantized
-        return _dequantized
-    else:
-        candidates = [_fp8_linear] if fp8 else [_dequantized] + [_int8_pack_mm] * per_row
-        runs = [(f, functools.partial(f, x, w)) for f in candidates]
-    if x.dtype != torch.float32:  # tl.dot would round float32 to tf32
-        stream = functools.partial(skinny_linear, x, w.data, None, False, scale=w.scale)
-        configs = [c for c in _QUANTIZED_CONFIGS if x.shape[1] % c[1] == 0]
-        if _INTERPRETED:  # no clock to time by (tests): the first config
-            return configs[0] if configs else candidates[0]
-        runs += [(c, functools.partial(stream, c, partial=partial)) for c in configs]
-    # fp8 activations round each value to 3 bits of mantissa: a few % off the float product.
-    tolerance = 5e-2 if fp8 else 1e-2
-    return fastest(runs, _dequantized(x, w).float(), tolerance) or candidates[0]
+        per_row = w.scale.dim() == 1
+        return _int8_pack_mm if x.dtype == torch.float32 and per_row else _dequantized
+    if x.shape[0] <= 64 and x.dtype != torch.float32:  # tl.dot would round float32 to tf32
+        config = tuned_config(STREAM_CONFIGS, x, w.data.shape[0], w.data.dtype)
+        if config is not None:
+            return config
+    return _fp8_linear if fp8 else _dequantized
 
 
 if triton is not None:

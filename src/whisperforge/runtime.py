@@ -12,11 +12,12 @@ kernel launches and host syncs, not by the GPU. The runtime removes both:
   and replayed, and so is each prefill (windows, rows per window, prompt length on a ladder);
   on CUDA, Triton kernels also fuse each residual add, bias and layer norm (over split
   matmuls' partial sums), the embedding, cross-attention split over the keys and the greedy
-  choice, and stream the weights for the few-row matmuls where that beats cuBLAS. On Hopper
-  they chain by programmatic dependent launch (`USE_PDL`), the layer norms fold into the
-  epilogues of the matmuls around them (`Runtime._layer_folded`, `FOLD`), a greedy step's
-  choice into its logits matmul (`_logits_select_kernel`), and each matmul runs the config
-  tuned in the whole step for its role (`HOPPER_STEP_CONFIGS`), the same in every process.
+  choice, and stream the weights for the few-row matmuls, each in the config tuned in the
+  whole step for its role (`STEP_CONFIGS`; the same in every process, so the same
+  transcripts). The layer norms fold into the epilogues of the matmuls around them
+  (`Runtime._layer_folded`, `FOLD`), a greedy step's choice into its logits matmul
+  (`_logits_select_kernel`). On Hopper the kernels chain by programmatic dependent launch
+  (`USE_PDL`).
 - The greedy loop state (last tokens, lengths, finished flags, sums of log-probs, the tokens
   so far) stays on the GPU; `greedy` runs a whole decode with no host sync per step.
 - Beams (or best-of samples) of one window are rows of one batch that share the window's cross
@@ -744,17 +745,19 @@ if triton is not None:
 # (block_n, block_k, warps, stages) of the stream kernel. Deeper pipelines pay on the long
 # matmuls: the logits GEMV reaches 2.5 TB/s at 6 stages, 2.2 at 3 (benchmarks/gemv.py).
 StreamConfig = tuple[int, int, int, int]
-_SKINNY_CONFIGS: list[StreamConfig] = [
+# The configs STEP_CONFIGS was tuned among (benchmarks/tune_step.py, gemv.py).
+STREAM_CANDIDATES: list[StreamConfig] = [
     (16, 128, 4, 3), (16, 256, 4, 3), (32, 128, 4, 3), (32, 256, 8, 3), (64, 128, 8, 3),
     (32, 256, 4, 4), (64, 256, 8, 4), (64, 256, 8, 6),
 ]  # fmt: skip
-_linear_choice: dict[tuple, StreamConfig | None] = {}
-# The step matmuls on Hopper under PDL, chosen in the whole graphed greedy step
-# (benchmarks/tune_step.py on an H200, large-v3 and turbo, fp16) and used for every model: timing
-# each shape alone misses what a kernel overlaps with its neighbours, its picks moved the step by
-# up to 20 % between jobs, and the transcripts with them (split sums round by config). Keys: (1
-# row or up to 16, `step_role`).
-HOPPER_STEP_CONFIGS: dict[tuple[int, str], StreamConfig] = {
+_linear_choice: dict[tuple, StreamConfig | None] = {}  # `_linear_config`'s, by shape
+# The step matmuls' configs, chosen in the whole graphed greedy step under PDL
+# (benchmarks/tune_step.py on an H200, large-v3 and turbo, fp16) and used for every model on
+# every GPU. Configs timed per shape and process instead missed what a kernel overlaps with its
+# neighbours, moved the step by up to 20 % between processes, and the transcripts with it
+# (split sums round by config); on an H200 without PDL (as on GPUs before Hopper) this table is
+# 6-17 % faster than they were (RESULTS, session 23). Keys: (1 row or up to 16, `step_role`).
+STEP_CONFIGS: dict[tuple[int, str], StreamConfig] = {
     (1, "out"): (64, 128, 8, 3),
     (1, "fc2"): (64, 128, 8, 3),
     (1, "qkv"): (32, 256, 4, 4),
@@ -852,12 +855,10 @@ def linear(
 ) -> Tensor:
     """F.linear (then GELU) for a decode step, into `out` if given. `partial`: the caller also
     takes float32 partial sums [splits, M, N] (add_layer_norm, cross_attention), which let a
-    matmul with few output bands split its K over more programs. For up to 16 rows on CUDA,
-    Hopper under PDL runs HOPPER_STEP_CONFIGS' config for the matmul's role; elsewhere the
-    first call of a shape times the Triton stream kernel's configs, and cuBLAS unless the step
-    runs under PDL (where a kernel's own time misses what it overlaps), outside any graph
-    capture (a step runs once before it is captured), and keeps the fastest that agrees with
-    cuBLAS."""
+    matmul with few output bands split its K over more programs. Up to 16 rows of a 16-bit
+    step matmul on CUDA run the Triton stream kernel in STEP_CONFIGS' config for the matmul's
+    role (`tuned_config`), the rest cuBLAS: the same kernels in every process, so the same
+    transcripts."""
     if not isinstance(w, Tensor):  # int8 / fp8 weights (quantize.QuantizedWeight): own kernels
         return w.linear(x, b, gelu, out=out, partial=partial)
     partial = partial and b is None and not gelu
@@ -871,35 +872,52 @@ def linear(
 def _linear_config(
     x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, partial: bool
 ) -> StreamConfig | None:
-    """The stream kernel config `linear` runs this shape with (picked on first use), or None
-    where it runs cuBLAS."""
+    """The stream kernel config `linear` runs this shape with, or None where it runs cuBLAS."""
     M, K = x.shape
-    pdl = step_pdl() and x.is_cuda
-    key = (M, w.shape[0], K, w.dtype, b is not None, gelu, pdl, partial)
+    key = (M, w.shape[0], K, w.dtype, b is not None, gelu, partial)
     if key not in _linear_choice:
         # Not for float32: tl.dot would round its inputs to tf32, and float32 means float32.
-        usable = x.is_cuda or _INTERPRETED
-        usable = triton is not None and usable and M <= 16 and w.dtype != torch.float32
-        if usable:
-            tuned = tuned_config(HOPPER_STEP_CONFIGS, x, w.shape[0])
-            _linear_choice[key] = tuned or _pick_linear(x, w, b, gelu, pdl, partial)
-        else:
-            _linear_choice[key] = None
+        usable = M <= 16 and w.dtype != torch.float32
+        _linear_choice[key] = tuned_config(STEP_CONFIGS, x, w.shape[0]) if usable else None
     return _linear_choice[key]
 
 
-def tuned_config(table: dict[tuple, StreamConfig], x: Tensor, N: int, *rest) -> StreamConfig | None:
-    """The config a table of step matmuls tuned on Hopper under PDL (HOPPER_STEP_CONFIGS,
-    quantize.HOPPER_STREAM_CONFIGS) has for x [rows, K] @ w[N, K]^T, on such a GPU: keyed by
-    1 row or up to 16, the matmul's `step_role` and the rest of the table's key. Its tile of K
-    narrows to 128 where K is not a multiple of it (tiny's 384, small's 768)."""
+def tuned_config(
+    table: dict[tuple, StreamConfig], x: Tensor, N: int, *rest: torch.dtype
+) -> StreamConfig | None:
+    """The config a table of step matmuls (STEP_CONFIGS, quantize.STREAM_CONFIGS) has for x
+    [rows, K] @ w[N, K]^T where the stream kernel runs (CUDA with Triton, or its interpreter):
+    keyed by 1 row or up to 16, the matmul's `step_role` and the rest of the table's key (the
+    weight's dtype, if not x's). Its tile of K narrows to 128 where K is not a multiple of it
+    (tiny's 384, small's 768), and its pipeline to what the GPU's shared memory holds."""
     role = step_role(N, x.shape[1])
-    if role is None or not (x.is_cuda and step_pdl() and _on_hopper()):
+    if triton is None or role is None or not (x.is_cuda or _INTERPRETED):
         return None
     config = table.get((1 if x.shape[0] == 1 else 16, role, *rest))
-    if config is None or x.shape[1] % config[1] == 0:
-        return config
-    return (config[0], 128, *config[2:])
+    if config is None:
+        return None
+    block_n, block_k, warps, stages = config
+    if x.shape[1] % block_k:
+        block_k = 128
+    if x.is_cuda:  # each stage holds a tile of the weight and one of 16 rows of x
+        tile = block_k * (block_n * (rest[0].itemsize if rest else x.element_size()) + 16 * 2)
+        stages = pipeline_stages(stages, tile, _shared_memory(x.device.index))
+    return block_n, block_k, warps, stages
+
+
+def pipeline_stages(stages: int, tile_bytes: int, shared_memory: int) -> int:
+    """`stages` (at least 1), fewer where that many tiles and 8 KiB for the epilogue would not
+    fit a program's shared memory (an H100 has 227 KiB, an A100 163, consumer GPUs ~99, a T4 64;
+    the tables were tuned on an H200)."""
+    while stages > 1 and stages * tile_bytes + 8192 > shared_memory:
+        stages -= 1
+    return stages
+
+
+@functools.cache
+def _shared_memory(index: int | None) -> int:
+    properties = torch.cuda.get_device_properties(index)
+    return getattr(properties, "shared_memory_per_block_optin", properties.shared_memory_per_block)
 
 
 def step_role(N: int, K: int) -> str | None:
@@ -909,11 +927,6 @@ def step_role(N: int, K: int) -> str | None:
     if N > 8 * K:
         return "logits"
     return {3 * K: "qkv", K: "out", 4 * K: "fc1", K // 4: "fc2"}.get(N)
-
-
-@functools.cache
-def _on_hopper() -> bool:
-    return torch.cuda.get_device_capability() == (9, 0)
 
 
 def folded_linear(
@@ -928,9 +941,7 @@ def folded_linear(
     residual: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """`linear` on the stream kernel with a folded layer norm (`skinny_linear`'s `norm` and
-    `residual`), in the config `linear` picks for the plain matmul (`Runtime._folds` says
-    where that is the stream kernel); int8 / fp8 weights (quantize.QuantizedWeight) bring
-    their own choice."""
+    `residual`), in `stream_config`'s config."""
     split = partial or residual is not None
     config = stream_config(x, w, None if split else b, gelu, split)
     data, scale = weight_and_scale(w)
@@ -957,17 +968,16 @@ def scale_layout(scale: Tensor | None, K: int) -> dict[str, int]:
 
 def stream_config(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, split: bool) -> StreamConfig:
     """The stream kernel's config for a matmul whose epilogue does more than `linear`'s (the
-    folds of `Runtime._layer_folded` and `_logits_select`): the one `linear` picks for the
-    plain matmul (`Runtime._folds` says where that is the stream kernel); int8 / fp8 weights
-    (quantize.QuantizedWeight) bring their own choice."""
+    folds of `Runtime._layer_folded` and `_logits_select`): the one `linear` runs the plain
+    matmul with; int8 / fp8 weights (quantize.QuantizedWeight) bring their own table."""
     if isinstance(w, Tensor):
         config, shape = _linear_config(x, w, b, gelu, split), w.shape
     else:
-        config, shape = w.stream_config(x, split), w.data.shape
+        config, shape = w.stream_config(x), w.data.shape
     if config is None:
         raise RuntimeError(
-            f"no stream kernel config agrees with cuBLAS for a {tuple(x.shape)} x "
-            f"{tuple(shape)} matmul on this GPU; use Runtime(..., fused=False)"
+            f"no stream kernel config for a {tuple(x.shape)} x {tuple(shape)} matmul (not a "
+            f"decode step's shape of a Whisper model); use Runtime(..., fused=False)"
         )
     return config
 
@@ -977,44 +987,6 @@ def norm_through(w: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor, float]:
     [N, K] (or a quantize.QuantizedWeight): what `folded_linear` computes it with."""
     weight = w.float()  # a QuantizedWeight dequantizes
     return weight @ ln.weight.float(), weight @ ln.bias.float(), ln.eps
-
-
-def _pick_linear(
-    x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, pdl: bool, partial: bool
-) -> StreamConfig | None:
-    configs = [c for c in _SKINNY_CONFIGS if x.shape[1] % c[1] == 0]
-    if _INTERPRETED:  # no clock to time by: the kernel's first config, to test it
-        return configs[0] if configs else None
-    cublas = functools.partial(_torch_linear, x, w, b, gelu)
-    runs = [] if pdl else [(None, cublas)]  # under PDL a kernel's own time misses its overlap
-    runs += [
-        (c, functools.partial(skinny_linear, x, w, b, gelu, c, partial=partial)) for c in configs
-    ]
-    return fastest(runs, cublas().float())
-
-
-def fastest(
-    runs: Sequence[tuple[object, Callable[[], Tensor]]], reference: Tensor, tolerance: float = 1e-2
-):
-    """The choice of the fastest run whose output agrees with `reference` (float32) within
-    `tolerance` (relative), or None. A run's float32 partial sums [splits, M, N] are added up to
-    compare; a run that fails (a config too large for this GPU, a matmul this build lacks) is
-    left out. Times by the clock, so never under graph capture (a step runs once before)."""
-    from triton.testing import do_bench
-
-    best, best_ms = None, float("inf")
-    for choice, run in runs:
-        try:
-            y = run()
-        except Exception:  # noqa: BLE001, S112 - see above: such a choice is never taken
-            continue
-        y = y.sum(0) if y.dim() == 3 else y
-        if not (y.float() - reference).norm() / reference.norm().clamp(min=1e-12) < tolerance:
-            continue
-        ms = do_bench(run, warmup=5, rep=20)
-        if ms < best_ms:
-            best, best_ms = choice, ms
-    return best
 
 
 def stream_splits(N: int, K: int, config: StreamConfig) -> int:
@@ -1486,10 +1458,9 @@ class Runtime:
 
     def _folds(self, rows: int) -> bool:
         """Whether a step of `rows` runs `_layer_folded`: where `linear` streams the weights
-        (half precision, up to 16 rows) and always will (under PDL, or in the interpreter;
-        elsewhere cuBLAS may win a shape)."""
+        (the Triton kernels, half precision, up to 16 rows)."""
         half = self.dtype != torch.float32
-        return FOLD and self.fused and half and rows <= 16 and (step_pdl() or _INTERPRETED)
+        return FOLD and self.fused and half and rows <= 16
 
     def _layer_folded(
         self, block: nn.Module, i: int, x: Tensor, h: Tensor, windows: int,
