@@ -887,8 +887,8 @@ def tuned_config(
 ) -> StreamConfig | None:
     """The config a table of step matmuls (STEP_CONFIGS, quantize.STREAM_CONFIGS) has for x
     [rows, K] @ w[N, K]^T where the stream kernel runs (CUDA with Triton, or its interpreter):
-    keyed by 1 row or up to 16, the matmul's `step_role` and the rest of the table's key (the
-    weight's dtype, if not x's). Its tile of K narrows to 128 where K is not a multiple of it
+    keyed by 1 row or more (the configs tuned at 16), the matmul's `step_role` and the rest of
+    the table's key (the weight's dtype, if not x's). Its tile of K narrows to 128 where K is not a multiple of it
     (tiny's 384, small's 768), and its pipeline to what the GPU's shared memory holds."""
     role = step_role(N, x.shape[1])
     if triton is None or role is None or not (x.is_cuda or _INTERPRETED):
@@ -900,7 +900,8 @@ def tuned_config(
     if x.shape[1] % block_k:
         block_k = 128
     if x.is_cuda:  # each stage holds a tile of the weight and one of 16 rows of x
-        tile = block_k * (block_n * (rest[0].itemsize if rest else x.element_size()) + 16 * 2)
+        weight_bytes = rest[0].itemsize if rest else x.element_size()
+        tile = block_k * (block_n * weight_bytes + 16 * x.element_size())
         stages = pipeline_stages(stages, tile, _shared_memory(x.device.index))
     return block_n, block_k, warps, stages
 
