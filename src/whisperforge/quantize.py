@@ -20,13 +20,13 @@ What is quantized, and how (`compute_type`, faster-whisper's names plus `float8`
   than float32's (~190 vs ~65 us at one row on AVX2), so int8 transcribes 1.35x faster than
   float32 here, not 1.68x as without these choices.
 - `int8`, `int8_float16`, `int8_bfloat16` on CUDA: weight-only int8 for the decoder's per-step
-  linears (fp16/bf16 activations), through a Triton stream kernel or dequantize + cuBLAS, the
-  faster per shape. A decode step is bound by reading the decoder's weights; the encoder and
+  linears (fp16/bf16 activations), through a Triton stream kernel for up to 64 rows (a step's,
+  in the config tuned for the matmul's role) and dequantize + cuBLAS for more. A decode step is bound by reading the decoder's weights; the encoder and
   the cross K,V projection run once per window at 1500+ rows, compute-bound, and stay float.
 - `float8` (Ada/Hopper): the same linears as fp8 e4m3 weights, multiplied by
   `torch._scaled_mm` with each activation row quantized to fp8 on the fly (its own scale), or,
-  for the few rows of a decode step where it is faster, by the Triton stream kernel with the
-  fp8 weights widened in registers (weight-only: the activations stay 16-bit).
+  for up to 64 rows (a decode step's), by the Triton stream kernel with the fp8 weights widened
+  in registers (weight-only: the activations stay 16-bit).
 
 The token embedding, which is also the output projection (tied logits), is quantized too, to
 int8 under every compute type (`weight_format`, `QuantizedEmbedding`): it is the largest single
