@@ -346,6 +346,14 @@ assert R.cross_keys(W * H, A, q.device) == 128 and R.cross_keys(132 * 2 * 6, A, 
 for keys in (128, 256):
     out = R.cross_attention(q, q_bias, kv, W, H, keys)
     assert rel(out, ref.transpose(1, 2).reshape(W * G, H * dh)) < 2e-3
+
+# Beam search's reorder: rows that are each other's sources, a prefix of the positions.
+cache = torch.randn(2, 5, 4, 16, 8, generator=g).to(dt)
+source = torch.tensor([1, 0, 0, 3])
+expected = cache.clone()
+expected[:, :4, :, :10] = expected[:, source, :, :10]
+R.reorder_rows(cache, source, 10)
+assert torch.equal(cache, expected)
 print("ok")
 """
 
@@ -354,7 +362,8 @@ def test_step_kernels_in_the_interpreter():
     """The decode step's Triton kernels (CUDA only) in Triton's CPU interpreter, against torch:
     split partial sums, the fused residual + layer norm over them, the same folded into the
     matmuls (residual add in a split matmul's epilogue, layer norm on the way into the next),
-    the embedding (float16 or int8) + layer norm, and cross-attention split over the keys."""
+    the embedding (float16 or int8) + layer norm, cross-attention split over the keys, and
+    beam search's reorder of the self K,V."""
     run_interpreted(STEP_KERNELS)
 
 

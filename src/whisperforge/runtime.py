@@ -445,6 +445,23 @@ if triton is not None:
         tl.store(out_ptr + (r * n_head + h) * DH + d, out.to(out_ptr.dtype.element_ty))
 
     @triton.jit
+    def _copy_blocks_kernel(
+        src_ptr, dst_ptr, source_ptr, R, H2, src_rows, src_stride, dst_rows, dst_stride, length,
+        BLOCK: tl.constexpr, GATHER: tl.constexpr,
+    ):  # fmt: skip
+        """Block (layer, row i, head) of `length` elements, BLOCK of them a program: from row
+        source[i] (GATHER) or row i of src into row i of dst. src and dst hold `*_rows` rows a
+        layer and H2 heads a row, their blocks `*_stride` elements apart."""
+        b = tl.program_id(0)
+        h, i, layer = b % H2, (b // H2) % R, b // (H2 * R)
+        row = tl.load(source_ptr + i) if GATHER else i
+        src = src_ptr + ((layer * src_rows + row) * H2 + h).to(tl.int64) * src_stride
+        dst = dst_ptr + ((layer * dst_rows + i) * H2 + h).to(tl.int64) * dst_stride
+        at = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        keep = at < length
+        tl.store(dst + at, tl.load(src + at, mask=keep), mask=keep)
+
+    @triton.jit
     def _greedy_select_kernel(
         logits_ptr, bias_ptr, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr,
         history_stride, V: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
@@ -1096,6 +1113,28 @@ def cross_keys(heads: int, A: int, device: torch.device) -> int:
     return 256 if heads * triton.cdiv(A, 256) >= 2 * sms else 128
 
 
+# Above this many bytes beam search's reorder runs `reorder_rows`; below, Triton's two launches
+# cost more host time than PyTorch's indexed copy (turbo, one window of 5 beams: 0.20 vs 0.13 ms).
+REORDER_COPY_BYTES = 16 << 20
+
+
+def reorder_rows(cache: Tensor, source: Tensor, length: int) -> None:
+    """cache [layers, rows, 2H, T, dh]: row i of every layer takes the first `length` positions
+    of row source[i] (i < len(source)), gathered into a scratch copy first, since rows may be
+    each other's sources. Two streaming copies: PyTorch's indexed copy moved these bytes at
+    ~1.1 TB/s (RESULTS, session 23)."""
+    L, rows, H2, T, dh = cache.shape
+    R, size = source.shape[0], length * dh
+    scratch = torch.empty(L, R, H2, length, dh, device=cache.device, dtype=cache.dtype)
+    grid = (L * R * H2, triton.cdiv(size, 1024))
+    _copy_blocks_kernel[grid](
+        cache, scratch, source, R, H2, rows, T * dh, R, size, size, BLOCK=1024, GATHER=True
+    )
+    _copy_blocks_kernel[grid](
+        scratch, cache, source, R, H2, R, size, rows, T * dh, size, BLOCK=1024, GATHER=False
+    )
+
+
 @functools.cache
 def _multiprocessors(index: int | None) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -1639,10 +1678,13 @@ class Runtime:
         """Beam search: row i continues row source[i] (rows of the same window)."""
         R, n = batch.rows, batch.max_length
         source = source.to(self.device)
-        # Every layer's K,V in one gather: a gather and a copy per layer cost as much as the
-        # step itself (large-v3, 5 beams: 1.06 ms against 1.66; RESULTS, session 23).
+        # Every layer's K,V at once: a gather and a copy per layer cost as much as the step
+        # itself (large-v3, 5 beams: 1.06 ms against 1.66; RESULTS, session 23).
         cache = self.self_kv_layers
-        cache[:, :R, :, :n] = cache[:, source, :, :n]
+        if self.fused and cache[:, :R, :, :n].nbytes > REORDER_COPY_BYTES:
+            reorder_rows(cache, source, n)
+        else:
+            cache[:, :R, :, :n] = cache[:, source, :, :n]
         for state in self._loop_state():
             state[:R] = state[source]
 
