@@ -1124,7 +1124,7 @@ def reorder_rows(cache: Tensor, source: Tensor, length: int) -> None:
     each other's sources. Two streaming copies: PyTorch's indexed copy moved these bytes at
     ~1.1 TB/s (RESULTS, session 23)."""
     L, rows, H2, T, dh = cache.shape
-    R, size = source.shape[0], length * dh
+    R, size, source = source.shape[0], length * dh, source.contiguous()  # the kernel reads it by i
     scratch = torch.empty(L, R, H2, length, dh, device=cache.device, dtype=cache.dtype)
     grid = (L * R * H2, triton.cdiv(size, 1024))
     _copy_blocks_kernel[grid](
