@@ -89,26 +89,26 @@ def fold_costs(d: int, rows: list[int]) -> None:
             torch.zeros(1024, device="cuda", dtype=torch.int32),
         )
         runtime.USE_PDL = True
-        plain = runtime._linear_config(x, weights[0], None, False, False)
-        split = runtime._linear_config(x, weights[0], None, False, True)
+        config = runtime._linear_config(x, weights[0])  # the same with or without splits
         bias = torch.zeros(N, device="cuda", dtype=torch.float16)
         folded = functools.partial(runtime.skinny_linear, x, stats=stats)
         residual = functools.partial(folded, residual=(stream, ln.weight))
-        residual(weights[0], bias, False, split)  # band statistics for the norm below
-        line = [f"{N}x{K} rows {M}: plain {plain}"]
+        residual(weights[0], bias, False, config)  # band statistics for the norm below
+        line = [f"{N}x{K} rows {M}: plain {config}"]
         line.append(
-            f"{chain_us([functools.partial(folded, w, None, False, plain) for w in weights]):.2f} us"
+            f"{chain_us([functools.partial(folded, w, None, False, config) for w in weights]):.2f} us"
         )
         if K == d:  # a norm before it
             norm = functools.partial(folded, norm=runtime.norm_through(weights[0], ln))
             line.append(
-                f"norm {chain_us([functools.partial(norm, w, None, False, plain) for w in weights]):.2f}"
+                f"norm {chain_us([functools.partial(norm, w, None, False, config) for w in weights]):.2f}"
             )
         if N == d:  # a residual add after it
-            calls = [functools.partial(residual, w, bias, False, split) for w in weights]
-            line.append(f"residual {split} {chain_us(calls):.2f}")
+            calls = [functools.partial(residual, w, bias, False, config) for w in weights]
+            line.append(f"residual {config} {chain_us(calls):.2f}")
             calls = [
-                functools.partial(_partial_add_norm, x, w, split, stream, bias, ln) for w in weights
+                functools.partial(_partial_add_norm, x, w, config, stream, bias, ln)
+                for w in weights
             ]
             line.append(f"partial + add_layer_norm {chain_us(calls):.2f}")
         print(" | ".join(line), flush=True)

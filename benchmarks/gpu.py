@@ -339,11 +339,9 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
             f"selftest greedy 100 tokens {compute_type}, graphed == eager: {torch.equal(*results)}"
         )
 
-    print(
-        "matmul choices (M, N, K, dtype, bias, gelu) -> Triton (block_n, block_k, warps, stages) or cuBLAS:"
-    )
+    print("matmul choices (M, N, K, dtype) -> Triton (block_n, block_k, warps, stages) or cuBLAS:")
     for key, config in runtime._linear_choice.items():
-        print(f"  {key[:3]} {str(key[3])[6:]} bias={key[4]} gelu={key[5]}: {config or 'cuBLAS'}")
+        print(f"  {key[:3]} {str(key[3])[6:]}: {config or 'cuBLAS'}")
 
 
 # --- correctness on real weights -----------------------------------------------------------
@@ -652,7 +650,7 @@ def main() -> None:
             print(
                 f"{b} (pdl={row['pdl']}, fold={row['fold']}) | {row['step_ms']:.3f} | {cells} | {row['step_floor_ms']:.3f} | {ratio}"
             )
-        chosen = {f"{k[:3]} bias={k[4]} gelu={k[5]}": v for k, v in runtime._linear_choice.items()}
+        chosen = {f"{k[:3]} {str(k[3])[6:]}": v for k, v in runtime._linear_choice.items()}
         print(
             f"{preset_name}: step matmuls (M, N, K) -> Triton (block_n, block_k, warps, stages) or None = cuBLAS: {chosen}"
         )

@@ -879,19 +879,17 @@ def linear(
     if not isinstance(w, Tensor):  # int8 / fp8 weights (quantize.QuantizedWeight): own kernels
         return w.linear(x, b, gelu, out=out, partial=partial)
     partial = partial and b is None and not gelu
-    config = _linear_config(x, w, b, gelu, partial)
+    config = _linear_config(x, w)
     if config is not None:
         return skinny_linear(x, w, b, gelu, config, out=out, partial=partial)
     y = _torch_linear(x, w, b, gelu)
     return y if out is None else out.copy_(y)
 
 
-def _linear_config(
-    x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, partial: bool
-) -> StreamConfig | None:
-    """The stream kernel config `linear` runs this shape with, or None where it runs cuBLAS."""
+def _linear_config(x: Tensor, w: Tensor) -> StreamConfig | None:
+    """The stream kernel config `linear` runs x @ w^T with, or None where it runs cuBLAS."""
     M, K = x.shape
-    key = (M, w.shape[0], K, w.dtype, b is not None, gelu, partial)
+    key = (M, w.shape[0], K, w.dtype)
     if key not in _linear_choice:
         # Not for float32: tl.dot would round its inputs to tf32, and float32 means float32.
         usable = M <= 16 and w.dtype != torch.float32
@@ -905,8 +903,9 @@ def tuned_config(
     """The config a table of step matmuls (STEP_CONFIGS, quantize.STREAM_CONFIGS) has for x
     [rows, K] @ w[N, K]^T where the stream kernel runs (CUDA with Triton, or its interpreter):
     keyed by 1 row or more (the configs tuned at 16), the matmul's `step_role` and the rest of
-    the table's key (the weight's dtype, if not x's). Its tile of K narrows to 128 where K is not a multiple of it
-    (tiny's 384, small's 768), and its pipeline to what the GPU's shared memory holds."""
+    the table's key (the weight's dtype, if not x's). Its tile of K narrows to 128 where K is
+    not a multiple of it (tiny's 384, small's 768), and its pipeline to what the GPU's shared
+    memory holds."""
     role = step_role(N, x.shape[1])
     if triton is None or role is None or not (x.is_cuda or _INTERPRETED):
         return None
@@ -960,8 +959,7 @@ def folded_linear(
 ) -> Tensor:
     """`linear` on the stream kernel with a folded layer norm (`skinny_linear`'s `norm` and
     `residual`), in `stream_config`'s config."""
-    split = partial or residual is not None
-    config = stream_config(x, w, None if split else b, gelu, split)
+    config = stream_config(x, w)
     data, scale = weight_and_scale(w)
     return skinny_linear(
         x, data, b, gelu, config, scale, partial=partial, stats=stats, norm=norm,
@@ -984,12 +982,12 @@ def scale_layout(scale: Tensor | None, K: int) -> dict[str, int]:
     return {"SCALE": False, "GROUP": K // scale.shape[1]}
 
 
-def stream_config(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool, split: bool) -> StreamConfig:
+def stream_config(x: Tensor, w: Tensor | QuantizedWeight) -> StreamConfig:
     """The stream kernel's config for a matmul whose epilogue does more than `linear`'s (the
     folds of `Runtime._layer_folded` and `_logits_select`): the one `linear` runs the plain
     matmul with; int8 / fp8 weights (quantize.QuantizedWeight) bring their own table."""
     if isinstance(w, Tensor):
-        config, shape = _linear_config(x, w, b, gelu, split), w.shape
+        config, shape = _linear_config(x, w), w.shape
     else:
         config, shape = w.stream_config(x), w.data.shape
     if config is None:
@@ -1235,12 +1233,9 @@ class Runtime:
         self.max_windows, self.max_rows = windows, rows
         # Per layer: the cross K,V of each window side by side, as the kv projection writes them.
         self.cross_kv = [torch.zeros(windows, A, 2 * D, device=dev, dtype=dt) for _ in layers]
-        # Per layer: self K (heads 0..H-1) and V (heads H..2H-1) of each row at each position.
-        # One tensor for all layers, so that beam search reorders them in one gather.
-        self.self_kv_layers = torch.zeros(
-            len(layers), rows, 2 * H, T, self.d_head, device=dev, dtype=dt
-        )
-        self.self_kv = list(self.self_kv_layers.unbind(0))
+        # Per layer: self K (heads 0..H-1) and V (heads H..2H-1) of each row at each position;
+        # one tensor for all layers, so that beam search reorders them at once.
+        self.self_kv = torch.zeros(len(layers), rows, 2 * H, T, self.d_head, device=dev, dtype=dt)
         self.features = torch.zeros(windows, A, cfg.n_audio_state, device=dev, dtype=dt)
         self.mel = torch.zeros(windows, cfg.n_mels, 2 * A, device=dev, dtype=dt)
         # Loop state, one entry per row.
@@ -1537,7 +1532,7 @@ class Runtime:
         """The logits of h [rows, D] by the embedding with `_select` and the step's `pos += 1`
         in the matmul's epilogue (`_logits_select_kernel`), in the config `linear` picks."""
         w = self.model.decoder.token_embedding.weight
-        block_n, block_k, warps, stages = stream_config(h, w, None, False, False)
+        block_n, block_k, warps, stages = stream_config(h, w)
         data, scale = weight_and_scale(w)
         N = self.config.n_vocab  # quantize's embedding may have rows past it
         bands = triton.cdiv(N, block_n)
@@ -1680,7 +1675,7 @@ class Runtime:
         source = source.to(self.device)
         # Every layer's K,V at once: a gather and a copy per layer cost as much as the step
         # itself (large-v3, 5 beams: 1.06 ms against 1.66; RESULTS, session 23).
-        cache = self.self_kv_layers
+        cache = self.self_kv
         if self.fused and cache[:, :R, :, :n].nbytes > REORDER_COPY_BYTES:
             reorder_rows(cache, source, n)
         else:
