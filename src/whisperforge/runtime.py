@@ -113,8 +113,6 @@ USE_PDL: bool | None = None
 # Layer norms and residual adds folded into the step's matmuls (`Runtime._layer_folded`) where
 # they can be; the benchmarks set False to compare.
 FOLD = True
-# And each layer's cross query into the self-attention's output projection (`QueryFold`).
-FOLD_QUERY = True
 
 
 def step_pdl() -> bool:
@@ -260,14 +258,13 @@ if triton is not None:
 
     @triton.jit
     def _embed_layer_norm_kernel(
-        token_ptr, pos_ptr, token_emb_ptr, scale_ptr, pos_emb_ptr, w_ptr, b_ptr, x_ptr, h_ptr,
-        zq_ptr, gq_ptr, D, eps, GROUP: tl.constexpr, SCALED_QUERY: tl.constexpr,
-        BLOCK: tl.constexpr, PDL: tl.constexpr,
+        token_ptr, pos_ptr, token_emb_ptr, scale_ptr, pos_emb_ptr, w_ptr, b_ptr, x_ptr, h_ptr, D,
+        eps, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """x = token_embedding[token] + positional_embedding[pos]; h = layer_norm(x). One row
         per program: the start of a decode step. GROUP: the embedding is quantize's, int8 rows
         times a scale per GROUP columns (GROUP = D: one per row), rounded to x's dtype as
-        `QuantizedEmbedding` rounds. SCALED_QUERY: also zq = x * gq (`_scaled_streams`)."""
+        `QuantizedEmbedding` rounds."""
         _wait_for_inputs(PDL)
         r = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
@@ -281,10 +278,6 @@ if triton is not None:
         x = x.to(x_ptr.dtype.element_ty)
         x += tl.load(pos_emb_ptr + pos * D + cols, mask=mask, other=0.0)  # in the dtype, as torch
         tl.store(x_ptr + r.to(tl.int64) * D + cols, x, mask=mask)
-        if SCALED_QUERY:
-            gq = tl.load(gq_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            zq = (x.to(tl.float32) * gq).to(zq_ptr.dtype.element_ty)
-            tl.store(zq_ptr + r.to(tl.int64) * D + cols, zq, mask=mask)
         h = _layer_norm_row(x.to(tl.float32), w_ptr, b_ptr, cols, mask, D, eps)
         tl.store(h_ptr + r.to(tl.int64) * D + cols, h.to(h_ptr.dtype.element_ty), mask=mask)
 
@@ -360,58 +353,41 @@ if triton is not None:
 
     @triton.jit
     def _cross_attention_kernel(
-        q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, stats_ptr, wg_ptr, shift_ptr, eps, A,
-        scale, N_HEAD: tl.constexpr, Q_SPLITS: tl.constexpr, GROUP: tl.constexpr,
-        BLOCK_G: tl.constexpr, DH: tl.constexpr, KEYS: tl.constexpr, BLOCK_T: tl.constexpr,
-        NORM: tl.constexpr, BAND: tl.constexpr, BLOCK_BANDS: tl.constexpr, PDL: tl.constexpr,
+        q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, A, n_head, scale,
+        Q_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DH: tl.constexpr,
+        KEYS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """`_cross_attention_split` of (window, head, split) = program ids (0, 1, 2); the
         window's K,V are prefetched into L2 before the query is ready."""
         w, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         if PDL:
-            _prefetch_cross_keys(kv_ptr, w, h, s, A, N_HEAD * DH, DH, KEYS, BLOCK_T)
+            _prefetch_cross_keys(kv_ptr, w, h, s, A, n_head * DH, DH, KEYS, BLOCK_T)
         _wait_for_inputs(PDL)
         _cross_attention_split(
-            q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, stats_ptr, wg_ptr, shift_ptr, eps,
-            w, h, s, tl.num_programs(2), tl.num_programs(0) * GROUP, A, scale, N_HEAD, Q_SPLITS,
-            GROUP, BLOCK_G, DH, KEYS, BLOCK_T, NORM, BAND, BLOCK_BANDS,
+            q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, w, h, s, tl.num_programs(2),
+            tl.num_programs(0) * GROUP, A, n_head, scale, Q_SPLITS, GROUP, BLOCK_G, DH, KEYS,
+            BLOCK_T,
         )  # fmt: skip
 
     @triton.jit
     def _cross_attention_split(
-        q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, stats_ptr, wg_ptr, shift_ptr, eps, w,
-        h, s, S, rows, A, scale, N_HEAD: tl.constexpr, Q_SPLITS: tl.constexpr,
-        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DH: tl.constexpr, KEYS: tl.constexpr,
-        BLOCK_T: tl.constexpr, NORM: tl.constexpr, BAND: tl.constexpr,
-        BLOCK_BANDS: tl.constexpr,
+        q_ptr, q_bias_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, w, h, s, S, rows, A, n_head, scale,
+        Q_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DH: tl.constexpr,
+        KEYS: tl.constexpr, BLOCK_T: tl.constexpr,
     ):  # fmt: skip
         """Window w, head h, split s of S of the keys: the window's GROUP rows attend to KEYS of
         its A cross keys. Writes the split's running max m, sum l and unnormalized output
         (flash decoding); `_combine_head` joins the splits. The window's K,V are read once for
         all its rows (beams). The query comes without its bias: [rows, D], or Q_SPLITS > 0
-        float32 partial sums [Q_SPLITS, rows, D].
-        NORM: the partial sums are a `QueryFold`'s, of the query before its layer norm's
-        statistics: q = rstd (sum + shift - mean w g) + bias, mean and rstd from the band
-        statistics the output projection left (`_band_stats`)."""
-        D = N_HEAD * DH  # constant: the kernel's compiled per model
+        float32 partial sums [Q_SPLITS, rows, D]."""
+        D = n_head * DH
         d = tl.arange(0, DH)
         kv = kv_ptr + w.to(tl.int64) * A * 2 * D + h * DH  # this head's K; its V at + D
         g = tl.arange(0, BLOCK_G)
         row = w * GROUP + g
         at = row[:, None] * D + h * DH + d[None, :]
         mine = g[:, None] < GROUP
-        if NORM:
-            mean, rstd = _band_stats(stats_ptr, row, eps, rows, D, BAND, BLOCK_BANDS)
-            q = tl.zeros([BLOCK_G, DH], tl.float32)
-            for part in range(Q_SPLITS):
-                q += tl.load(
-                    q_ptr + part * rows * D + at, mask=mine, other=0.0, cache_modifier=".cg"
-                )
-            wg = tl.load(wg_ptr + h * DH + d)[None, :]
-            q += tl.load(shift_ptr + h * DH + d)[None, :] - mean[:, None] * wg
-            q *= rstd[:, None]
-        else:
-            q = _sum_partials(q_ptr, at, mine, Q_SPLITS, rows * D, kv_ptr.dtype.element_ty)
+        q = _sum_partials(q_ptr, at, mine, Q_SPLITS, rows * D, kv_ptr.dtype.element_ty)
         q += tl.load(q_bias_ptr + h * DH + d).to(tl.float32)[None, :]
         q = q.to(kv_ptr.dtype.element_ty)
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -431,7 +407,7 @@ if triton is not None:
             l = l * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
-        at = (row * N_HEAD + h) * S + s  # partials [rows, heads, splits(, DH)]
+        at = (row * n_head + h) * S + s  # partials [rows, heads, splits(, DH)]
         keep = g < GROUP
         tl.store(m_ptr + at, m, mask=keep)
         tl.store(l_ptr + at, l, mask=keep)
@@ -708,12 +684,10 @@ if triton is not None:
     @triton.jit
     def _skinny_linear_kernel(
         x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, stats_ptr, count_ptr, wg_ptr, wb_ptr,
-        z_ptr, g_ptr, zq_ptr, gq_ptr, qx_ptr, qw_ptr, qs_ptr, q2w_ptr, q_part_ptr, eps,
-        M, N,
+        z_ptr, g_ptr, eps, M, N,
         K: tl.constexpr, K_SPLIT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
         GELU: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr, BAND: tl.constexpr,
-        BLOCK_BANDS: tl.constexpr, RESIDUAL: tl.constexpr, SCALED: tl.constexpr,
-        SCALED_QUERY: tl.constexpr, QUERY: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_BANDS: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """y[M, N] = x[M, K] @ w[N, K]^T (* scale[N], + bias, then GELU) for a few rows: a
@@ -732,56 +706,7 @@ if triton is not None:
         weight) in z_ptr. NORM: x_ptr is that z, and the output is layer_norm(x) @ w^T, as
         rstd (z @ w^T - mean w g) + w b: mean and rstd from the band statistics (BAND columns
         a band), w g and w b (the norm's weight and bias through w) in wg_ptr, wb_ptr. So the
-        norm costs the matmul an epilogue and no kernel, nor any work in its stream.
-
-        QUERY (with RESIDUAL; `QueryFold`): programs past the output's bands are the next
-        cross query's, partial sums q_part [2 K / K_SPLIT, M, N] of qx @ qw^T (the stream
-        times the norm's weight, by the query, scaled by qs where SCALE) and of x @ q2w^T (the
-        attention output, by the query through this projection, in x's dtype). So the query
-        costs this kernel more programs and no dependent stage of its own."""
-        if QUERY:
-            splits = K // K_SPLIT
-            bands = tl.cdiv(N, BLOCK_N)
-            band, part = tl.program_id(0), tl.program_id(2)
-            if band >= bands:
-                m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-                n = (band - bands) * BLOCK_N + tl.arange(0, BLOCK_N)
-                if part < splits:
-                    _partial_sums(
-                        qx_ptr, qw_ptr, qs_ptr, q_part_ptr, m, n, part, part * K_SPLIT, M, N, K,
-                        K_SPLIT, SCALE, BLOCK_K, LINE, PDL,
-                    )  # fmt: skip
-                else:
-                    _partial_sums(
-                        x_ptr, q2w_ptr, q2w_ptr, q_part_ptr, m, n, part, (part - splits) * K_SPLIT,
-                        M, N, K, K_SPLIT, False, BLOCK_K, LINE, PDL,
-                    )  # fmt: skip
-            elif part < splits:
-                _stream_program(
-                    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, stats_ptr, count_ptr, wg_ptr,
-                    wb_ptr, z_ptr, g_ptr, zq_ptr, gq_ptr, eps, M, N, K, K_SPLIT, SCALE, GROUP,
-                    GELU, BIAS, NORM, BAND, BLOCK_BANDS, RESIDUAL, SCALED, SCALED_QUERY, BLOCK_M,
-                    BLOCK_N, BLOCK_K, LINE, PDL,
-                )  # fmt: skip
-        else:
-            _stream_program(
-                x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, stats_ptr, count_ptr, wg_ptr, wb_ptr,
-                z_ptr, g_ptr, zq_ptr, gq_ptr, eps, M, N, K, K_SPLIT, SCALE, GROUP, GELU, BIAS,
-                NORM, BAND, BLOCK_BANDS, RESIDUAL, SCALED, SCALED_QUERY, BLOCK_M, BLOCK_N,
-                BLOCK_K, LINE, PDL,
-            )  # fmt: skip
-
-    @triton.jit
-    def _stream_program(
-        x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, stats_ptr, count_ptr, wg_ptr, wb_ptr,
-        z_ptr, g_ptr, zq_ptr, gq_ptr, eps, M, N,
-        K: tl.constexpr, K_SPLIT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
-        GELU: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr, BAND: tl.constexpr,
-        BLOCK_BANDS: tl.constexpr, RESIDUAL: tl.constexpr, SCALED: tl.constexpr,
-        SCALED_QUERY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        """A program (band, block of rows, split) of `_skinny_linear_kernel`'s matmul."""
+        norm costs the matmul an epilogue and no kernel, nor any work in its stream."""
         m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         k_start = tl.program_id(2) * K_SPLIT
@@ -818,52 +743,20 @@ if triton is not None:
                         acc, y_ptr, stats_ptr, m, n, tl.program_id(0), M, N, dtype
                     )
                     tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=keep)
-                    _scaled_streams(
-                        acc, z_ptr, g_ptr, zq_ptr, gq_ptr, at, n, N, keep, SCALED, SCALED_QUERY
-                    )
+                    _scaled_stream(acc, z_ptr, g_ptr, at, n, N, keep)
         else:
             acc = _linear_epilogue(acc, n, N, s_ptr, b_ptr, dtype, False, BIAS, GELU)
             if RESIDUAL:
                 acc = _residual_epilogue(acc, y_ptr, stats_ptr, m, n, tl.program_id(0), M, N, dtype)
-                _scaled_streams(
-                    acc, z_ptr, g_ptr, zq_ptr, gq_ptr, at, n, N, keep, SCALED, SCALED_QUERY
-                )
+                _scaled_stream(acc, z_ptr, g_ptr, at, n, N, keep)
             tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=keep)
 
     @triton.jit
-    def _partial_sums(
-        x_ptr, w_ptr, s_ptr, part_ptr, m, n, part, k_start, M, N, K: tl.constexpr,
-        K_SPLIT: tl.constexpr, SCALE: tl.constexpr, BLOCK_K: tl.constexpr, LINE: tl.constexpr,
-        PDL: tl.constexpr,
-    ):  # fmt: skip
-        """part_ptr[part, m, n] = x[m, k_start:k_start + K_SPLIT] @ w[n, same]^T in float32
-        (times w's scales per output channel where SCALE)."""
-        if PDL:
-            _prefetch_band(w_ptr, n, N, k_start, K, K_SPLIT, BLOCK_K, LINE)
-        _wait_for_inputs(PDL)
-        acc = _stream_tile(
-            x_ptr, w_ptr, s_ptr, m, n, k_start, M, N, K, K_SPLIT, BLOCK_K, 0, w_ptr, w_ptr, 0.0,
-            0.0, False,
-        )  # fmt: skip
-        if SCALE:
-            acc *= tl.load(s_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
-        keep = (m[:, None] < M) & (n[None, :] < N)
-        tl.store(part_ptr + part * M * N + m[:, None] * N + n[None, :], acc, mask=keep)
-
-    @triton.jit
-    def _scaled_streams(
-        x, z_ptr, g_ptr, zq_ptr, gq_ptr, at, n, N, keep, SCALED: tl.constexpr,
-        SCALED_QUERY: tl.constexpr,
-    ):  # fmt: skip
+    def _scaled_stream(x, z_ptr, g_ptr, at, n, N, keep):
         """z = x * g, the residual stream times the next layer norm's weight, in z's dtype: what
-        the matmul after that norm streams (see `_skinny_linear_kernel`); and zq = x * gq, the
-        stream times the next cross-attention norm's weight, for a `QueryFold`."""
-        if SCALED:
-            g = tl.load(g_ptr + n, mask=n < N, other=0.0).to(tl.float32)
-            tl.store(z_ptr + at, (x * g[None, :]).to(z_ptr.dtype.element_ty), mask=keep)
-        if SCALED_QUERY:
-            g = tl.load(gq_ptr + n, mask=n < N, other=0.0).to(tl.float32)
-            tl.store(zq_ptr + at, (x * g[None, :]).to(zq_ptr.dtype.element_ty), mask=keep)
+        the matmul after that norm streams (see `_skinny_linear_kernel`)."""
+        g = tl.load(g_ptr + n, mask=n < N, other=0.0).to(tl.float32)
+        tl.store(z_ptr + at, (x * g[None, :]).to(z_ptr.dtype.element_ty), mask=keep)
 
 
 # (block_n, block_k, warps, stages) of the stream kernel. Deeper pipelines pay on the long
@@ -909,39 +802,6 @@ class StreamStats:
     scaled: Tensor
     counters: Tensor
     band: int = 0
-    scaled_query: Tensor | None = None  # the stream times the next cross norm's (`QueryFold`)
-
-
-@dataclass
-class QueryFold:
-    """A layer's cross query, folded into the self-attention's output projection before it: one
-    dependent stage a layer fewer (-4 us a layer at one row; `Runtime._layer_folded`). With
-    h = x + a Wo^T + bo the stream after that projection, and g, b the cross norm's weight
-    and bias,
-        layer_norm(h) Wq^T + bq = rstd ((x g) Wq^T + a (Wq diag(g) Wo)^T + shift - mean Wq g)
-                                  + Wq b + bq,    shift = Wq (g bo),
-    whose two products read what the projection reads (x g left by the stream's writer, a its
-    input), so its kernel computes them beside its own (`skinny_linear`'s `query`), and the
-    cross-attention applies mean and rstd, the projection's statistics, as it loads the
-    query (`cross_attention`'s `fold`)."""
-
-    query: Tensor | QuantizedWeight  # Wq
-    # Wq diag(g) Wo in the activations' dtype, also where Wq is int8 / fp8: a second
-    # quantization's error on the query is not worth the 1-2 MB a layer it would save.
-    through_out: Tensor
-    wg: Tensor  # Wq g, float32
-    shift: Tensor  # Wq (g bo), float32
-    bias: Tensor  # Wq b + bq, float32
-    eps: float
-
-    @classmethod
-    def of(cls, block: nn.Module, dtype: torch.dtype) -> QueryFold:
-        query, out, ln = block.cross_attn.query, block.attn.out, block.cross_attn_ln
-        wq, g = query.weight.float(), ln.weight.float()  # a QuantizedWeight dequantizes
-        return cls(
-            query.weight, ((wq * g) @ out.weight.float()).to(dtype), wq @ g,
-            wq @ (g * out.bias.float()), wq @ ln.bias.float() + query.bias.float(), ln.eps,
-        )  # fmt: skip
 
 
 def skinny_linear(
@@ -956,9 +816,7 @@ def skinny_linear(
     partial: bool = False,
     stats: StreamStats | None = None,
     norm: tuple[Tensor, Tensor, float] | None = None,
-    residual: tuple[Tensor, Tensor | None] | None = None,
-    scaled_query: Tensor | None = None,
-    query: tuple[Tensor, Tensor, Tensor | None, Tensor] | None = None,
+    residual: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """The Triton stream kernel: x [M, K] @ w^T (* quantize's scales, + b, then GELU)
     into `out` or a new [M, N] in x's dtype. config: (block_n, block_k, warps, stages); K must
@@ -967,12 +825,9 @@ def skinny_linear(
     (`add_layer_norm`, `cross_attention`), which let a matmul with few output bands split its K
     over more programs (`stream_splits`).
     The folded layer norms (see `_skinny_linear_kernel`), with `stats`: `residual` (stream,
-    g or None), no GELU: the output is added into the residual stream [M, N] in place, which
-    is returned, leaving its statistics and stream * g in `stats` for the next `norm`;
-    `scaled_query` (gq): stream * gq too, in stats.scaled_query for the next `QueryFold`.
-    `norm` (w g, w b, eps): x is that stream * g, and the output is of the norm's output.
-    `query` (stream * gq, the query's weight and scales, its weight through w), with
-    `residual`: the same kernel also computes a `QueryFold`'s partial sums, which it returns."""
+    g), no GELU: the output is added into the residual stream [M, N] in place, which is
+    returned, leaving its statistics and stream * g in `stats` for the next `norm`. `norm`
+    (w g, w b, eps): x is that stream * g, and the output is of the norm's output."""
     x = x.contiguous()  # the kernel indexes rows of K
     M, K = x.shape
     N = w.shape[0]
@@ -981,7 +836,7 @@ def skinny_linear(
     splits = stream_splits(N, K, config) if split else 1
     bands = K // stats.band if norm is not None else 1  # the bands the stream's writer left
     wg, wb, eps = (w, w, 0.0) if norm is None else norm
-    stream, g = (w, None) if residual is None else residual
+    stream, g = (w, w) if residual is None else residual
     if residual is not None:
         y, part = stream, stream.new_empty(splits, M, N, dtype=torch.float32)
         stats.band = block_n
@@ -989,25 +844,16 @@ def skinny_linear(
         y = part = torch.empty(splits, M, N, device=x.device, dtype=torch.float32)
     else:
         y = part = torch.empty(M, N, device=x.device, dtype=x.dtype) if out is None else out
-    qx, qw, qs, q2w = (w, w, None, w) if query is None else query
-    programs = 2 if query is not None else 1  # the query's bands, over both its products
-    q_part = torch.empty(2 * splits, M, N, device=x.device, dtype=torch.float32) if query else w
-    grid = (triton.cdiv(N, block_n) * programs, triton.cdiv(M, 16), splits * programs)
-    _skinny_linear_kernel[grid](
+    _skinny_linear_kernel[(triton.cdiv(N, block_n), triton.cdiv(M, 16), splits)](
         x, w, scale if scale is not None else w, b if b is not None else w, y, part,
         stats.stats if stats is not None else w, stats.counters if stats is not None else w,
-        wg, wb, stats.scaled if stats is not None else w, g if g is not None else w,
-        stats.scaled_query if scaled_query is not None else w,
-        scaled_query if scaled_query is not None else w, qx.contiguous(), qw,
-        qs if qs is not None else w, q2w, q_part, eps, M, N, K=K,
+        wg, wb, stats.scaled if stats is not None else w, g, eps, M, N, K=K,
         K_SPLIT=K // splits, **scale_layout(scale, K), GELU=gelu, BIAS=b is not None,
         NORM=norm is not None, BAND=K // bands, BLOCK_BANDS=triton.next_power_of_2(bands),
-        RESIDUAL=residual is not None, SCALED=g is not None,
-        SCALED_QUERY=scaled_query is not None, QUERY=query is not None, BLOCK_M=16,
-        BLOCK_N=block_n, BLOCK_K=block_k, LINE=128 // w.element_size(), num_warps=warps,
-        num_stages=stages, **_launch(x),
+        RESIDUAL=residual is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+        LINE=128 // w.element_size(), num_warps=warps, num_stages=stages, **_launch(x),
     )  # fmt: skip
-    return q_part if query is not None else y
+    return y
 
 
 def _torch_linear(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool) -> Tensor:
@@ -1109,21 +955,15 @@ def folded_linear(
     stats: StreamStats,
     partial: bool = False,
     norm: tuple[Tensor, Tensor, float] | None = None,
-    residual: tuple[Tensor, Tensor | None] | None = None,
-    scaled_query: Tensor | None = None,
-    query: tuple[Tensor, QueryFold] | None = None,
+    residual: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """`linear` on the stream kernel with a folded layer norm (`skinny_linear`'s `norm`,
-    `residual`, `scaled_query` and `query`: (stream * gq, the fold)), in `stream_config`'s
-    config."""
+    """`linear` on the stream kernel with a folded layer norm (`skinny_linear`'s `norm` and
+    `residual`), in `stream_config`'s config."""
     config = stream_config(x, w)
     data, scale = weight_and_scale(w)
-    if query is not None:
-        scaled, fold = query
-        query = (scaled, *weight_and_scale(fold.query), fold.through_out)
     return skinny_linear(
         x, data, b, gelu, config, scale, partial=partial, stats=stats, norm=norm,
-        residual=residual, scaled_query=scaled_query, query=query,
+        residual=residual,
     )  # fmt: skip
 
 
@@ -1199,24 +1039,20 @@ def add_layer_norm(
 def embed_layer_norm(
     token: Tensor, pos: Tensor, token_embedding: Tensor, positional_embedding: Tensor,
     ln: nn.LayerNorm, scale: Tensor | None = None,
-    scaled_query: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The start of a decode step in one kernel: (x, layer_norm(x)) for
     x = token_embedding[token] (times its `scale`s: quantize's int8 rows) +
-    positional_embedding[pos], one row per token, in the positional embedding's dtype.
-    `scaled_query` (zq, gq): also zq = x * gq, for the first layer's `QueryFold`."""
+    positional_embedding[pos], one row per token, in the positional embedding's dtype."""
     rows, D = token.shape[0], token_embedding.shape[1]
     x = torch.empty(rows, D, device=token.device, dtype=positional_embedding.dtype)
     h = torch.empty_like(x)
     block = triton.next_power_of_2(D)
     # columns per scale: quantize's scales are per row ([V], one group of D) or [V, D // group]
     group = 0 if scale is None else D // (scale.numel() // scale.shape[0])
-    zq, gq = (x, x) if scaled_query is None else scaled_query
     _embed_layer_norm_kernel[(rows,)](
         token, pos, token_embedding, scale if scale is not None else token_embedding,
-        positional_embedding, ln.weight, ln.bias, x, h, zq, gq, D, ln.eps, GROUP=group,
-        SCALED_QUERY=scaled_query is not None, BLOCK=block, num_warps=8 if block >= 2048 else 4,
-        **_launch(x),
+        positional_embedding, ln.weight, ln.bias, x, h, D, ln.eps, GROUP=group, BLOCK=block,
+        num_warps=8 if block >= 2048 else 4, **_launch(x),
     )  # fmt: skip
     return x, h
 
@@ -1237,21 +1073,12 @@ def decode_attention(qkv: Tensor, bias: Tensor, cache: Tensor, pos: Tensor, n_he
 
 
 def cross_attention(
-    q: Tensor,
-    q_bias: Tensor,
-    kv: Tensor,
-    windows: int,
-    n_head: int,
-    keys: int | None = None,
-    *,
-    fold: tuple[StreamStats, QueryFold] | None = None,
+    q: Tensor, q_bias: Tensor, kv: Tensor, windows: int, n_head: int, keys: int | None = None
 ) -> Tensor:
     """A decode step's cross-attention: the query before its bias, [windows * group, D] or a
     split matmul's partial sums [splits, windows * group, D], rows grouped by window;
     kv [>= windows, n_audio_ctx, 2D], each window's K then V -> out [rows, D]. Each program
     attends to `keys` of a window's keys for a head (by default `cross_keys`').
-    `fold`: q is a `QueryFold`'s partial sums, normalized here from the stream's statistics
-    (q_bias: the fold's `bias`).
     For 16-bit dtypes with 64-wide heads (every Whisper), whose key rows are 128-byte lines."""
     rows, D = q.shape[-2:]
     group, A, dh = rows // windows, kv.shape[1], D // n_head
@@ -1261,14 +1088,10 @@ def cross_attention(
     l = torch.empty_like(m)
     acc = torch.empty(rows, n_head, splits, dh, device=q.device, dtype=torch.float32)
     pdl = _launch(q)
-    stats, query = fold if fold is not None else (None, None)
-    bands = D // stats.band if stats is not None else 1
     _cross_attention_kernel[(windows, n_head, splits)](
-        q.contiguous(), q_bias, kv, m, l, acc, stats.stats if stats else q, query.wg if query else q,
-        query.shift if query else q, query.eps if query else 0.0, A, dh**-0.5, N_HEAD=n_head,
+        q.contiguous(), q_bias, kv, m, l, acc, A, n_head, dh**-0.5,
         Q_SPLITS=q.shape[0] if q.dim() == 3 else 0, GROUP=group,
         BLOCK_G=max(16, triton.next_power_of_2(group)), DH=dh, KEYS=keys, BLOCK_T=128,
-        NORM=fold is not None, BAND=D // bands, BLOCK_BANDS=triton.next_power_of_2(bands),
         num_warps=4, **pdl,
     )  # fmt: skip
     out = torch.empty(rows, D, device=q.device, dtype=kv.dtype)
@@ -1395,10 +1218,6 @@ class Runtime:
             )
             for block in self.model.decoder.blocks
         ] if self.fused else []  # fmt: skip
-        half = self.fused and dtype != torch.float32  # where the layers fold (`_folds`)
-        self._query_folds = (
-            [QueryFold.of(b, dtype) for b in self.model.decoder.blocks] if half else []
-        )
 
     # --- static buffers --------------------------------------------------------------------
 
@@ -1433,7 +1252,6 @@ class Runtime:
             torch.zeros(D // 16 * rows * 2, device=dev),
             torch.zeros(rows, D, device=dev, dtype=dt),
             torch.zeros(1024, device=dev, dtype=torch.int32),
-            scaled_query=torch.zeros(rows, D, device=dev, dtype=dt),
         )
         self.logits = torch.zeros(rows, cfg.n_vocab, device=dev)
         self.bias = torch.zeros(cfg.n_vocab, device=dev)  # added to the logits: -inf suppresses
@@ -1635,21 +1453,15 @@ class Runtime:
         blocks = dec.blocks
         embedding = dec.token_embedding
         data, scale = weight_and_scale(embedding.weight)
-        folds = self._folds(rows)
-        query = folds and FOLD_QUERY
-        scaled_query = (self.stream_stats.scaled_query[:rows], blocks[0].cross_attn_ln.weight)
         x, h = embed_layer_norm(
-            token, pos, data, dec.positional_embedding, blocks[0].attn_ln, scale,
-            scaled_query if query else None,
-        )  # fmt: skip
+            token, pos, data, dec.positional_embedding, blocks[0].attn_ln, scale
+        )
+        folds = self._folds(rows)
+        layer = self._layer_folded if folds else self._layer_fused
         for i, block in enumerate(blocks):
             last = i + 1 == len(blocks)
             next_ln = dec.ln if last else blocks[i + 1].attn_ln
-            if folds:
-                next_cross_ln = None if last or not query else blocks[i + 1].cross_attn_ln
-                h = self._layer_folded(block, i, x, h, windows, next_ln, next_cross_ln, last)
-            else:
-                h = self._layer_fused(block, i, x, h, windows, next_ln, last)
+            h = layer(block, i, x, h, windows, next_ln, last)
         if select and folds:
             return self._logits_select(h, rows)
         if scale is None:
@@ -1689,15 +1501,13 @@ class Runtime:
 
     def _layer_folded(
         self, block: nn.Module, i: int, x: Tensor, h: Tensor, windows: int,
-        next_ln: nn.LayerNorm, next_cross_ln: nn.LayerNorm | None, last: bool,
+        next_ln: nn.LayerNorm, last: bool,
     ) -> Tensor | None:  # fmt: skip
-        """`_layer_fused` in 8 kernels instead of 12: each residual add is the epilogue of the
+        """`_layer_fused` in 9 kernels instead of 12: each residual add is the epilogue of the
         matmul before it, and each layer norm the epilogue of the matmul after it, from what
-        the first leaves in self.stream_stats (`_skinny_linear_kernel`); the cross query is
-        computed beside the self-attention's output projection (`QueryFold`, where the
-        stream's writer left the stream times this layer's cross norm weight: the next
-        layer's when `next_cross_ln` is given). h is used by the first layer only (the
-        embedding kernel's norm); returns next_ln(x) in self.hidden if last."""
+        the first leaves in self.stream_stats (`_skinny_linear_kernel`). h is used by the
+        first layer only (the embedding kernel's norm); returns next_ln(x) in self.hidden if
+        last."""
         rows, stats = x.shape[0], self.stream_stats
         stream = functools.partial(folded_linear, stats=stats)
         scaled = stats.scaled[:rows]  # x times the next norm's weight
@@ -1705,27 +1515,17 @@ class Runtime:
         qkv, out = block.attn.qkv, block.attn.out
         q = stream(h, qkv.weight) if i == 0 else stream(scaled, qkv.weight, norm=qkv_norm)
         a = decode_attention(q, qkv.bias, self.self_kv[i], self.pos[:rows], self.n_head)
-        query, cross_kv = block.cross_attn.query, self.cross_kv[i]
-        if FOLD_QUERY:
-            fold = self._query_folds[i]
-            q = stream(
-                a, out.weight, out.bias, residual=(x, None),
-                query=(stats.scaled_query[:rows], fold),
-            )  # fmt: skip
-            c = cross_attention(q, fold.bias, cross_kv, windows, self.n_head, fold=(stats, fold))
-        else:
-            stream(a, out.weight, out.bias, residual=(x, block.cross_attn_ln.weight))
-            q = stream(scaled, query.weight, partial=True, norm=query_norm)
-            c = cross_attention(q, query.bias, cross_kv, windows, self.n_head)
-        out = block.cross_attn.out
+        stream(a, out.weight, out.bias, residual=(x, block.cross_attn_ln.weight))
+        query, out = block.cross_attn.query, block.cross_attn.out
+        q = stream(scaled, query.weight, partial=True, norm=query_norm)
+        c = cross_attention(q, query.bias, self.cross_kv[i], windows, self.n_head)
         stream(c, out.weight, out.bias, residual=(x, block.mlp_ln.weight))
         fc1, fc2 = block.mlp[0], block.mlp[2]
         m = stream(scaled, fc1.weight, fc1.bias, gelu=True, norm=fc1_norm)
         if last:  # the step's final norm is kept in self.hidden
             m = linear(m, fc2.weight, partial=True)
             return add_layer_norm(x, m, fc2.bias, next_ln, out=self.hidden[:rows])
-        scaled_query = next_cross_ln.weight if next_cross_ln is not None else None
-        stream(m, fc2.weight, fc2.bias, residual=(x, next_ln.weight), scaled_query=scaled_query)
+        stream(m, fc2.weight, fc2.bias, residual=(x, next_ln.weight))
         return None
 
     def _logits_select(self, h: Tensor, rows: int) -> None:
