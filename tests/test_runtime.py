@@ -347,7 +347,8 @@ for keys in (128, 256):
     out = R.cross_attention(q, q_bias, kv, W, H, keys)
     assert rel(out, ref.transpose(1, 2).reshape(W * G, H * dh)) < 2e-3
 
-# Beam search's reorder: rows that are each other's sources, a prefix of the positions.
+# Beam search's reorder: rows that are each other's sources, a prefix of the positions, a row
+# that keeps its own (3).
 cache = torch.randn(2, 5, 4, 16, 8, generator=g).to(dt)
 source = torch.tensor([1, 0, 0, 3])
 expected = cache.clone()
@@ -365,6 +366,44 @@ def test_step_kernels_in_the_interpreter():
     the embedding (float16 or int8) + layer norm, cross-attention split over the keys, and
     beam search's reorder of the self K,V."""
     run_interpreted(STEP_KERNELS)
+
+
+FOLDED_STEP = """
+import torch
+from whisperforge import runtime as R
+from whisperforge.model import ModelConfig
+from whisperforge.presets import random_model
+from whisperforge.quantize import quantize_model
+
+config = ModelConfig(
+    n_mels=80, n_audio_ctx=8, n_audio_state=512, n_audio_head=8, n_audio_layer=1,
+    n_vocab=1000, n_text_ctx=16, n_text_state=512, n_text_head=8, n_text_layer=2,
+)  # D = 512: the step's matmuls split K in two
+torch.set_grad_enabled(False)
+g = torch.Generator().manual_seed(0)
+mel = torch.randn(2, 80, 16, generator=g)
+tokens = torch.randint(0, 1000, (4, 5), generator=g)  # 2 windows x 2 rows
+for weights in (None, "int8"):
+    model = random_model(config, seed=0)
+    if weights:
+        model = quantize_model(model, weights, dynamic=False)
+    features = model.encoder(mel)
+    hidden = model.decoder(tokens, audio_features=features.repeat_interleave(2, 0))
+    expected = model.decoder.logits(hidden[:, -1])
+    runtime = R.Runtime(model, "float16", max_windows=2, max_rows=4, graphs=False)
+    assert runtime._folds(4)
+    batch = runtime.prefill(runtime.cross(features.half()), tokens[:, :4], group=2)
+    logits = runtime.step(batch, tokens[:, 4])
+    error = float((logits - expected).norm() / expected.norm())
+    assert error < 2e-3, (weights, error)
+print("ok")
+"""
+
+
+def test_folded_step_in_the_interpreter():
+    """A whole decode step with the layer norms folded into its matmuls (`_layer_folded`) in
+    Triton's CPU interpreter, on float16 and int8 weights, against the plain model's logits."""
+    run_interpreted(FOLDED_STEP)
 
 
 GREEDY_KERNELS = """

