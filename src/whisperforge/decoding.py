@@ -117,9 +117,12 @@ class SuppressBlank(LogitFilter):
 @dataclass
 class SuppressTokens(LogitFilter):
     suppress: list[int]
+    _index: Tensor | None = field(default=None, init=False, repr=False)
 
     def apply(self, logits: Tensor, tokens: Tensor) -> None:
-        logits[:, self.suppress] = -np.inf
+        if self._index is None or self._index.device != logits.device:  # not a copy a step
+            self._index = torch.tensor(self.suppress, dtype=torch.long, device=logits.device)
+        logits.index_fill_(1, self._index, -np.inf)
 
 
 @dataclass
@@ -162,7 +165,8 @@ class ApplyTimestampRules(LogitFilter):
         logprobs = F.log_softmax(logits.float(), dim=-1)
         timestamp_logprob = logprobs[:, tb:].logsumexp(dim=-1)
         max_text_logprob = logprobs[:, :tb].max(dim=-1).values
-        logits[timestamp_logprob > max_text_logprob, :tb] = -np.inf
+        # A mask, not indexing by it: that would wait for the GPU to count the rows.
+        logits[:, :tb].masked_fill_((timestamp_logprob > max_text_logprob)[:, None], -np.inf)
 
 
 # --- searches --------------------------------------------------------------------------------
