@@ -406,6 +406,54 @@ def test_folded_step_in_the_interpreter():
     run_interpreted(FOLDED_STEP)
 
 
+TIMESTAMP_RULES = """
+import types
+import torch
+from whisperforge import runtime as R
+from whisperforge.decoding import ApplyTimestampRules
+
+# An English model's ids (tiny.en): the rules read only these three.
+ids = types.SimpleNamespace(eot=50256, no_timestamps=50362, timestamp_begin=50363)
+V, tb, text = 51864, 50363, 300
+g = torch.Generator().manual_seed(0)
+
+def check(sampled, max_initial, dtype, boost=()):
+    rows, sb = len(sampled), 3
+    tokens = torch.tensor([[50257, 50362, 50359] + s for s in sampled])
+    logits = (torch.randn(rows, V, generator=g) * 3).to(dtype)
+    for r in boost:  # the timestamps' mass beats the best text token: only timestamps remain
+        logits[r, tb:] += 12
+    expected, got = logits.clone(), logits.clone()
+    ApplyTimestampRules(ids, sb, max_initial).apply(expected, tokens)  # the torch path (CPU)
+    R.timestamp_rules(got, tokens[:, sb:], tokens.shape[1] == sb, tb, ids.eot, ids.no_timestamps, max_initial)
+    assert torch.equal(got, expected), (sampled, max_initial, (got != expected).nonzero()[:5])
+
+for dtype in (torch.float32, torch.float16):
+    check([[], []], 50, dtype, boost=[1])  # the first sampled token: a timestamp, at most 1 s
+    check([[], []], None, dtype)
+    check([[tb + 4], [text]], None, dtype)  # one token: a timestamp closes a pair
+    check(
+        [
+            [tb, text, text, text],  # text after a timestamp: none before tb + 1
+            [text, text, tb + 5, tb + 7],  # a pair closed: text must follow
+            [tb + 2, text, text, tb + 9],  # a segment ended: a timestamp >= tb + 9 or EOT
+            [text, text, text, text],  # no timestamp yet
+            [tb + 1, tb + 1, text, tb + 3],
+            [text, text, text, text],
+        ],
+        None, dtype, boost=[3, 5],
+    )  # fmt: skip
+print("ok")
+"""
+
+
+def test_timestamp_rules_in_the_interpreter():
+    """The timestamp rules' kernel (`runtime.timestamp_rules`, CUDA only) in Triton's CPU
+    interpreter against `decoding.ApplyTimestampRules`' torch path: each rule, the first
+    step's, and the last rule (timestamps winning the step) both ways, float32 and float16."""
+    run_interpreted(TIMESTAMP_RULES)
+
+
 GREEDY_KERNELS = """
 import torch
 from whisperforge import runtime as R
