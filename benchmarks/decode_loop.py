@@ -1,0 +1,77 @@
+"""What `decoding.decode` costs a step on the GPU, the host's time included (issue 4).
+
+With real tiny.en a decode step is ~0.1 ms of GPU work, so the rest of a step's time is the
+decode loop's own: the logit filters, the search's choice and its copy to the host, beam
+search's reorder. Beam 5 and greedy, with timestamps (as `transcribe` decodes), on one 30 s
+window (the clips put end to end) and on 16 windows (one clip each) at once; median ms per
+step over `--runs` after three warm-ups, tokens per run printed so that code versions compare.
+
+    python3 benchmarks/decode_loop.py --model /tmp/tiny.en --audio clips.npz
+
+clips.npz: 16 kHz int16 clips by name (as `gpu.py --check` takes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from whisperforge import WhisperModel
+from whisperforge.audio import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel_spectrogram, pad_or_trim
+from whisperforge.decoding import DecodingOptions, decode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True, help="a model directory (tiny.en unpacked)")
+    parser.add_argument("--audio", required=True, help="npz of 16 kHz int16 clips")
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    model = WhisperModel(args.model, device="cuda", compute_type="float16")
+    clips = np.load(args.audio)
+    audio = [clips[name].astype(np.float32) / 32768 for name in clips.files]
+    n_mels = model.model.config.n_mels
+
+    def features(windows: list[np.ndarray]) -> torch.Tensor:
+        mel = [
+            pad_or_trim(log_mel_spectrogram(a, n_mels, N_SAMPLES, "cuda"), N_FRAMES)
+            for a in windows
+        ]
+        return model.encode(torch.stack(mel).half())
+
+    inputs = {
+        "1 window": features([np.concatenate(audio)[: 30 * SAMPLE_RATE]]),
+        "16 windows": features([audio[i % len(audio)] for i in range(16)]),
+    }
+    tokenizer = model.tokenizer.with_options("en", "transcribe")
+    print(torch.cuda.get_device_name(), flush=True)
+    for beam in (5, None):
+        options = DecodingOptions(beam_size=beam, language="en")
+        for name, audio_features in inputs.items():
+            times = []
+            with torch.inference_mode():
+                for run in range(args.runs + 3):
+                    start = time.perf_counter()
+                    results = decode(model.decode_model, tokenizer, audio_features, options)
+                    torch.cuda.synchronize()
+                    if run >= 3:
+                        times.append(time.perf_counter() - start)
+            tokens = [len(r.tokens) for r in results]
+            steps = max(tokens) + 1
+            print(
+                f"beam {beam or 1}, {name}: {sum(tokens)} tokens, "
+                f"{statistics.median(times) * 1e3 / steps:.3f} ms per step",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
