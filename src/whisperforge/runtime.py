@@ -1178,14 +1178,16 @@ def timestamp_rules(
     max_initial: int | None,
 ) -> None:  # fmt: skip
     """`decoding.ApplyTimestampRules.apply` in one kernel: logits [rows, V] (contiguous) in
-    place, given each row's sampled tokens [rows, n] (a view of the tokens so far); `first`:
-    this step samples the first token (then `max_initial`, if given, bounds its timestamp)."""
+    place, given each row's sampled tokens [rows, n] (a view of the tokens so far, its rows'
+    elements adjacent); `first`: this step samples the first token (then `max_initial`, if
+    given, bounds its timestamp). The tokens are read 512 at a time (a row holds up to 448),
+    so one compiled kernel serves every step."""
     rows, V = logits.shape
     n = sampled.shape[1]
     _timestamp_rules_kernel[(rows,)](
         logits, sampled, sampled.stride(0), n, max_initial if max_initial is not None else 0,
         V=V, tb=tb, eot=eot, no_timestamps=no_timestamps, SAMPLED=n > 0, FIRST=first,
-        INITIAL=first and max_initial is not None, BLOCK_T=triton.next_power_of_2(max(n, 1)),
+        INITIAL=first and max_initial is not None, BLOCK_T=max(512, triton.next_power_of_2(n)),
         BLOCK_V=4096, num_warps=8,
     )  # fmt: skip
 
@@ -1315,7 +1317,6 @@ class Runtime:
         self.mel = torch.zeros(windows, cfg.n_mels, 2 * A, device=dev, dtype=dt)
         # Loop state, one entry per row.
         self.token = torch.zeros(rows, dtype=torch.long, device=dev)  # the token to feed next
-        self.reorder_source = torch.zeros(rows, dtype=torch.long, device=dev)  # `reorder`'s
         self.pos = torch.zeros(rows, dtype=torch.long, device=dev)  # its position = row length
         self.finished = torch.zeros(rows, dtype=torch.bool, device=dev)
         self.sum_logprobs = torch.zeros(rows, dtype=torch.float32, device=dev)
@@ -1335,6 +1336,7 @@ class Runtime:
         self.row_index = torch.arange(rows, device=dev)
         self.head_index = torch.arange(2 * H, device=dev)
         self.key_index = torch.arange(T, device=dev)
+        self.reorder_source = torch.zeros(rows, dtype=torch.long, device=dev)  # `reorder`'s graphs'
 
     def _reserve(self, windows: int, rows: int) -> None:
         if windows > self.max_windows or rows > self.max_rows:
