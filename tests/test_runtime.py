@@ -425,7 +425,8 @@ def check(sampled, max_initial, dtype, boost=()):
         logits[r, tb:] += 12
     expected, got = logits.clone(), logits.clone()
     ApplyTimestampRules(ids, sb, max_initial).apply(expected, tokens)  # the torch path (CPU)
-    R.timestamp_rules(got, tokens[:, sb:], tokens.shape[1] == sb, tb, ids.eot, ids.no_timestamps, max_initial)
+    rules = R.TimestampRules(tb, ids.eot, ids.no_timestamps, max_initial)
+    R.timestamp_rules(got, tokens[:, sb:], rules, tokens.shape[1] - sb)
     assert torch.equal(got, expected), (sampled, max_initial, (got != expected).nonzero()[:5])
 
 for dtype in (torch.float32, torch.float16):
@@ -452,6 +453,57 @@ def test_timestamp_rules_in_the_interpreter():
     interpreter against `decoding.ApplyTimestampRules`' torch path: each rule, the first
     step's, and the last rule (timestamps winning the step) both ways, float32 and float16."""
     run_interpreted(TIMESTAMP_RULES)
+
+
+GREEDY_WITH_RULES = """
+import types
+import torch
+from whisperforge import runtime as R
+from whisperforge.decoding import ApplyTimestampRules
+from whisperforge.model import ModelConfig
+from whisperforge.presets import random_model
+
+config = ModelConfig(
+    n_mels=80, n_audio_ctx=8, n_audio_state=128, n_audio_head=2, n_audio_layer=1,
+    n_vocab=600, n_text_ctx=32, n_text_state=128, n_text_head=2, n_text_layer=2,
+)  # ids 500 and up are "timestamps": the rules have room to act
+ids = types.SimpleNamespace(eot=400, no_timestamps=499, timestamp_begin=500)
+torch.set_grad_enabled(False)
+g = torch.Generator().manual_seed(1)
+model = random_model(config, seed=0)
+rt = R.Runtime(model, "float16", max_windows=2, max_rows=2, graphs=False)
+cross = rt.cross(model.encoder(torch.randn(2, 80, 16, generator=g)).half())
+prompts = torch.randint(0, 400, (2, 4), generator=g)
+suppress, first = [7, *range(401, 499)], [3]  # the special tokens, as decoding suppresses
+steps = 20
+
+# decoding's host loop on the runtime's logits: torch rules, then the choice
+batch = rt.prefill(cross, prompts)
+rules = ApplyTimestampRules(ids, 4, 10)
+tokens, logits = prompts.clone(), rt.logits[:2].clone()
+for i in range(steps):
+    logits[:, suppress + (first if i == 0 else [])] = float("-inf")
+    rules.apply(logits, tokens)
+    choice = logits.argmax(dim=-1)
+    choice[tokens[:, -1] == ids.eot] = ids.eot
+    tokens = torch.cat([tokens, choice[:, None]], dim=1)
+    logits = rt.step(batch, choice).clone()
+expected = tokens[:, 4:]
+assert (expected >= 500).any() and (expected < 400).any(), expected  # both kinds were chosen
+
+# the device loop with the rules' kernel before each choice
+batch = rt.prefill(cross, prompts)
+got = rt.greedy(batch, steps, ids.eot, suppress, first, check_every=0, rules=rules.rules()).tokens
+assert torch.equal(got, expected), (got, expected)
+print("ok")
+"""
+
+
+def test_greedy_with_timestamp_rules_in_the_interpreter():
+    """`Runtime.greedy` with the timestamp rules' kernel before each choice (the device loop
+    `decoding.decode` runs for greedy with timestamps) gives decoding's host loop's tokens:
+    the torch rules and an argmax over the same runtime's logits, in Triton's interpreter."""
+    run_interpreted(GREEDY_WITH_RULES)
 
 
 GREEDY_KERNELS = """

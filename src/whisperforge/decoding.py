@@ -135,16 +135,21 @@ class ApplyTimestampRules(LogitFilter):
     sample_begin: int
     max_initial_timestamp_index: int | None
 
+    def rules(self) -> runtime.TimestampRules:
+        """These rules as the runtime's kernel takes them."""
+        tokenizer = self.tokenizer
+        return runtime.TimestampRules(
+            tokenizer.timestamp_begin, tokenizer.eot, tokenizer.no_timestamps,
+            self.max_initial_timestamp_index,
+        )  # fmt: skip
+
     def apply(self, logits: Tensor, tokens: Tensor) -> None:
         tb, eot = self.tokenizer.timestamp_begin, self.tokenizer.eot
         fused = logits.is_contiguous() and tokens.stride(-1) == 1
         if logits.is_cuda and runtime.triton is not None and fused:
             # The same rules in one kernel (~25 torch calls cost the host ~0.3 ms a step).
-            first = tokens.shape[1] == self.sample_begin
-            runtime.timestamp_rules(
-                logits, tokens[:, self.sample_begin :], first, tb, eot,
-                self.tokenizer.no_timestamps, self.max_initial_timestamp_index,
-            )  # fmt: skip
+            sampled = tokens[:, self.sample_begin :]
+            runtime.timestamp_rules(logits, sampled, self.rules(), sampled.shape[1])
             return
         # The reference's per-row rules as whole-batch masks: one pass per rule, not a host loop
         # with small GPU writes per row (which at 80 rows cost more than the decode step).
@@ -487,19 +492,24 @@ def decode(
     ).repeat_interleave(n_group, dim=0)
     sum_logprobs = torch.zeros(n_audio * n_group, device=audio_features.device)
     no_speech_probs = [float("nan")] * n_audio
-    # Without timestamp rules every filter is a fixed set of tokens, so the GPU runtime can run
-    # the whole greedy loop on the device, with no host sync per step.
+    # Every filter is a fixed set of tokens, or the timestamp rules where the runtime has them
+    # as a kernel: then the GPU runtime runs the whole greedy loop on the device, with no host
+    # sync per step.
     device_loop = getattr(model.decoder, "greedy", None)
+    device_filters = (SuppressBlank, SuppressTokens)
+    if getattr(model.decoder, "timestamp_rules_on_device", False):
+        device_filters += (ApplyTimestampRules,)
     if (
         device_loop is not None
         and isinstance(search, GreedySearch)
         and options.temperature == 0
-        and all(isinstance(f, (SuppressBlank, SuppressTokens)) for f in filters)
+        and all(isinstance(f, device_filters) for f in filters)
     ):
         suppress = [t for f in filters if isinstance(f, SuppressTokens) for t in f.suppress]
         first = tokenizer.encode(" ") + [tokenizer.eot] if options.suppress_blank else []
+        rules = next((f.rules() for f in filters if isinstance(f, ApplyTimestampRules)), None)
         generated, sum_logprobs, sot_probs = device_loop(
-            inference.cache, tokens, sot_index, sample_len, tokenizer.eot, suppress, first
+            inference.cache, tokens, sot_index, sample_len, tokenizer.eot, suppress, first, rules
         )
         tokens = torch.cat([tokens, generated], dim=1)
         no_speech_probs = sot_probs[:, tokenizer.no_speech].tolist()

@@ -465,45 +465,52 @@ if triton is not None:
 
     @triton.jit
     def _timestamp_rules_kernel(
-        logits_ptr, tokens_ptr, T, n, max_initial, V: tl.constexpr, tb: tl.constexpr,
-        eot: tl.constexpr, no_timestamps: tl.constexpr, SAMPLED: tl.constexpr,
-        FIRST: tl.constexpr, INITIAL: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+        logits_ptr, tokens_ptr, start_ptr, length_ptr, bias_ptr, T, n, max_initial,
+        V: tl.constexpr, tb: tl.constexpr, eot: tl.constexpr, no_timestamps: tl.constexpr,
+        PER_ROW: tl.constexpr, INITIAL: tl.constexpr, BIAS: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        """`decoding.ApplyTimestampRules` for row r = program id of logits [rows, V], in place:
-        tokens_ptr points at the row's first sampled token (rows T apart), n of them. One
-        program a row instead of ~25 torch calls a step (beam search on the GPU is bound by
-        the host's time). The last rule compares the timestamps' logsumexp with the best text
-        logit: log_softmax's normalizer cancels."""
+        """`decoding.ApplyTimestampRules` for row r = program id of logits [rows, V], in place,
+        given its sampled tokens: tokens[r, :n] (rows T apart), or with PER_ROW
+        tokens[r, start[r]:length[r]] (the greedy loop's history after each row's prompt).
+        BIAS: the rules see logits + bias (the loop's suppressed tokens). One program a row
+        instead of ~25 torch calls a step (beam search on the GPU is bound by the host's
+        time). The last rule compares the timestamps' logsumexp with the best text logit:
+        log_softmax's normalizer cancels."""
+        _wait_for_inputs(PDL)
         r = tl.program_id(0).to(tl.int64)
         row = logits_ptr + r * V
-        if SAMPLED:
-            t = tl.arange(0, BLOCK_T)
-            sampled = tl.load(tokens_ptr + r * T + t, mask=t < n, other=0)
-            is_timestamp = (sampled >= tb) & (t < n)
-            last = tl.sum(tl.where(t == n - 1, is_timestamp, 0)) > 0
-            penultimate = (n < 2) | (tl.sum(tl.where(t == n - 2, is_timestamp, 0)) > 0)
-            pair_closed = last & penultimate  # text must follow
-            segment_ended = last & ~penultimate  # a timestamp or EOT must follow
-            last_index = tl.max(tl.where(is_timestamp, t, -1))
-            latest = tl.sum(tl.where(t == last_index, sampled, 0))
-            limit = tl.where(segment_ended, latest, latest + 1)  # never back in time
-            limit = tl.where(last_index < 0, 0, limit)  # no timestamp yet: no bound
+        tokens = tokens_ptr + r * T
+        if PER_ROW:
+            start = tl.load(start_ptr + r)
+            n = tl.load(length_ptr + r) - start
+            tokens += start
+        first = n == 0  # the first sampled token is a timestamp
+        t = tl.arange(0, BLOCK_T)
+        sampled = tl.load(tokens + t, mask=t < n, other=0)
+        is_timestamp = (sampled >= tb) & (t < n)
+        last = tl.sum(tl.where(t == n - 1, is_timestamp, 0)) > 0
+        penultimate = (n < 2) | (tl.sum(tl.where(t == n - 2, is_timestamp, 0)) > 0)
+        pair_closed = last & penultimate  # text must follow
+        segment_ended = last & ~penultimate  # a timestamp or EOT must follow
+        last_index = tl.max(tl.where(is_timestamp, t, -1))
+        latest = tl.sum(tl.where(t == last_index, sampled, 0))
+        limit = tl.where(segment_ended, latest, latest + 1)  # never back in time
+        limit = tl.where(last_index < 0, 0, limit)  # no timestamp yet: no bound
         text_max = tl.full([], float("-inf"), tl.float32)
         stamp_max = tl.full([], float("-inf"), tl.float32)
         stamp_sum = tl.zeros([], tl.float32)
         for v0 in range(0, V, BLOCK_V):
             v = v0 + tl.arange(0, BLOCK_V)
             x = tl.load(row + v, mask=v < V, other=float("-inf")).to(tl.float32)
-            kill = v == no_timestamps
-            if SAMPLED:
-                kill |= pair_closed & (v >= tb)
-                kill |= segment_ended & (v < eot)
-                kill |= (v >= tb) & (v < limit)
-            if FIRST:  # the first sampled token is a timestamp
-                kill |= v < tb
+            if BIAS:
+                x += tl.load(bias_ptr + v, mask=v < V, other=0.0)
+            kill = (v == no_timestamps) | (first & (v < tb))
+            kill |= pair_closed & (v >= tb)
+            kill |= segment_ended & (v < eot)
+            kill |= (v >= tb) & (v < limit)
             if INITIAL:
-                kill |= v > tb + max_initial
+                kill |= first & (v > tb + max_initial)
             x = tl.where(kill, float("-inf"), x)
             tl.store(row + v, x.to(logits_ptr.dtype.element_ty), mask=(v < V) & kill)
             text_max = tl.maximum(text_max, tl.max(tl.where(v < tb, x, float("-inf"))))
@@ -1173,22 +1180,39 @@ def cross_keys(heads: int, A: int, device: torch.device) -> int:
 REORDER_COPY_BYTES = 16 << 20
 
 
+@dataclass(frozen=True)
+class TimestampRules:
+    """What `decoding.ApplyTimestampRules` needs of its tokenizer and options, for the kernel."""
+
+    timestamp_begin: int
+    eot: int
+    no_timestamps: int
+    max_initial: int | None  # the first timestamp's bound, as an index past timestamp_begin
+
+
 def timestamp_rules(
-    logits: Tensor, sampled: Tensor, first: bool, tb: int, eot: int, no_timestamps: int,
-    max_initial: int | None,
-) -> None:  # fmt: skip
+    logits: Tensor,
+    tokens: Tensor,
+    rules: TimestampRules,
+    n: int = 0,
+    *,
+    per_row: tuple[Tensor, Tensor] | None = None,
+    bias: Tensor | None = None,
+) -> None:
     """`decoding.ApplyTimestampRules.apply` in one kernel: logits [rows, V] (contiguous) in
-    place, given each row's sampled tokens [rows, n] (a view of the tokens so far, its rows'
-    elements adjacent); `first`: this step samples the first token (then `max_initial`, if
-    given, bounds its timestamp). The tokens are read 512 at a time (a row holds up to 448),
-    so one compiled kernel serves every step."""
+    place, given each row's sampled tokens, tokens[:, :n] (a view of the tokens so far, its
+    rows' elements adjacent) or, with `per_row` (start, length), tokens[r, start[r]:length[r]]
+    (the greedy loop's history); the rules see logits + `bias` if given. The tokens are read
+    512 at a time (a row holds up to 448), so one compiled kernel serves every step."""
     rows, V = logits.shape
-    n = sampled.shape[1]
+    start, length = per_row if per_row is not None else (tokens, tokens)
     _timestamp_rules_kernel[(rows,)](
-        logits, sampled, sampled.stride(0), n, max_initial if max_initial is not None else 0,
-        V=V, tb=tb, eot=eot, no_timestamps=no_timestamps, SAMPLED=n > 0, FIRST=first,
-        INITIAL=first and max_initial is not None, BLOCK_T=max(512, triton.next_power_of_2(n)),
-        BLOCK_V=4096, num_warps=8,
+        logits, tokens, start, length, bias if bias is not None else logits, tokens.stride(0), n,
+        rules.max_initial or 0, V=V, tb=rules.timestamp_begin, eot=rules.eot,
+        no_timestamps=rules.no_timestamps, PER_ROW=per_row is not None,
+        INITIAL=rules.max_initial is not None, BIAS=bias is not None,
+        BLOCK_T=max(512, triton.next_power_of_2(n)), BLOCK_V=4096, num_warps=8,
+        **_launch(logits),
     )  # fmt: skip
 
 
@@ -1283,6 +1307,7 @@ class Runtime:
         self.n_head = self.config.n_text_head
         self.d_head = self.config.n_text_state // self.n_head
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._rules: TimestampRules | None = None  # `greedy`'s, while it runs
         self._prefill_out: dict[tuple, Tensor] = {}  # what each prefill graph writes its hidden to
         self.max_windows = self.max_rows = 0
         self._allocate(max_windows, max_rows or max_windows)
@@ -1550,7 +1575,7 @@ class Runtime:
             last = i + 1 == len(blocks)
             next_ln = dec.ln if last else blocks[i + 1].attn_ln
             h = layer(block, i, x, h, windows, next_ln, last)
-        if select and folds:
+        if select and folds and self._rules is None:
             return self._logits_select(h, rows)
         if scale is None:
             linear(h, embedding.weight, out=self.logits[:rows])
@@ -1639,6 +1664,10 @@ class Runtime:
         """Greedy choice from self.logits + self.bias, as `decoding.GreedySearch` at temperature 0:
         finished rows repeat EOT and stop adding log-probabilities."""
         if self.fused:  # one kernel, one pass over the logits
+            if self._rules is not None:  # `greedy`'s timestamp rules first, on logits + bias
+                per_row = (self.prompt_length, self.pos)  # the sampled tokens: after the prompt
+                rules, bias = self._rules, self.bias
+                timestamp_rules(self.logits[:rows], self.history, rules, per_row=per_row, bias=bias)
             _greedy_select_kernel[(rows,)](
                 self.logits, self.bias, self.token, self.pos, self.finished, self.sum_logprobs,
                 self.history, self.eot, self.history.stride(0), V=self.config.n_vocab,
@@ -1671,7 +1700,8 @@ class Runtime:
             if select:
                 self._select(rows)
 
-        self._replay(("step", select, windows, batch.group, bucket), run)
+        rules = self._rules if select else None
+        self._replay(("step", select, windows, batch.group, bucket, rules), run)
         batch.max_length += 1
 
     @torch.inference_mode()
@@ -1788,13 +1818,32 @@ class Runtime:
         suppress: Sequence[int] = (),
         suppress_first: Sequence[int] = (),
         check_every: int = 8,
+        rules: TimestampRules | None = None,
     ) -> GreedyResult:
         """Greedy decoding of every row from the prefill's logits, all on the device.
 
         `suppress` tokens are never chosen; `suppress_first` adds to them for the first token
-        (decoding's SuppressBlank). Every `check_every` steps one bool comes to the host to stop
+        (decoding's SuppressBlank); `rules`: decoding's timestamp rules apply before each choice
+        (the fused step only). Every `check_every` steps one bool comes to the host to stop
         once all rows finished; 0 never checks (a forced length, for benchmarks).
         """
+        if rules is not None and not self.fused:
+            raise ValueError("the timestamp rules run on the device in the fused step only")
+        self._rules = rules
+        try:
+            return self._greedy(batch, max_new_tokens, eot, suppress, suppress_first, check_every)
+        finally:
+            self._rules = None
+
+    def _greedy(
+        self,
+        batch: Batch,
+        max_new_tokens: int,
+        eot: int,
+        suppress: Sequence[int],
+        suppress_first: Sequence[int],
+        check_every: int,
+    ) -> GreedyResult:
         R, V = batch.rows, self.config.n_vocab
         first = torch.zeros(V)
         first[list(suppress) + list(suppress_first)] = float("-inf")
@@ -1895,15 +1944,23 @@ class RuntimeDecoder(nn.Module):
         eot: int,
         suppress: Sequence[int],
         suppress_first: Sequence[int],
+        rules: TimestampRules | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """`decoding.decode`'s greedy loop without timestamp rules, all on the device: the new
-        tokens [rows, n] (EOT repeats after a row finished), their sums of log-probabilities,
-        and the probabilities at the start-of-transcript position (for the no-speech figure)."""
+        """`decoding.decode`'s greedy loop, all on the device: the new tokens [rows, n] (EOT
+        repeats after a row finished), their sums of log-probabilities, and the probabilities
+        at the start-of-transcript position (for the no-speech figure). `rules`: the timestamp
+        rules, where `timestamp_rules_on_device`."""
         hidden = cache.prefill(prompts)
         sot_probs = self.plain.logits(hidden[:, sot_index]).float().softmax(dim=-1)
         assert cache.batch is not None
-        result = self.runtime.greedy(cache.batch, max_new_tokens, eot, suppress, suppress_first)
+        result = self.runtime.greedy(
+            cache.batch, max_new_tokens, eot, suppress, suppress_first, rules=rules
+        )
         return result.tokens, result.sum_logprobs, sot_probs
+
+    @property
+    def timestamp_rules_on_device(self) -> bool:
+        return self.runtime.fused
 
     def logits(self, hidden: Tensor) -> Tensor:
         static = self.runtime.hidden
