@@ -538,6 +538,16 @@ class BatchedInferencePipeline:
         segments, consumed, _ = split_segments(
             file.tokenizer, result, seek, size, keep_unfinished=True
         )
+        # A decode may put timestamps past the window's audio, into its padding (a sampled
+        # fallback especially): there the file's timeline would map them past later windows, or
+        # a segment's start past its end. They end at the window's end; a segment left with no
+        # length is dropped below.
+        window_end = (seek + size) * HOP_LENGTH / SAMPLE_RATE
+        for segment in segments:
+            segment.start, segment.end = (
+                min(segment.start, window_end),
+                min(segment.end, window_end),
+            )
         rest = None
         if 0 < consumed and size - consumed >= MIN_CONTINUATION_FRAMES:
             start = window.start + consumed * HOP_LENGTH
@@ -549,7 +559,7 @@ class BatchedInferencePipeline:
                 self.model.alignment_heads, options.prepend_punctuations,
                 options.append_punctuations,
             )  # fmt: skip
-        return [s for s in segments if s.start != s.end and s.text.strip()], rest
+        return [s for s in segments if s.start < s.end and s.text.strip()], rest
 
 
 @dataclass
