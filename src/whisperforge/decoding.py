@@ -144,18 +144,17 @@ class ApplyTimestampRules(LogitFilter):
         )  # fmt: skip
 
     def apply(self, logits: Tensor, tokens: Tensor) -> None:
-        tb, eot = self.tokenizer.timestamp_begin, self.tokenizer.eot
-        fused = logits.is_contiguous() and tokens.stride(-1) == 1
-        if logits.is_cuda and runtime.triton is not None and fused:
+        sampled = tokens[:, self.sample_begin :]
+        n = sampled.shape[1]
+        adjacent = logits.is_contiguous() and tokens.stride(-1) == 1  # as the kernel reads them
+        if logits.is_cuda and runtime.triton is not None and adjacent:
             # The same rules in one kernel (~25 torch calls cost the host ~0.3 ms a step).
-            sampled = tokens[:, self.sample_begin :]
-            runtime.timestamp_rules(logits, sampled, self.rules(), sampled.shape[1])
+            runtime.timestamp_rules(logits, sampled, self.rules(), n)
             return
         # The reference's per-row rules as whole-batch masks: one pass per rule, not a host loop
         # with small GPU writes per row (which at 80 rows cost more than the decode step).
+        tb, eot = self.tokenizer.timestamp_begin, self.tokenizer.eot
         logits[:, self.tokenizer.no_timestamps] = -np.inf
-        sampled = tokens[:, self.sample_begin :]
-        n = sampled.shape[1]
         if n > 0:
             vocab = torch.arange(logits.shape[1], device=logits.device)
             is_timestamp = sampled >= tb
