@@ -455,6 +455,58 @@ def test_timestamp_rules_in_the_interpreter():
     run_interpreted(TIMESTAMP_RULES)
 
 
+BEAM_STEP = """
+import torch
+from whisperforge import runtime as R
+from whisperforge.decoding import BeamSearch
+
+V, eot, beam = 4100, 4000, 5  # two full bands of 2048 logits and a short one
+g = torch.Generator().manual_seed(0)
+
+def run(step, patience, n_audio, all_logits):
+    search = BeamSearch(beam, eot, None, patience)
+    tokens = torch.tensor([[1, 2, 3 + a] for a in range(n_audio) for _ in range(beam)])
+    sums, steps = torch.zeros(len(tokens)), []
+    for logits in all_logits:
+        first = search.finished is None
+        if first or search.finished.tokens.shape[2] <= tokens.shape[1]:
+            search._grow_finished(n_audio, tokens.shape[1] + 2, tokens.device)  # grows often
+        tokens, source = step(logits, tokens, sums.clone(), sums, search.finished, beam, eot, first)
+        steps.append((tokens, source, sums.clone()))
+    return steps, search.finished
+
+for patience, n_audio in ((1.0, 3), (2.0, 2), (0.4, 2)):
+    rows = n_audio * beam
+    all_logits = []
+    for k in range(7):
+        logits = torch.randn(rows, V, generator=g) * 2
+        logits[(torch.arange(rows) + k) % 3 == 0, eot] += 5  # EOT among the best often
+        all_logits.append(logits)
+    expected, expected_finished = run(BeamSearch._step, patience, n_audio, all_logits)
+    got, got_finished = run(R.beam_step, patience, n_audio, all_logits)
+    for (t0, s0, l0), (t1, s1, l1) in zip(expected, got):
+        assert torch.equal(t0, t1) and torch.equal(s0, s1), (patience, t0[:, -1], t1[:, -1])
+        assert torch.allclose(l0, l1, atol=1e-5), (l0, l1)
+    count = expected_finished.count
+    assert torch.equal(count, got_finished.count) and count.sum() > 0, count
+    for a, n in enumerate(count.tolist()):
+        assert torch.equal(expected_finished.lengths[a, :n], got_finished.lengths[a, :n])
+        assert torch.allclose(expected_finished.scores[a, :n], got_finished.scores[a, :n], atol=1e-5)
+        for s, length in enumerate(expected_finished.lengths[a, :n].tolist()):
+            want = expected_finished.tokens[a, s, :length]
+            assert torch.equal(want, got_finished.tokens[a, s, :length]) and want[-1] == eot
+print("ok")
+"""
+
+
+def test_beam_step_in_the_interpreter():
+    """Beam search's step kernels (`runtime.beam_step`, CUDA only) in Triton's CPU interpreter
+    against `decoding.BeamSearch._step`'s torch path over seven steps of several audios: the
+    first step's single beam, EOTs among the best (finished candidates recorded, up to the
+    patience's limit), the next beams' tokens, sources and sums."""
+    run_interpreted(BEAM_STEP, timeout=600)
+
+
 GREEDY_WITH_RULES = """
 import types
 import torch

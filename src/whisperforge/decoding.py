@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.distributions import Categorical
 
 from . import runtime
 from .audio import CHUNK_LENGTH
@@ -186,6 +187,36 @@ class ApplyTimestampRules(LogitFilter):
 # --- searches --------------------------------------------------------------------------------
 
 
+class CompletionFlag:
+    """Whether a search is complete: computed on the device each step, read one step late.
+
+    Reading a device flag at once makes the host wait for the GPU every step, and the GPU then
+    idles while the host queues the next step. On CUDA the flag of step t is copied to pinned
+    memory as it is computed and read only after step t+1 is queued, so a search that completes
+    at step t runs step t+1 too, and undoes it (beam search) or ignores it (greedy, whose
+    finished rows only append EOT). On the CPU nothing runs ahead: the flag is read at once.
+    """
+
+    def __init__(self) -> None:
+        self.pending: tuple[Tensor, torch.cuda.Event] | None = None
+        self.late = False  # whether `read` answers for the step before
+
+    def read(self, flags: Tensor) -> bool:
+        """Whether all `flags` were true as of the previous call (`late`) or this one."""
+        self.late = flags.is_cuda
+        if not self.late:
+            return bool(flags.all())
+        host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)  # cached by torch
+        host.copy_(flags, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        previous, self.pending = self.pending, (host, event)
+        if previous is None:
+            return False
+        previous[1].synchronize()  # step t's copy, done while the GPU works on step t+1
+        return bool(previous[0].all())
+
+
 class TokenSearch:
     def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> tuple[Tensor, bool]:
         """Append one token per sequence; returns the tokens and whether all are complete."""
@@ -204,19 +235,22 @@ class GreedySearch(TokenSearch):
 
     temperature: float
     eot: int
+    complete: CompletionFlag = field(default_factory=CompletionFlag, init=False)
 
     def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> tuple[Tensor, bool]:
         if self.temperature == 0:
             next_tokens = logits.argmax(dim=-1)
         else:
-            next_tokens = torch.distributions.Categorical(logits=logits / self.temperature).sample()
+            # Unvalidated: the validation checks the logits on the host, a wait for the GPU.
+            tempered = logits / self.temperature
+            next_tokens = Categorical(logits=tempered, validate_args=False).sample()
         logprobs = F.log_softmax(logits.float(), dim=-1)
         current = logprobs[torch.arange(logprobs.shape[0]), next_tokens]
         finished = tokens[:, -1] == self.eot
         sum_logprobs += current * ~finished
         next_tokens.masked_fill_(finished, self.eot)  # not by indexing: no wait for the GPU
         tokens = torch.cat([tokens, next_tokens[:, None]], dim=-1)
-        return tokens, bool((tokens[:, -1] == self.eot).all())
+        return tokens, self.complete.read(tokens[:, -1] == self.eot)
 
     def finalize(
         self, tokens: Tensor, sum_logprobs: Tensor
@@ -231,93 +265,130 @@ class BeamSearch(TokenSearch):
 
     Each step expands every beam by its top beam_size + 1 tokens, keeps the best beam_size
     unfinished continuations per audio, and collects finished ones until `patience *
-    beam_size` candidates exist. openai-whisper's ranking, step for step; a sequence is named
-    by an interned id of (its prefix's id, its last token) instead of the tuple of all its
-    tokens, so a step costs the same at token 5 and token 200, and the host never copies the
-    token history except to record a finished candidate.
+    beam_size` candidates exist: openai-whisper's ranking, step for step, as tensor operations
+    on the device (on CUDA two kernels, `runtime.beam_step`). The host copies nothing but the
+    completion flags a step (`CompletionFlag`), and the finished candidates once, in
+    `finalize`.
+
+    openai-whisper keys candidates by their token sequence, which merges equal sequences; the
+    beams of an audio are distinct after the first step (kept candidates are distinct keys,
+    extended by distinct tokens), and equal before it (`decode` repeats each start), so the
+    first step ranks one beam per audio instead.
     """
 
     beam_size: int
     eot: int
     inference: Inference
     patience: float = 1.0
-    finished: list[dict[tuple[int, ...], float]] | None = field(default=None, init=False)
-    # Per row, the id of its sequence; ids are equal exactly when the sequences are.
-    row_ids: list[int] = field(default_factory=list, init=False)
-    ids: dict[tuple, int] = field(default_factory=dict, init=False)
+    complete: CompletionFlag = field(default_factory=CompletionFlag, init=False)
+    finished: runtime.BeamFinished | None = field(default=None, init=False)
+    # The state before the latest step, should the flags say the search was complete before it.
+    previous: tuple[Tensor, Tensor] | None = field(default=None, init=False)
 
     @property
     def max_candidates(self) -> int:
         return round(self.beam_size * self.patience)
 
-    def _id(self, key: tuple) -> int:
-        return self.ids.setdefault(key, len(self.ids))
-
     def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> tuple[Tensor, bool]:
-        n_audio = tokens.shape[0] // self.beam_size
+        first = self.finished is None
+        if first or self.finished.tokens.shape[2] <= tokens.shape[1]:
+            self._grow_finished(
+                tokens.shape[0] // self.beam_size, tokens.shape[1] + 64, tokens.device
+            )
+        before = sum_logprobs.clone()
+        self.previous = tokens, before
+        step = self._step
+        if logits.is_cuda and runtime.triton is not None and logits.is_contiguous():
+            step = runtime.beam_step
+        tokens, source = step(
+            logits, tokens.contiguous(), before, sum_logprobs, self.finished, self.beam_size,
+            self.eot, first,
+        )  # fmt: skip
+        self.inference.reorder(source)
+        if not self.complete.read(self.finished.count >= self.max_candidates):
+            return tokens, False
+        if self.complete.late:  # complete before this step: undo it
+            tokens, before = self.previous
+            sum_logprobs.copy_(before)
+        return tokens, True
+
+    def _grow_finished(self, n_audio: int, width: int, device: torch.device) -> None:
+        slots = self.max_candidates + 1
+        tokens = torch.zeros(n_audio, slots, width, dtype=torch.long, device=device)
         if self.finished is None:
-            self.finished = [{} for _ in range(n_audio)]
-            # keyed (row,): a 1-tuple never equals a later (prefix id, token) key
-            self.row_ids = [self._id((tuple(row),)) for row in tokens.tolist()]
+            zeros = torch.zeros(n_audio, slots, device=device)
+            count = torch.zeros(n_audio, dtype=torch.long, device=device)
+            self.finished = runtime.BeamFinished(tokens, zeros.long(), zeros, count)
+        else:
+            tokens[:, :, : self.finished.tokens.shape[2]] = self.finished.tokens
+            self.finished.tokens = tokens
+
+    @staticmethod
+    def _step(
+        logits: Tensor, tokens: Tensor, before: Tensor, sum_logprobs: Tensor,
+        finished: runtime.BeamFinished, beam: int, eot: int, first: bool,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """The step as torch operations (the CPU's, and the kernels' reference): as
+        `runtime.beam_step`, the next beams' tokens and the rows they continue."""
+        n_audio, length = tokens.shape[0] // beam, tokens.shape[1]
+        max_candidates = finished.lengths.shape[1] - 1
         logprobs = F.log_softmax(logits.float(), dim=-1)
-        top_logprobs, top_tokens = logprobs.topk(self.beam_size + 1)
-        # One copy to the host a step (token ids are exact in float32).
-        top = torch.stack([sum_logprobs[:, None] + top_logprobs, top_tokens.float()]).tolist()
-        scores_all, top_tokens_all = top[0], [[int(t) for t in row] for row in top[1]]
-        history: list[list[int]] | None = None  # copied to the host only when one finishes
+        top_logprobs, top_tokens = logprobs.topk(beam + 1)
+        scores = before[:, None] + top_logprobs  # [rows, beam + 1]
+        if first:  # the beams are one sequence yet: the first beam's continuations alone
+            scores.view(n_audio, beam, beam + 1)[:, 1:] = -np.inf
+        # All of an audio's candidates, best first; ties keep the order openai-whisper's
+        # stable sort over its insertion order keeps (beam by beam, each by its top-k order).
+        scores, order = scores.view(n_audio, -1).sort(dim=-1, descending=True, stable=True)
+        candidates = top_tokens.view(n_audio, -1).gather(1, order)
+        sources = order // (beam + 1) + torch.arange(n_audio, device=tokens.device)[:, None] * beam
+        ended = candidates == eot
+        unfinished_so_far = (~ended).cumsum(dim=-1)
+        kept = ~ended & (unfinished_so_far <= beam)  # exactly `beam` per audio
+        # Finished candidates count if they rank above the last one kept: among the first
+        # 2 * beam, since a beam's top beam + 1 holds at most one EOT.
+        n = min(2 * beam, scores.shape[1])
+        finishing = (ended & (unfinished_so_far < beam))[:, :n]
+        slot = finished.count[:, None] + finishing.cumsum(dim=-1) - 1
+        added = finishing & (slot < max_candidates)
+        slot = torch.where(added, slot, max_candidates)  # the spare slot
+        ends = torch.full((n_audio, n, 1), eot, dtype=tokens.dtype, device=tokens.device)
+        sequences = torch.cat([tokens[sources[:, :n]], ends], dim=-1)  # [n_audio, n, length + 1]
+        index = slot[:, :, None].expand(-1, -1, length + 1)
+        finished.tokens[:, :, : length + 1].scatter_(1, index, sequences)
+        finished.lengths.scatter_(1, slot, length + 1)
+        finished.scores.scatter_(1, slot, scores[:, :n])
+        finished.count += added.sum(dim=-1)
 
-        next_tokens, sources, new_sums, new_ids = [], [], [], []
-        for i in range(n_audio):
-            scores: dict[int, float] = {}
-            candidates: dict[int, tuple[int, int]] = {}  # id -> (source row, token)
-            for row in range(i * self.beam_size, (i + 1) * self.beam_size):
-                for score, token in zip(scores_all[row], top_tokens_all[row]):
-                    sequence = self._id((self.row_ids[row], token))
-                    scores[sequence] = score
-                    candidates[sequence] = (row, token)
-            newly_finished: dict[tuple[int, ...], float] = {}
-            kept = 0
-            for sequence in sorted(scores, key=scores.__getitem__, reverse=True):
-                row, token = candidates[sequence]
-                if token == self.eot:
-                    history = tokens.tolist() if history is None else history
-                    newly_finished[(*history[row], token)] = scores[sequence]
-                    continue
-                next_tokens.append(token)
-                sources.append(row)
-                new_sums.append(scores[sequence])
-                new_ids.append(sequence)
-                kept += 1
-                if kept == self.beam_size:
-                    break
-            previously = self.finished[i]
-            for sequence in sorted(newly_finished, key=newly_finished.__getitem__, reverse=True):
-                if len(previously) >= self.max_candidates:
-                    break
-                previously[sequence] = newly_finished[sequence]
-
-        self.row_ids = new_ids
-        sum_logprobs.copy_(torch.tensor(new_sums, device=sum_logprobs.device))
-        chosen = torch.tensor([sources, next_tokens], device=tokens.device)  # one copy
-        self.inference.reorder(chosen[0])
-        tokens = torch.cat([tokens[chosen[0]], chosen[1, :, None]], dim=-1)
-        completed = all(len(f) >= self.max_candidates for f in self.finished)
-        return tokens, completed
+        picked = kept.byte().sort(dim=-1, descending=True, stable=True).indices[:, :beam]
+        source = sources.gather(1, picked).flatten()
+        sum_logprobs.copy_(scores.gather(1, picked).flatten())
+        next_tokens = candidates.gather(1, picked).flatten()
+        return torch.cat([tokens[source], next_tokens[:, None]], dim=-1), source
 
     def finalize(
         self, tokens: Tensor, sum_logprobs: Tensor
     ) -> tuple[list[list[Tensor]], list[list[float]]]:
         # tokens [n_audio, beam_size, T]: if too few beams finished, take the best unfinished.
-        assert self.finished is not None
+        finished = self.finished
+        assert finished is not None
+        counts, lengths = finished.count.tolist(), finished.lengths.tolist()
+        scores, finished_tokens = finished.scores.tolist(), finished.tokens.cpu()
         sums = sum_logprobs.cpu()
-        for i, candidates in enumerate(self.finished):
+        results: list[dict[tuple[int, ...], float]] = []
+        for i, count in enumerate(counts):
+            candidates = {
+                tuple(finished_tokens[i, s, : lengths[i][s]].tolist()): scores[i][s]
+                for s in range(count)
+            }
             for j in np.argsort(sums[i].numpy())[::-1].tolist():
                 if len(candidates) >= self.beam_size:
                     break
                 candidates[(*tokens[i, j].tolist(), self.eot)] = sums[i, j].item()
+            results.append(candidates)
         return (
-            [[torch.tensor(seq) for seq in candidates] for candidates in self.finished],
-            [list(candidates.values()) for candidates in self.finished],
+            [[torch.tensor(seq) for seq in candidates] for candidates in results],
+            [list(candidates.values()) for candidates in results],
         )
 
 

@@ -526,6 +526,111 @@ if triton is not None:
                 tl.store(row + v, x.to(logits_ptr.dtype.element_ty), mask=v < tb)
 
     @triton.jit
+    def _beam_top_kernel(
+        logits_ptr, value_ptr, index_ptr, max_ptr, sum_ptr,
+        V: tl.constexpr, K: tl.constexpr, KPAD: tl.constexpr, BANDS: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+    ):  # fmt: skip
+        """Band b = program id 1 of row r = program id 0 of logits [rows, V]: its K best
+        values and where they are (ties: the first), its max and its sum of exp(x - max)."""
+        r, b = tl.program_id(0).to(tl.int64), tl.program_id(1)
+        at = tl.arange(0, BLOCK_V)
+        x = tl.load(logits_ptr + r * V + b * BLOCK_V + at, mask=b * BLOCK_V + at < V,
+                    other=float("-inf")).to(tl.float32)  # fmt: skip
+        band_max = tl.max(x)
+        total = tl.sum(tl.exp(x - tl.where(band_max == float("-inf"), 0.0, band_max)))
+        k = tl.arange(0, KPAD)
+        values = tl.full([KPAD], float("-inf"), tl.float32)
+        indices = tl.zeros([KPAD], tl.int32)
+        for i in tl.static_range(K):
+            value, where = tl.max(
+                x, axis=0, return_indices=True, return_indices_tie_break_left=True
+            )
+            values = tl.where(k == i, value, values)
+            indices = tl.where(k == i, b * BLOCK_V + where, indices)
+            x = tl.where(at == where, float("-inf"), x)
+        part = r * BANDS + b
+        tl.store(value_ptr + part * KPAD + k, values)
+        tl.store(index_ptr + part * KPAD + k, indices)
+        tl.store(max_ptr + part, band_max)
+        tl.store(sum_ptr + part, total)
+
+    @triton.jit
+    def _beam_rank_kernel(
+        value_ptr, index_ptr, max_ptr, sum_ptr, before_ptr, sums_ptr, tokens_ptr, next_ptr,
+        source_ptr, finished_ptr, lengths_ptr, scores_ptr, count_ptr, T, width, first,
+        BEAM: tl.constexpr, K: tl.constexpr, KPAD: tl.constexpr, BANDS: tl.constexpr,
+        BANDS_PAD: tl.constexpr, CPAD: tl.constexpr, MAX_CANDIDATES: tl.constexpr,
+        eot: tl.constexpr, BLOCK_T: tl.constexpr,
+    ):  # fmt: skip
+        """`decoding.BeamSearch`'s step for audio a = program id: joins its beams' bands into
+        each beam's K best log-probabilities, ranks the BEAM * K candidates best first (ties in
+        candidate order, as a stable sort), keeps the first BEAM unfinished ones as the next
+        beams (tokens, source rows, sums) and records the finished ones ranked above them."""
+        a = tl.program_id(0).to(tl.int64)
+        c = tl.arange(0, CPAD)
+        flat = tl.arange(0, BANDS_PAD * KPAD)
+        band = flat // KPAD
+        scores = tl.full([CPAD], float("-inf"), tl.float32)
+        tokens = tl.zeros([CPAD], tl.int32)
+        source = tl.zeros([CPAD], tl.int64)
+        for j in tl.static_range(BEAM):
+            r = a * BEAM + j
+            parts = r * BANDS + band
+            values = tl.load(value_ptr + parts * KPAD + flat % KPAD, mask=band < BANDS,
+                             other=float("-inf"))  # fmt: skip
+            indices = tl.load(index_ptr + parts * KPAD + flat % KPAD, mask=band < BANDS, other=0)
+            maxima = tl.load(max_ptr + parts, mask=(band < BANDS) & (flat % KPAD == 0),
+                             other=float("-inf"))  # fmt: skip
+            sums = tl.load(sum_ptr + parts, mask=(band < BANDS) & (flat % KPAD == 0), other=0.0)
+            top = tl.max(maxima)
+            logsumexp = top + tl.log(tl.sum(sums * tl.exp(maxima - top)))
+            base = tl.load(before_ptr + r)
+            for k in tl.static_range(K):
+                value, where = tl.max(values, axis=0, return_indices=True,
+                                      return_indices_tie_break_left=True)  # fmt: skip
+                token = tl.sum(tl.where(flat == where, indices, 0))
+                values = tl.where(flat == where, float("-inf"), values)
+                score = base + (value - logsumexp)
+                if j > 0:  # the beams are one sequence yet: the first beam's alone
+                    score = tl.where(first != 0, float("-inf"), score)
+                scores = tl.where(c == j * K + k, score, scores)
+                tokens = tl.where(c == j * K + k, token, tokens)
+                source = tl.where(c == j * K + k, r, source)
+        # Candidate i ranks before c: a better score, or an equal one earlier.
+        valid = c < BEAM * K
+        s_i, s_c = scores[:, None], scores[None, :]
+        ahead = ((s_i > s_c) | ((s_i == s_c) & (c[:, None] < c[None, :]))) & valid[:, None]
+        ended = tokens == eot
+        unfinished = tl.sum((ahead & ~ended[:, None]).to(tl.int32), axis=0) + (~ended).to(tl.int32)
+        kept = valid & ~ended & (unfinished <= BEAM)  # unfinished counts itself
+        finishing = valid & ended & (unfinished < BEAM)
+        order = tl.sum((ahead & finishing[:, None]).to(tl.int32), axis=0)
+        count = tl.load(count_ptr + a)
+        added = finishing & (count + order < MAX_CANDIDATES)
+        slot = a * BEAM + unfinished - 1
+        tl.store(source_ptr + slot, source, mask=kept)
+        tl.store(sums_ptr + slot, scores, mask=kept)
+        t = tl.arange(0, BLOCK_T)
+        for s in tl.static_range(BEAM):
+            this = kept & (unfinished == s + 1)
+            row = tl.sum(tl.where(this, source, 0))
+            sequence = tl.load(tokens_ptr + row * T + t, mask=t < T, other=0)
+            sequence = tl.where(t == T, tl.sum(tl.where(this, tokens, 0)), sequence)
+            tl.store(next_ptr + (a * BEAM + s) * (T + 1) + t, sequence, mask=t <= T)
+        for f in tl.static_range(BEAM):  # a beam's top K holds at most one EOT
+            this = added & (order == f)
+            has = tl.sum(this.to(tl.int32)) > 0
+            row = tl.sum(tl.where(this, source, 0))
+            sequence = tl.load(tokens_ptr + row * T + t, mask=(t < T) & has, other=0)
+            sequence = tl.where(t == T, eot, sequence)
+            at = a * (MAX_CANDIDATES + 1) + count + f
+            tl.store(finished_ptr + at * width + t, sequence, mask=(t <= T) & has)
+            tl.store(lengths_ptr + at, T + 1, mask=has)
+            tl.store(scores_ptr + at, tl.sum(tl.where(this, scores, 0.0)), mask=has)
+        tl.store(count_ptr + a, count + tl.sum(added.to(tl.int32)))
+
+    @triton.jit
     def _greedy_select_kernel(
         logits_ptr, bias_ptr, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr,
         history_stride, V: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
@@ -1214,6 +1319,51 @@ def timestamp_rules(
         BLOCK_T=max(512, triton.next_power_of_2(n)), BLOCK_V=4096, num_warps=8,
         **_launch(logits),
     )  # fmt: skip
+
+
+@dataclass
+class BeamFinished:
+    """Beam search's finished candidates per audio, in the order found: the tokens (EOT last)
+    of the first `count` slots; one more slot takes the writes of candidates not kept."""
+
+    tokens: Tensor  # [n_audio, max_candidates + 1, width]
+    lengths: Tensor  # [n_audio, max_candidates + 1]
+    scores: Tensor  # [n_audio, max_candidates + 1]
+    count: Tensor  # [n_audio]
+
+
+def beam_step(
+    logits: Tensor, tokens: Tensor, before: Tensor, sum_logprobs: Tensor,
+    finished: BeamFinished, beam: int, eot: int, first: bool,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """`decoding.BeamSearch`'s step in two kernels (its ~40 torch calls, topk's ~0.2 ms among
+    them, cost the host more than a small model's step): logits [rows, V] (contiguous) and
+    tokens [rows, T] of the current beams, their sums of log-probabilities `before`. Writes
+    the next beams' sums into `sum_logprobs`, records finished candidates in `finished`;
+    returns the next beams' tokens [rows, T + 1] and the rows they continue."""
+    rows, V = logits.shape
+    T, n_audio = tokens.shape[1], rows // beam
+    K, BLOCK_V = beam + 1, 2048
+    KPAD, bands = triton.next_power_of_2(K), triton.cdiv(V, BLOCK_V)
+    values = torch.empty(rows, bands, KPAD, device=logits.device)
+    indices = torch.empty(rows, bands, KPAD, device=logits.device, dtype=torch.int32)
+    maxima = torch.empty(rows, bands, device=logits.device)
+    sums = torch.empty(rows, bands, device=logits.device)
+    _beam_top_kernel[(rows, bands)](
+        logits, values, indices, maxima, sums, V=V, K=K, KPAD=KPAD, BANDS=bands,
+        BLOCK_V=BLOCK_V, num_warps=4,
+    )  # fmt: skip
+    next_tokens = torch.empty(rows, T + 1, device=tokens.device, dtype=tokens.dtype)
+    source = torch.empty(rows, device=tokens.device, dtype=torch.long)
+    _beam_rank_kernel[(n_audio,)](
+        values, indices, maxima, sums, before, sum_logprobs, tokens, next_tokens, source,
+        finished.tokens, finished.lengths, finished.scores, finished.count, T,
+        finished.tokens.shape[2], int(first), BEAM=beam, K=K, KPAD=KPAD, BANDS=bands,
+        BANDS_PAD=triton.next_power_of_2(bands), CPAD=triton.next_power_of_2(beam * K),
+        MAX_CANDIDATES=finished.lengths.shape[1] - 1,
+        eot=eot, BLOCK_T=max(512, triton.next_power_of_2(T + 1)), num_warps=4,
+    )  # fmt: skip
+    return next_tokens, source
 
 
 def reorder_rows(cache: Tensor, source: Tensor, length: int) -> None:
