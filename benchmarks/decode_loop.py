@@ -5,8 +5,11 @@ decode loop's own: the logit filters, the search's choice and its copy to the ho
 search's reorder. Beam 5 and greedy, with timestamps (as `transcribe` decodes), on one 30 s
 window (the clips put end to end) and on 16 windows (one clip each) at once; median ms per
 step over `--runs` after three warm-ups, tokens per run printed so that code versions compare.
+`--preset` adds the larger architectures' decode loops, random weights (English vocabulary, the
+model's tokenizer) on random audio features, 64 tokens at most.
 
-    python3 benchmarks/decode_loop.py --model /tmp/tiny.en --audio clips.npz
+    python3 benchmarks/decode_loop.py --model /tmp/tiny.en --audio clips.npz \
+        --preset large-v3-turbo large-v3
 
 clips.npz: 16 kHz int16 clips by name (as `gpu.py --check` takes them).
 """
@@ -14,6 +17,7 @@ clips.npz: 16 kHz int16 clips by name (as `gpu.py --check` takes them).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -27,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from whisperforge import WhisperModel
 from whisperforge.audio import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel_spectrogram, pad_or_trim
 from whisperforge.decoding import DecodingOptions, decode
+from whisperforge.presets import preset, random_model
+from whisperforge.runtime import Runtime, RuntimeWhisper
 
 
 def main() -> None:
@@ -34,6 +40,7 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="a model directory (tiny.en unpacked)")
     parser.add_argument("--audio", required=True, help="npz of 16 kHz int16 clips")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--preset", nargs="*", default=[], help="e.g. large-v3-turbo large-v3")
     args = parser.parse_args()
     model = WhisperModel(args.model, device="cuda", compute_type="float16")
     clips = np.load(args.audio)
@@ -56,21 +63,39 @@ def main() -> None:
     for beam in (5, None):
         options = DecodingOptions(beam_size=beam, language="en")
         for name, audio_features in inputs.items():
-            times = []
-            with torch.inference_mode():
-                for run in range(args.runs + 3):
-                    start = time.perf_counter()
-                    results = decode(model.decode_model, tokenizer, audio_features, options)
-                    torch.cuda.synchronize()
-                    if run >= 3:
-                        times.append(time.perf_counter() - start)
-            tokens = [len(r.tokens) for r in results]
-            steps = max(tokens) + 1
-            print(
-                f"beam {beam or 1}, {name}: {sum(tokens)} tokens, "
-                f"{statistics.median(times) * 1e3 / steps:.3f} ms per step",
-                flush=True,
-            )
+            time_decode(f"tiny.en, beam {beam or 1}, {name}", model.decode_model, tokenizer,
+                        audio_features, options, args.runs)  # fmt: skip
+    for name in args.preset:
+        config = dataclasses.replace(preset(name), n_vocab=model.model.config.n_vocab)
+        runtime = Runtime(random_model(config, device="cuda", dtype=torch.float16), max_rows=80)
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        for windows in (1, 16):
+            shape = (windows, config.n_audio_ctx, config.n_audio_state)
+            audio_features = torch.randn(shape, device="cuda", generator=generator).half()
+            options = DecodingOptions(beam_size=5, language="en", sample_len=64)
+            time_decode(f"{name}, beam 5, {windows} windows", RuntimeWhisper(runtime), tokenizer,
+                        audio_features, options, args.runs)  # fmt: skip
+        del runtime
+        torch.cuda.empty_cache()
+
+
+def time_decode(
+    label: str, model, tokenizer, audio_features: torch.Tensor, options: DecodingOptions, runs: int
+) -> None:
+    times = []
+    with torch.inference_mode():
+        for run in range(runs + 3):
+            start = time.perf_counter()
+            results = decode(model, tokenizer, audio_features, options)
+            torch.cuda.synchronize()
+            if run >= 3:
+                times.append(time.perf_counter() - start)
+    tokens = [len(r.tokens) for r in results]
+    steps = max(tokens) + 1
+    print(
+        f"{label}: {sum(tokens)} tokens, {statistics.median(times) * 1e3 / steps:.3f} ms per step",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
