@@ -187,6 +187,11 @@ class ApplyTimestampRules(LogitFilter):
 # --- searches --------------------------------------------------------------------------------
 
 
+# Whether searches read their completion flags a step late (`CompletionFlag`). None: where
+# the flags are on CUDA; the tests set True to run the late path on the CPU.
+READ_LATE: bool | None = None
+
+
 class CompletionFlag:
     """Whether a search is complete: computed on the device each step, read one step late.
 
@@ -198,22 +203,26 @@ class CompletionFlag:
     """
 
     def __init__(self) -> None:
-        self.pending: tuple[Tensor, torch.cuda.Event] | None = None
+        self.pending: tuple[Tensor, torch.cuda.Event | None] | None = None
         self.late = False  # whether `read` answers for the step before
 
     def read(self, flags: Tensor) -> bool:
         """Whether all `flags` were true as of the previous call (`late`) or this one."""
-        self.late = flags.is_cuda
+        self.late = flags.is_cuda if READ_LATE is None else READ_LATE
         if not self.late:
             return bool(flags.all())
-        host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)  # cached by torch
-        host.copy_(flags, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
+        if flags.is_cuda:
+            host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)  # cached by torch
+            host.copy_(flags, non_blocking=True)
+            event: torch.cuda.Event | None = torch.cuda.Event()
+            event.record()
+        else:
+            host, event = flags.clone(), None
         previous, self.pending = self.pending, (host, event)
         if previous is None:
             return False
-        previous[1].synchronize()  # step t's copy, done while the GPU works on step t+1
+        if previous[1] is not None:
+            previous[1].synchronize()  # step t's copy, done while the GPU works on step t+1
         return bool(previous[0].all())
 
 
@@ -335,7 +344,7 @@ class BeamSearch(TokenSearch):
         logprobs = F.log_softmax(logits.float(), dim=-1)
         top_logprobs, top_tokens = logprobs.topk(beam + 1)
         scores = before[:, None] + top_logprobs  # [rows, beam + 1]
-        if first:  # the beams are one sequence yet: the first beam's continuations alone
+        if first:  # the beams are still one sequence: rank the first alone
             scores.view(n_audio, beam, beam + 1)[:, 1:] = -np.inf
         # All of an audio's candidates, best first; ties keep the order openai-whisper's
         # stable sort over its insertion order keeps (beam by beam, each by its top-k order).

@@ -592,7 +592,7 @@ if triton is not None:
                 token = tl.sum(tl.where(flat == where, indices, 0))
                 values = tl.where(flat == where, float("-inf"), values)
                 score = base + (value - logsumexp)
-                if j > 0:  # the beams are one sequence yet: the first beam's alone
+                if j > 0:  # the beams are still one sequence: rank the first alone
                     score = tl.where(first != 0, float("-inf"), score)
                 scores = tl.where(c == j * K + k, score, scores)
                 tokens = tl.where(c == j * K + k, token, tokens)
