@@ -510,6 +510,17 @@ def decode(
     start-of-transcript and the first sampled token sit in the same column for every row; the
     cache masks the padding and starts each row's positions after it.
     """
+    with runtime.current_device(audio_features.device):
+        return _decode(model, tokenizer, audio_features, options, prompts)
+
+
+def _decode(
+    model: Whisper,
+    tokenizer: Tokenizer,
+    audio_features: Tensor,
+    options: DecodingOptions,
+    prompts: Sequence[str | list[int] | None] | None,
+) -> list[DecodingResult]:
     validate_options(options)
     n_audio = audio_features.shape[0]
     if prompts is not None and len(prompts) != n_audio:

@@ -38,6 +38,7 @@ step code runs eagerly. `RuntimeWhisper` lets `decoding.decode` use the runtime 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
@@ -113,6 +114,12 @@ USE_PDL: bool | None = None
 # Layer norms and residual adds folded into the step's matmuls (`Runtime._layer_folded`) where
 # they can be; the benchmarks set False to compare.
 FOLD = True
+
+
+def current_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Makes `device` the current CUDA device for a block: Triton launches its kernels, and a
+    CUDA graph captures, on the current device, not on their tensors' (a model on cuda:1)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def step_pdl() -> bool:

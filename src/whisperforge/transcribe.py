@@ -35,7 +35,7 @@ from .export import is_export_folder, load_onnx_export
 from .model import Whisper, fuse_state_dict
 from .quantize import quantize_model, resolve_compute_type
 from .results import Segment, TranscriptionInfo, Word
-from .runtime import Runtime, RuntimeWhisper
+from .runtime import Runtime, RuntimeWhisper, current_device
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
 from .tokenizer import HuggingFaceCodec, TiktokenCodec, Tokenizer, normalize_language
 from .vad import SpeechRegion, TimelineMap, VadOptions, collect_speech, detect_speech
@@ -213,8 +213,12 @@ class WhisperModel:
         local_files_only: bool = False,
     ):
         self.device = resolve_device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", device_index)
+        if self.device.type == "cuda":
+            index = device_index if self.device.index is None else self.device.index
+            if not 0 <= index < torch.cuda.device_count():
+                n = torch.cuda.device_count()
+                raise InvalidOptionError(f"no CUDA GPU {index}: {n} visible, numbered from 0")
+            self.device = torch.device("cuda", index)
         compute = resolve_compute_type(compute_type, self.device)  # a bad name fails before loading
         self.dtype = compute.dtype
         if cpu_threads > 0:
@@ -239,7 +243,8 @@ class WhisperModel:
             self.model = build_model(self.checkpoint, self.device, self.dtype)
             quantize_model(self.model, compute.weights, self.checkpoint.weight_scales)
             if self.device.type == "cuda":
-                self.runtime = Runtime(self.model, max_windows=1, max_rows=5)
+                with current_device(self.device):
+                    self.runtime = Runtime(self.model, max_windows=1, max_rows=5)
         self.decode_model = RuntimeWhisper(self.runtime) if self.runtime else self.model
         self.tokenizer = build_tokenizer(self.checkpoint)
         heads = self.checkpoint.alignment_heads
@@ -261,7 +266,7 @@ class WhisperModel:
 
     def encode(self, mel: Tensor) -> Tensor:
         """Audio features [B, n_audio_ctx, D] of mel windows [B, n_mels, 3000]."""
-        with torch.inference_mode():
+        with torch.inference_mode(), current_device(self.device):
             if self.runtime is not None:  # its output is a static buffer: keep a copy
                 return self.runtime.encoder(mel).clone()
             return self.model.encoder(mel.to(device=self.device, dtype=self.dtype))
