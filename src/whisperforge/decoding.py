@@ -486,8 +486,9 @@ def detect_language(
             {"en": 1.0} for _ in range(audio_features.shape[0])
         ]
     sot = torch.full((audio_features.shape[0], 1), tokenizer.sot, device=audio_features.device)
-    hidden = model.decoder(sot, audio_features=audio_features)
-    logits = model.decoder.logits(hidden[:, 0])
+    with runtime.current_device(audio_features.device):  # quantized linears launch Triton kernels
+        hidden = model.decoder(sot, audio_features=audio_features)
+        logits = model.decoder.logits(hidden[:, 0])
     language_tokens = torch.tensor(tokenizer.all_language_tokens, device=logits.device)
     probs = logits[:, language_tokens].softmax(dim=-1).cpu()
     codes = tokenizer.all_language_codes

@@ -20,6 +20,7 @@ from torch import Tensor
 from .audio import HOP_LENGTH, SAMPLE_RATE
 from .model import Whisper
 from .results import Segment, Word
+from .runtime import current_device
 from .tokenizer import Tokenizer
 
 TOKENS_PER_SECOND = SAMPLE_RATE / HOP_LENGTH / 2  # 50 audio positions per second
@@ -101,8 +102,9 @@ def find_alignment(
         device=audio_features.device,
     )
     cross_qk: list[Tensor] = []
-    hidden = model.decoder(tokens, audio_features=audio_features[None], cross_weights=cross_qk)
-    logits = model.decoder.logits(hidden[0, len(sot_sequence) :])[:, : tokenizer.eot]
+    with current_device(audio_features.device):  # quantized linears launch Triton kernels
+        hidden = model.decoder(tokens, audio_features=audio_features[None], cross_weights=cross_qk)
+        logits = model.decoder.logits(hidden[0, len(sot_sequence) :])[:, : tokenizer.eot]
     token_probs = logits.softmax(dim=-1)
     text_token_probs = token_probs[np.arange(len(text_tokens)), text_tokens].tolist()
 
