@@ -17,37 +17,21 @@ tokenizer) on random audio, 64 tokens at most (a random model's beams end anywhe
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import statistics
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from decode_loop import arguments, decode_ms, dev_windows, preset_runtime
 from gpu import StepClock, hf_model, openai_model
 
 from whisperforge import WhisperModel
-from whisperforge.audio import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel_spectrogram, pad_or_trim
-from whisperforge.decoding import DecodingOptions, decode
-from whisperforge.presets import preset, random_model, unfuse_state_dict
-from whisperforge.runtime import Runtime, RuntimeWhisper
-
-
-def ours(model, tokenizer, features: torch.Tensor, options: DecodingOptions, runs: int) -> float:
-    times = []
-    with torch.inference_mode():
-        for _ in range(runs + 2):
-            start = time.perf_counter()
-            results = decode(model, tokenizer, features, options)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-    steps = max(len(r.tokens) for r in results) + 1
-    return statistics.median(times[2:]) * 1e3 / steps
+from whisperforge.audio import N_FRAMES
+from whisperforge.decoding import DecodingOptions
+from whisperforge.presets import unfuse_state_dict
+from whisperforge.runtime import RuntimeWhisper
 
 
 def openai_whisper(model, mel: torch.Tensor) -> float:
@@ -90,7 +74,7 @@ def compare(
     config, sot, eot = model.config, tokenizer.sot, tokenizer.eot
     options = DecodingOptions(beam_size=5, language="en", sample_len=sample_len)
     for name, (mel, features) in inputs.items():
-        row = {"whisperforge": ours(model, tokenizer, features, options, runs)}
+        row = {"whisperforge": decode_ms(model, tokenizer, features, options, runs)[0]}
         for peer in ("openai-whisper", "HF sdpa", "HF static + compile"):
             try:
                 if peer == "openai-whisper":
@@ -117,44 +101,24 @@ def compare(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True, help="a model directory (tiny.en unpacked)")
-    parser.add_argument("--audio", required=True, help="npz of 16 kHz int16 clips")
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--preset", nargs="*", default=[], help="e.g. large-v3-turbo large-v3")
-    args = parser.parse_args()
+    args = arguments().parse_args()
     model = WhisperModel(args.model, device="cuda", compute_type="float16")
-    config = model.model.config
     tokenizer = model.tokenizer.with_options("en", "transcribe")
-    clips = np.load(args.audio)
-    audio = [clips[name].astype(np.float32) / 32768 for name in clips.files]
-
-    def mel(windows: list[np.ndarray]) -> torch.Tensor:
-        spectrograms = [
-            pad_or_trim(log_mel_spectrogram(a, config.n_mels, N_SAMPLES, "cuda"), N_FRAMES)
-            for a in windows
-        ]
-        return torch.stack(spectrograms).half()
-
-    windows = {
-        "1 window": mel([np.concatenate(audio)[: 30 * SAMPLE_RATE]]),
-        "16 windows": mel([audio[i % len(audio)] for i in range(16)]),
-    }
-    inputs = {name: (m, model.encode(m)) for name, m in windows.items()}
+    windows = dev_windows(model, args.audio)
+    inputs = {name: (mel, model.encode(mel)) for name, mel in windows.items()}
     print(torch.cuda.get_device_name(), flush=True)
     canonical = unfuse_state_dict(model.model.state_dict())
     compare("tiny.en", model.decode_model, tokenizer, inputs, canonical, None, args.runs)
     # The larger architectures: random weights (tiny.en's vocabulary and tokenizer), random
     # audio, 64 tokens at most.
     for name in args.preset:
-        c = dataclasses.replace(preset(name), n_vocab=config.n_vocab)
-        plain = random_model(c, device="cuda", dtype=torch.float16)
-        runtime = Runtime(plain, max_rows=80)
+        plain, runtime = preset_runtime(name, model.model.config.n_vocab)
         generator = torch.Generator(device="cuda").manual_seed(0)
         inputs = {}
         for n in (1, 16):
-            m = torch.randn(n, c.n_mels, N_FRAMES, device="cuda", generator=generator).half()
-            inputs[f"{n} window{'s' if n > 1 else ''}"] = (m, runtime.encoder(m).clone())
+            shape = (n, plain.config.n_mels, N_FRAMES)
+            mel = torch.randn(shape, device="cuda", generator=generator).half()
+            inputs[f"{n} window{'s' if n > 1 else ''}"] = (mel, runtime.encoder(mel).clone())
         canonical = unfuse_state_dict(plain.state_dict())
         compare(name, RuntimeWhisper(runtime), tokenizer, inputs, canonical, 64, args.runs)
         del runtime, plain, canonical

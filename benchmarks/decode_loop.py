@@ -30,34 +30,53 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from whisperforge import WhisperModel
 from whisperforge.audio import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel_spectrogram, pad_or_trim
-from whisperforge.decoding import DecodingOptions, decode
+from whisperforge.decoding import DecodingOptions, DecodingResult, decode
+from whisperforge.model import Whisper
 from whisperforge.presets import preset, random_model
 from whisperforge.runtime import Runtime, RuntimeWhisper
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The options of this benchmark and of beam_peers.py."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True, help="a model directory (tiny.en unpacked)")
     parser.add_argument("--audio", required=True, help="npz of 16 kHz int16 clips")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--preset", nargs="*", default=[], help="e.g. large-v3-turbo large-v3")
-    args = parser.parse_args()
-    model = WhisperModel(args.model, device="cuda", compute_type="float16")
-    clips = np.load(args.audio)
+    return parser
+
+
+def dev_windows(model: WhisperModel, clips_path: str) -> dict[str, torch.Tensor]:
+    """float16 mel of one 30 s window (the clips end to end) and of 16 windows (a clip each)."""
+    clips = np.load(clips_path)
     audio = [clips[name].astype(np.float32) / 32768 for name in clips.files]
     n_mels = model.model.config.n_mels
 
-    def features(windows: list[np.ndarray]) -> torch.Tensor:
-        mel = [
+    def mel(windows: list[np.ndarray]) -> torch.Tensor:
+        spectrograms = [
             pad_or_trim(log_mel_spectrogram(a, n_mels, N_SAMPLES, "cuda"), N_FRAMES)
             for a in windows
         ]
-        return model.encode(torch.stack(mel).half())
+        return torch.stack(spectrograms).half()
 
-    inputs = {
-        "1 window": features([np.concatenate(audio)[: 30 * SAMPLE_RATE]]),
-        "16 windows": features([audio[i % len(audio)] for i in range(16)]),
+    return {
+        "1 window": mel([np.concatenate(audio)[: 30 * SAMPLE_RATE]]),
+        "16 windows": mel([audio[i % len(audio)] for i in range(16)]),
     }
+
+
+def preset_runtime(name: str, n_vocab: int) -> tuple[Whisper, Runtime]:
+    """A preset architecture with random float16 weights and `n_vocab` tokens (a real model's
+    tokenizer then serves it), and its runtime for up to 16 windows of 5 beams."""
+    config = dataclasses.replace(preset(name), n_vocab=n_vocab)
+    model = random_model(config, device="cuda", dtype=torch.float16)
+    return model, Runtime(model, max_rows=80)
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    model = WhisperModel(args.model, device="cuda", compute_type="float16")
+    inputs = {name: model.encode(mel) for name, mel in dev_windows(model, args.audio).items()}
     tokenizer = model.tokenizer.with_options("en", "transcribe")
     print(torch.cuda.get_device_name(), flush=True)
     for beam in (5, None):
@@ -66,8 +85,8 @@ def main() -> None:
             time_decode(f"tiny.en, beam {beam or 1}, {name}", model.decode_model, tokenizer,
                         audio_features, options, args.runs)  # fmt: skip
     for name in args.preset:
-        config = dataclasses.replace(preset(name), n_vocab=model.model.config.n_vocab)
-        runtime = Runtime(random_model(config, device="cuda", dtype=torch.float16), max_rows=80)
+        plain, runtime = preset_runtime(name, model.model.config.n_vocab)
+        config = plain.config
         generator = torch.Generator(device="cuda").manual_seed(0)
         for windows in (1, 16):
             shape = (windows, config.n_audio_ctx, config.n_audio_state)
@@ -75,13 +94,14 @@ def main() -> None:
             options = DecodingOptions(beam_size=5, language="en", sample_len=64)
             time_decode(f"{name}, beam 5, {windows} windows", RuntimeWhisper(runtime), tokenizer,
                         audio_features, options, args.runs)  # fmt: skip
-        del runtime
+        del runtime, plain
         torch.cuda.empty_cache()
 
 
-def time_decode(
-    label: str, model, tokenizer, audio_features: torch.Tensor, options: DecodingOptions, runs: int
-) -> None:
+def decode_ms(
+    model, tokenizer, audio_features: torch.Tensor, options: DecodingOptions, runs: int
+) -> tuple[float, list[DecodingResult]]:
+    """`decode`'s median ms per step over `runs` after three warm-ups, and its results."""
     times = []
     with torch.inference_mode():
         for run in range(runs + 3):
@@ -90,12 +110,16 @@ def time_decode(
             torch.cuda.synchronize()
             if run >= 3:
                 times.append(time.perf_counter() - start)
-    tokens = [len(r.tokens) for r in results]
-    steps = max(tokens) + 1
-    print(
-        f"{label}: {sum(tokens)} tokens, {statistics.median(times) * 1e3 / steps:.3f} ms per step",
-        flush=True,
-    )
+    steps = max(len(r.tokens) for r in results) + 1
+    return statistics.median(times) * 1e3 / steps, results
+
+
+def time_decode(
+    label: str, model, tokenizer, audio_features: torch.Tensor, options: DecodingOptions, runs: int
+) -> None:
+    ms, results = decode_ms(model, tokenizer, audio_features, options, runs)
+    tokens = sum(len(r.tokens) for r in results)
+    print(f"{label}: {tokens} tokens, {ms:.3f} ms per step", flush=True)
 
 
 if __name__ == "__main__":
