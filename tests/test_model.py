@@ -112,3 +112,30 @@ def test_network_equals_openai_whisper(pair):
     torch.testing.assert_close(features, reference.encoder(mel), atol=1e-4, rtol=1e-4)
     ours = model.decoder.logits(model.decoder(tokens, audio_features=features))
     torch.testing.assert_close(ours, reference.decoder(tokens, features), atol=1e-4, rtol=1e-4)
+
+
+@torch.inference_mode()
+def test_rows_of_one_window_step_bit_for_bit_as_copies(pair):
+    """Beams share their window's cross K,V (a stride-0 view) and the CPU logits are summed a
+    band of the vocabulary at a time: both must give what per-row copies and one product give,
+    bit for bit, or beam search would stop matching openai-whisper's token for token."""
+    model, _, _ = pair
+    torch.manual_seed(4)
+    features = model.encoder(torch.randn(1, CONFIG.n_mels, 3000))
+    tokens = torch.randint(0, CONFIG.n_vocab, (5, 6))
+    shared, copied = model.decoder.new_cache(features, repeats=5), model.decoder.new_cache(features)
+    assert shared.cross_k[0].stride(0) == 0
+    copied.cross_k = [k.repeat_interleave(5, dim=0) for k in copied.cross_k]
+    copied.cross_v = [v.repeat_interleave(5, dim=0) for v in copied.cross_v]
+    copied.self_k = [k.clone() for k in shared.self_k]  # 5 rows, empty
+    copied.self_v = [v.clone() for v in shared.self_v]
+    for t in (slice(0, 5), slice(5, 6)):  # the prompt, then a step
+        hidden = model.decoder(tokens[:, t], shared)
+        assert torch.equal(hidden, model.decoder(tokens[:, t], copied))
+
+    weight = model.decoder.token_embedding.weight
+    for rows in (2, 5, 10, 16, 40):
+        hidden = torch.randn(rows, CONFIG.n_text_state)
+        assert torch.equal(model.decoder.logits(hidden), hidden @ weight.T)
+    hidden = torch.randn(2, 7, CONFIG.n_text_state)
+    assert torch.equal(model.decoder.logits(hidden), hidden @ weight.T)

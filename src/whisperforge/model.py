@@ -242,12 +242,24 @@ class KVCache:
             self.padding = self.padding[source]
 
 
+LOGIT_BAND = 1024  # vocabulary rows per product in `TokenEmbedding.logits` on the CPU
+
+
 class TokenEmbedding(nn.Embedding):
     """The token embedding, tied to the output projection. The projection lives here so that a
     quantized embedding (quantize.QuantizedEmbedding) brings its own."""
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return (hidden @ self.weight.to(hidden.dtype).T).float()
+        weight = self.weight.to(hidden.dtype)
+        if hidden.device.type == "cpu" and hidden.numel() > hidden.shape[-1]:
+            # Several rows (beams, samples, windows) on the CPU: a band of 1024 tokens at a time
+            # is faster than the one product over the whole weight (tiny.en, 5 rows: ~23 ms ->
+            # ~15), and sums each score as it did, bit for bit (tested).
+            bands = [
+                hidden @ weight[i : i + LOGIT_BAND].T for i in range(0, len(weight), LOGIT_BAND)
+            ]
+            return torch.cat(bands, dim=-1).float()
+        return (hidden @ weight.T).float()
 
 
 class TextDecoder(nn.Module):
@@ -277,7 +289,13 @@ class TextDecoder(nn.Module):
         """A cache for `repeats` sequences per window (beams, samples), rows grouped by window;
         `padding` [rows]: left padding of each row's prompt (see KVCache)."""
         cross_k, cross_v = self.cross_kv(audio_features)
-        if repeats > 1:
+        if repeats > 1 and audio_features.shape[0] == 1:
+            # One window's rows share its K,V as a stride-0 view: attention reads them once
+            # instead of once per row (5x faster cross-attention for beam 5 on the CPU) and
+            # computes what the copies give, bit for bit (the same shapes).
+            cross_k = [k.expand(repeats, -1, -1) for k in cross_k]
+            cross_v = [v.expand(repeats, -1, -1) for v in cross_v]
+        elif repeats > 1:  # rows of several windows: one batch dimension needs the copies
             cross_k = [k.repeat_interleave(repeats, dim=0) for k in cross_k]
             cross_v = [v.repeat_interleave(repeats, dim=0) for v in cross_v]
         batch, n_state = cross_k[0].shape[0], self.token_embedding.embedding_dim
