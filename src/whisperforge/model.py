@@ -289,10 +289,10 @@ class TextDecoder(nn.Module):
         """A cache for `repeats` sequences per window (beams, samples), rows grouped by window;
         `padding` [rows]: left padding of each row's prompt (see KVCache)."""
         cross_k, cross_v = self.cross_kv(audio_features)
-        if repeats > 1 and audio_features.shape[0] == 1:
-            # One window's rows share its K,V as a stride-0 view: attention reads them once
-            # instead of once per row (5x faster cross-attention for beam 5 on the CPU) and
-            # computes what the copies give, bit for bit (the same shapes).
+        if repeats > 1 and audio_features.shape[0] == 1 and audio_features.device.type == "cpu":
+            # One window's rows share its K,V as a stride-0 view: the CPU's attention reads them
+            # once instead of once per row (5x faster for beam 5) and computes what the copies
+            # give, bit for bit (the same shapes). (On CUDA the runtime has its own cache.)
             cross_k = [k.expand(repeats, -1, -1) for k in cross_k]
             cross_v = [v.expand(repeats, -1, -1) for v in cross_v]
         elif repeats > 1:  # rows of several windows: one batch dimension needs the copies
