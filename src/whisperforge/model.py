@@ -137,14 +137,29 @@ class CrossAttention(nn.Module):
     def forward(
         self, x: Tensor, k: Tensor, v: Tensor, weights: list[Tensor] | None = None
     ) -> Tensor:
+        """x [rows, T, D] attends to k, v [windows, n_audio_ctx, D]: each window's K,V serve
+        its rows / windows consecutive rows (beams or samples of the window)."""
         q = split_heads(self.query(x), self.n_head)
         k, v = split_heads(k, self.n_head), split_heads(v, self.n_head)
+        group = q.shape[0] // k.shape[0]
         if weights is not None:  # word timestamps need the attention scores themselves
             qk = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
             weights.append(qk)
             out = qk.softmax(dim=-1).to(v.dtype) @ v
-        else:
+        elif group == 1:
             out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            # Per window, its rows over a stride-0 view of its K,V: read once, not once per
+            # row (beam 5 on the CPU: 5x faster), and for one window the copies' result bit for
+            # bit (openai-whisper repeats the audio features per beam).
+            out = torch.cat([
+                F.scaled_dot_product_attention(
+                    q[w * group : (w + 1) * group],
+                    k[w : w + 1].expand(group, -1, -1, -1),
+                    v[w : w + 1].expand(group, -1, -1, -1),
+                )
+                for w in range(k.shape[0])
+            ])  # fmt: skip
         return self.out(merge_heads(out))
 
 
@@ -216,7 +231,8 @@ class AudioEncoder(nn.Module):
 class KVCache:
     """Decoder state for a batch of sequences.
 
-    cross_k/cross_v: per layer [B, n_audio_ctx, D], projected once from the audio features.
+    cross_k/cross_v: per layer [windows, n_audio_ctx, D], projected once from the audio
+                     features; B / windows consecutive rows (beams, samples) share a window's.
     self_k/self_v:   per layer [B, n_text_ctx, D], preallocated; positions < `length` are filled.
     padding:         [B] leading positions of each row that hold no token (prompts of different
                      lengths, left-padded to the longest), or None when every row is full.
@@ -288,17 +304,8 @@ class TextDecoder(nn.Module):
     ) -> KVCache:
         """A cache for `repeats` sequences per window (beams, samples), rows grouped by window;
         `padding` [rows]: left padding of each row's prompt (see KVCache)."""
-        cross_k, cross_v = self.cross_kv(audio_features)
-        if repeats > 1 and audio_features.shape[0] == 1 and audio_features.device.type == "cpu":
-            # One window's rows share its K,V as a stride-0 view: the CPU's attention reads them
-            # once instead of once per row (5x faster for beam 5) and computes what the copies
-            # give, bit for bit (the same shapes). (On CUDA the runtime has its own cache.)
-            cross_k = [k.expand(repeats, -1, -1) for k in cross_k]
-            cross_v = [v.expand(repeats, -1, -1) for v in cross_v]
-        elif repeats > 1:  # rows of several windows: one batch dimension needs the copies
-            cross_k = [k.repeat_interleave(repeats, dim=0) for k in cross_k]
-            cross_v = [v.repeat_interleave(repeats, dim=0) for v in cross_v]
-        batch, n_state = cross_k[0].shape[0], self.token_embedding.embedding_dim
+        cross_k, cross_v = self.cross_kv(audio_features)  # shared by a window's rows
+        batch, n_state = cross_k[0].shape[0] * repeats, self.token_embedding.embedding_dim
         shape = (batch, max_length or self.positional_embedding.shape[0], n_state)
         like = cross_k[0]
         return KVCache(
