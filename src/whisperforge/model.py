@@ -137,8 +137,8 @@ class CrossAttention(nn.Module):
     def forward(
         self, x: Tensor, k: Tensor, v: Tensor, weights: list[Tensor] | None = None
     ) -> Tensor:
-        """x [rows, T, D] attends to k, v [windows, n_audio_ctx, D]: each window's K,V serve
-        its rows / windows consecutive rows (beams or samples of the window)."""
+        """x [rows, T, D] attends to k, v [windows, n_audio_ctx, D]: rows // windows
+        consecutive rows (a window's beams or samples) share a window's K,V."""
         q = split_heads(self.query(x), self.n_head)
         k, v = split_heads(k, self.n_head), split_heads(v, self.n_head)
         group = q.shape[0] // k.shape[0]
@@ -151,7 +151,8 @@ class CrossAttention(nn.Module):
         else:
             # Per window, its rows over a stride-0 view of its K,V: read once, not once per
             # row (beam 5 on the CPU: 5x faster), and for one window the copies' result bit for
-            # bit (openai-whisper repeats the audio features per beam).
+            # bit (openai-whisper repeats the audio features per beam). On CUDA the runtime's
+            # own cache serves `WhisperModel`.
             out = torch.cat([
                 F.scaled_dot_product_attention(
                     q[w * group : (w + 1) * group],
