@@ -1635,7 +1635,9 @@ class Runtime:
         """Project each decoder layer's cross K,V of these windows into the static buffer: once per
         window, however many tokens are decoded."""
         W, A, _ = features.shape
-        self._reserve(W, self.max_rows)
+        # The step's graphs run a ladder's windows: reserve them now, since growing the buffers
+        # later (at the first step) would drop the prefill's caches.
+        self._reserve(self._padded_windows(W), self.max_rows)
         flat = features.to(self.dtype).reshape(W * A, -1)
         for block, kv in zip(self.model.decoder.blocks, self.cross_kv):
             proj = block.cross_attn.kv
@@ -1883,7 +1885,8 @@ class Runtime:
         P = max(lengths)
         if min(lengths) < 1 or P >= self.config.n_text_ctx:
             raise ValueError(f"prompts need 1 to {self.config.n_text_ctx - 1} tokens")
-        self._reserve(W, R)
+        windows = self._padded_windows(W)  # as the steps will run them (see `cross`)
+        self._reserve(windows, windows * group)
         self.prompt[:R].zero_()
         self.prompt[:R, :P].copy_(tokens)
         self.prompt_length[:R].copy_(torch.as_tensor(lengths))
