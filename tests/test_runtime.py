@@ -469,8 +469,7 @@ def run(step, patience, n_audio, all_logits):
     sums, steps = torch.zeros(len(tokens)), []
     for logits in all_logits:
         first = search.finished is None
-        if first or search.finished.tokens.shape[2] <= tokens.shape[1]:
-            search._grow_finished(n_audio, tokens.shape[1] + 2, tokens.device)  # grows often
+        search._make_room(tokens, headroom=2)  # grows often
         tokens, source = step(logits, tokens, sums.clone(), sums, search.finished, beam, eot, first)
         steps.append((tokens, source, sums.clone()))
     return steps, search.finished

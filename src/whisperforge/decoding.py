@@ -300,10 +300,7 @@ class BeamSearch(TokenSearch):
 
     def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> tuple[Tensor, bool]:
         first = self.finished is None
-        if first or self.finished.tokens.shape[2] <= tokens.shape[1]:
-            self._grow_finished(
-                tokens.shape[0] // self.beam_size, tokens.shape[1] + 64, tokens.device
-            )
+        self._make_room(tokens)
         before = sum_logprobs.clone()
         self.previous = tokens, before
         step = self._step
@@ -321,16 +318,23 @@ class BeamSearch(TokenSearch):
             sum_logprobs.copy_(before)
         return tokens, True
 
-    def _grow_finished(self, n_audio: int, width: int, device: torch.device) -> None:
+    def _make_room(self, tokens: Tensor, headroom: int = 64) -> None:
+        """Room in `finished` for candidates one token longer than `tokens` [rows, T]: grown
+        `headroom` tokens past that when it is short."""
+        if self.finished is not None and self.finished.tokens.shape[2] > tokens.shape[1]:
+            return
+        n_audio, device = tokens.shape[0] // self.beam_size, tokens.device
         slots = self.max_candidates + 1
-        tokens = torch.zeros(n_audio, slots, width, dtype=torch.long, device=device)
+        grown = torch.zeros(
+            n_audio, slots, tokens.shape[1] + headroom, dtype=torch.long, device=device
+        )
         if self.finished is None:
             zeros = torch.zeros(n_audio, slots, device=device)
             count = torch.zeros(n_audio, dtype=torch.long, device=device)
-            self.finished = runtime.BeamFinished(tokens, zeros.long(), zeros, count)
+            self.finished = runtime.BeamFinished(grown, zeros.long(), zeros, count)
         else:
-            tokens[:, :, : self.finished.tokens.shape[2]] = self.finished.tokens
-            self.finished.tokens = tokens
+            grown[:, :, : self.finished.tokens.shape[2]] = self.finished.tokens
+            self.finished.tokens = grown
 
     @staticmethod
     def _step(

@@ -215,8 +215,8 @@ class WhisperModel:
         self.device = resolve_device(device)
         if self.device.type == "cuda":
             index = device_index if self.device.index is None else self.device.index
-            if not 0 <= index < torch.cuda.device_count():
-                n = torch.cuda.device_count()
+            n = torch.cuda.device_count()
+            if not 0 <= index < n:
                 raise InvalidOptionError(f"no CUDA GPU {index}: {n} visible, numbered from 0")
             self.device = torch.device("cuda", index)
         compute = resolve_compute_type(compute_type, self.device)  # a bad name fails before loading
