@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import DEV_DIR, short_english_clips
 
-from whisperforge import decoding
+from whisperforge import runtime
 from whisperforge.audio import N_FRAMES, load_audio, log_mel_spectrogram, pad_or_trim
 from whisperforge.decoding import DecodingOptions, decode
 
@@ -32,12 +32,12 @@ def features(tiny_en) -> torch.Tensor:
     ids=["beam", "beam-patience0.5", "greedy", "sampling"],
 )
 def test_completion_read_a_step_late_changes_nothing(tiny_en, features, monkeypatch, options):
-    """On CUDA a search reads its completion flags a step late (`decoding.CompletionFlag`) and
+    """On CUDA a search reads its completion flags a step late (`runtime.CompletionFlag`) and
     so runs one step past completion, which beam search undoes. The same path run on the CPU,
     over windows that complete at different steps, gives the tokens of reading at once."""
     results = {}
     for late in (False, True):
-        monkeypatch.setattr(decoding, "READ_LATE", late)
+        monkeypatch.setattr(runtime, "READ_LATE", late)
         torch.manual_seed(0)  # sampling: the step past completion draws after the last sample
         results[late] = decode(tiny_en.model, tiny_en.tokenizer, features, options)
     assert len({len(r.tokens) for r in results[False]}) > 1  # complete at different steps

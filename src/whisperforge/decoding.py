@@ -187,45 +187,6 @@ class ApplyTimestampRules(LogitFilter):
 # --- searches --------------------------------------------------------------------------------
 
 
-# Whether searches read their completion flags a step late (`CompletionFlag`). None: where
-# the flags are on CUDA; the tests set True to run the late path on the CPU.
-READ_LATE: bool | None = None
-
-
-class CompletionFlag:
-    """Whether a search is complete: computed on the device each step, read one step late.
-
-    Reading a device flag at once makes the host wait for the GPU every step, and the GPU then
-    idles while the host queues the next step. On CUDA the flag of step t is copied to pinned
-    memory as it is computed and read only after step t+1 is queued, so a search that completes
-    at step t runs step t+1 too, and undoes it (beam search) or ignores it (greedy, whose
-    finished rows only append EOT). On the CPU nothing runs ahead: the flag is read at once.
-    """
-
-    def __init__(self) -> None:
-        self.pending: tuple[Tensor, torch.cuda.Event | None] | None = None
-        self.late = False  # whether `read` answers for the step before
-
-    def read(self, flags: Tensor) -> bool:
-        """Whether all `flags` were true as of the previous call (`late`) or this one."""
-        self.late = flags.is_cuda if READ_LATE is None else READ_LATE
-        if not self.late:
-            return bool(flags.all())
-        if flags.is_cuda:
-            host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)  # cached by torch
-            host.copy_(flags, non_blocking=True)
-            event: torch.cuda.Event | None = torch.cuda.Event()
-            event.record()
-        else:
-            host, event = flags.clone(), None
-        previous, self.pending = self.pending, (host, event)
-        if previous is None:
-            return False
-        if previous[1] is not None:
-            previous[1].synchronize()  # step t's copy, done while the GPU works on step t+1
-        return bool(previous[0].all())
-
-
 class TokenSearch:
     def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> tuple[Tensor, bool]:
         """Append one token per sequence; returns the tokens and whether all are complete."""
@@ -244,7 +205,7 @@ class GreedySearch(TokenSearch):
 
     temperature: float
     eot: int
-    complete: CompletionFlag = field(default_factory=CompletionFlag, init=False)
+    complete: runtime.CompletionFlag = field(default_factory=runtime.CompletionFlag, init=False)
 
     def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> tuple[Tensor, bool]:
         if self.temperature == 0:
@@ -276,7 +237,7 @@ class BeamSearch(TokenSearch):
     unfinished continuations per audio, and collects finished ones until `patience *
     beam_size` candidates exist: openai-whisper's ranking, step for step, as tensor operations
     on the device (on CUDA two kernels, `runtime.beam_step`). The host copies nothing but the
-    completion flags a step (`CompletionFlag`), and the finished candidates once, in
+    completion flags a step (`runtime.CompletionFlag`), and the finished candidates once, in
     `finalize`.
 
     openai-whisper keys candidates by their token sequence, which merges equal sequences; the
@@ -289,7 +250,7 @@ class BeamSearch(TokenSearch):
     eot: int
     inference: Inference
     patience: float = 1.0
-    complete: CompletionFlag = field(default_factory=CompletionFlag, init=False)
+    complete: runtime.CompletionFlag = field(default_factory=runtime.CompletionFlag, init=False)
     finished: runtime.BeamFinished | None = field(default=None, init=False)
     # The state before the latest step, should the flags say the search was complete before it.
     previous: tuple[Tensor, Tensor] | None = field(default=None, init=False)
@@ -590,24 +551,30 @@ def _decode(
     # Every filter is a fixed set of tokens, or the timestamp rules where the runtime has them
     # as a kernel: then the GPU runtime runs the whole greedy loop on the device, with no host
     # sync per step.
+    # The same for beam search where the runtime runs the filters on the device too.
     device_loop = getattr(model.decoder, "greedy", None)
     device_filters = (SuppressBlank, SuppressTokens)
-    if getattr(model.decoder, "timestamp_rules_on_device", False):
+    on_device = getattr(model.decoder, "timestamp_rules_on_device", False)
+    if on_device:
         device_filters += (ApplyTimestampRules,)
+    greedy = isinstance(search, GreedySearch) and options.temperature == 0
     if (
         device_loop is not None
-        and isinstance(search, GreedySearch)
-        and options.temperature == 0
+        and (greedy or (isinstance(search, BeamSearch) and on_device))
         and all(isinstance(f, device_filters) for f in filters)
     ):
         suppress = [t for f in filters if isinstance(f, SuppressTokens) for t in f.suppress]
         first = tokenizer.encode(" ") + [tokenizer.eot] if options.suppress_blank else []
         rules = next((f.rules() for f in filters if isinstance(f, ApplyTimestampRules)), None)
-        generated, sum_logprobs, sot_probs = device_loop(
-            inference.cache, tokens, sot_index, sample_len, tokenizer.eot, suppress, first, rules
-        )
-        tokens = torch.cat([tokens, generated], dim=1)
-        no_speech_probs = sot_probs[:, tokenizer.no_speech].tolist()
+        loop_args = (inference.cache, tokens, sot_index, sample_len, tokenizer.eot, suppress, first)
+        if isinstance(search, BeamSearch):
+            tokens, sum_logprobs, search.finished, sot_probs = model.decoder.beam(
+                *loop_args, rules, search.max_candidates
+            )
+        else:
+            generated, sum_logprobs, sot_probs = device_loop(*loop_args, rules)
+            tokens = torch.cat([tokens, generated], dim=1)
+        no_speech_probs = sot_probs[::n_group, tokenizer.no_speech].tolist()
         sample_len = 0  # done: no step loop below
     for step in range(sample_len):
         logits, sot_logits = inference.logits(tokens, sot_index if step == 0 else None)

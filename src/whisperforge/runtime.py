@@ -453,22 +453,30 @@ if triton is not None:
 
     @triton.jit
     def _copy_blocks_kernel(
-        src_ptr, dst_ptr, source_ptr, R, H2, src_rows, src_stride, dst_rows, dst_stride, length,
-        BLOCK: tl.constexpr, GATHER: tl.constexpr,
+        src_ptr, dst_ptr, source_ptr, R, H2, src_rows, src_stride, dst_rows, dst_stride, size,
+        length_ptr, position, BLOCK: tl.constexpr, GATHER: tl.constexpr, BY_ROW: tl.constexpr,
     ):  # fmt: skip
-        """Block (layer, row i, head) of `length` elements, BLOCK of them a program: from row
+        """Block (layer, row i, head) = program id: its first `size` elements (BY_ROW: its
+        first length_ptr[i] positions of `position` elements), from row
         source[i] (GATHER) or row i of src into row i of dst, for the rows i that change
         (source[i] != i; beam search leaves most in place). src and dst hold `*_rows` rows a
         layer and H2 heads a row, their blocks `*_stride` elements apart."""
         b = tl.program_id(0)
         h, i, layer = b % H2, (b // H2) % R, b // (H2 * R)
         source = tl.load(source_ptr + i)
-        row = source if GATHER else i
-        src = src_ptr + ((layer * src_rows + row) * H2 + h).to(tl.int64) * src_stride
-        dst = dst_ptr + ((layer * dst_rows + i) * H2 + h).to(tl.int64) * dst_stride
-        at = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        keep = (at < length) & (source != i)
-        tl.store(dst + at, tl.load(src + at, mask=keep), mask=keep)
+        length = size
+        if BY_ROW:
+            length = tl.load(length_ptr + i) * position
+        if source != i:
+            row = source if GATHER else i
+            src = src_ptr + ((layer * src_rows + row) * H2 + h).to(tl.int64) * src_stride
+            dst = dst_ptr + ((layer * dst_rows + i) * H2 + h).to(tl.int64) * dst_stride
+            start = length * 0  # of length's type: loaded (BY_ROW) or an argument
+            while start < length:
+                at = start + tl.arange(0, BLOCK)
+                keep = at < length
+                tl.store(dst + at, tl.load(src + at, mask=keep), mask=keep)
+                start += BLOCK
 
     @triton.jit
     def _timestamp_rules_kernel(
@@ -534,16 +542,19 @@ if triton is not None:
 
     @triton.jit
     def _beam_top_kernel(
-        logits_ptr, value_ptr, index_ptr, max_ptr, sum_ptr,
+        logits_ptr, bias_ptr, value_ptr, index_ptr, max_ptr, sum_ptr,
         V: tl.constexpr, K: tl.constexpr, KPAD: tl.constexpr, BANDS: tl.constexpr,
-        BLOCK_V: tl.constexpr,
+        BLOCK_V: tl.constexpr, BIAS: tl.constexpr,
     ):  # fmt: skip
-        """Band b = program id 1 of row r = program id 0 of logits [rows, V]: its K best
-        values and where they are (ties: the first), its max and its sum of exp(x - max)."""
+        """Band b = program id 1 of row r = program id 0 of logits [rows, V] (+ bias [V]):
+        its K best values and where they are (ties: the first), its max and its sum of
+        exp(x - max)."""
         r, b = tl.program_id(0).to(tl.int64), tl.program_id(1)
         at = tl.arange(0, BLOCK_V)
         x = tl.load(logits_ptr + r * V + b * BLOCK_V + at, mask=b * BLOCK_V + at < V,
                     other=float("-inf")).to(tl.float32)  # fmt: skip
+        if BIAS:
+            x += tl.load(bias_ptr + b * BLOCK_V + at, mask=b * BLOCK_V + at < V, other=0.0)
         band_max = tl.max(x)
         total = tl.sum(tl.exp(x - tl.where(band_max == float("-inf"), 0.0, band_max)))
         k = tl.arange(0, KPAD)
@@ -566,16 +577,27 @@ if triton is not None:
     def _beam_rank_kernel(
         value_ptr, index_ptr, max_ptr, sum_ptr, before_ptr, sums_ptr, tokens_ptr, next_ptr,
         source_ptr, finished_ptr, lengths_ptr, scores_ptr, count_ptr, T, width, first,
+        tokens_stride, next_stride, pos_ptr, token_ptr, done_ptr,
         BEAM: tl.constexpr, K: tl.constexpr, KPAD: tl.constexpr, BANDS: tl.constexpr,
         BANDS_PAD: tl.constexpr, CPAD: tl.constexpr, MAX_CANDIDATES: tl.constexpr,
-        eot: tl.constexpr, BLOCK_T: tl.constexpr,
+        eot: tl.constexpr, BLOCK_T: tl.constexpr, LOOP: tl.constexpr,
     ):  # fmt: skip
         """`decoding.BeamSearch`'s step for audio a = program id: joins its beams' bands into
         each beam's K best log-probabilities, ranks the BEAM * K candidates best first (ties in
         candidate order, as a stable sort), keeps the first BEAM unfinished ones as the next
-        beams (tokens, source rows, sums) and records the finished ones ranked above them."""
+        beams (tokens, source rows, sums) and records the finished ones ranked above them.
+        The beams' tokens are rows tokens_stride apart, the next beams' next_stride apart.
+        LOOP (`Runtime.beam`): the audio's beams hold T = pos[a * BEAM] tokens, the next
+        beams' last tokens also go to token_ptr (the step's input), and once done_ptr is set
+        (the search completed) nothing changes: every row continues itself."""
         a = tl.program_id(0).to(tl.int64)
         c = tl.arange(0, CPAD)
+        live = tl.full([], True, tl.int1)
+        if LOOP:
+            T = tl.load(pos_ptr + a * BEAM)
+            live = tl.load(done_ptr) == 0
+            rows = a * BEAM + c
+            tl.store(source_ptr + rows, rows, mask=(c < BEAM) & ~live)
         flat = tl.arange(0, BANDS_PAD * KPAD)
         band = flat // KPAD
         scores = tl.full([CPAD], float("-inf"), tl.float32)
@@ -614,22 +636,25 @@ if triton is not None:
         finishing = valid & ended & (unfinished < BEAM)
         order = tl.sum((ahead & finishing[:, None]).to(tl.int32), axis=0)
         count = tl.load(count_ptr + a)
-        added = finishing & (count + order < MAX_CANDIDATES)
+        added = finishing & (count + order < MAX_CANDIDATES) & live
         slot = a * BEAM + unfinished - 1
-        tl.store(source_ptr + slot, source, mask=kept)
-        tl.store(sums_ptr + slot, scores, mask=kept)
+        tl.store(source_ptr + slot, source, mask=kept & live)
+        tl.store(sums_ptr + slot, scores, mask=kept & live)
         t = tl.arange(0, BLOCK_T)
         for s in tl.static_range(BEAM):
             this = kept & (unfinished == s + 1)
             row = tl.sum(tl.where(this, source, 0))
-            sequence = tl.load(tokens_ptr + row * T + t, mask=t < T, other=0)
-            sequence = tl.where(t == T, tl.sum(tl.where(this, tokens, 0)), sequence)
-            tl.store(next_ptr + (a * BEAM + s) * (T + 1) + t, sequence, mask=t <= T)
+            token = tl.sum(tl.where(this, tokens, 0))
+            sequence = tl.load(tokens_ptr + row * tokens_stride + t, mask=t < T, other=0)
+            sequence = tl.where(t == T, token, sequence)
+            tl.store(next_ptr + (a * BEAM + s) * next_stride + t, sequence, mask=(t <= T) & live)
+            if LOOP:
+                tl.store(token_ptr + a * BEAM + s, token, mask=live)
         for f in tl.static_range(BEAM):  # a beam's top K holds at most one EOT
             this = added & (order == f)
             has = tl.sum(this.to(tl.int32)) > 0
             row = tl.sum(tl.where(this, source, 0))
-            sequence = tl.load(tokens_ptr + row * T + t, mask=(t < T) & has, other=0)
+            sequence = tl.load(tokens_ptr + row * tokens_stride + t, mask=(t < T) & has, other=0)
             sequence = tl.where(t == T, eot, sequence)
             at = a * (MAX_CANDIDATES + 1) + count + f
             tl.store(finished_ptr + at * width + t, sequence, mask=(t <= T) & has)
@@ -1348,8 +1373,25 @@ def beam_step(
     tokens [rows, T] of the current beams, their sums of log-probabilities `before`. Writes
     the next beams' sums into `sum_logprobs`, records finished candidates in `finished`;
     returns the next beams' tokens [rows, T + 1] and the rows they continue."""
+    rows, T = tokens.shape
+    next_tokens = torch.empty(rows, T + 1, device=tokens.device, dtype=tokens.dtype)
+    source = torch.empty(rows, device=tokens.device, dtype=torch.long)
+    _beam_kernels(
+        logits, None, tokens, next_tokens, source, before, sum_logprobs, finished, beam, eot,
+        first, T,
+    )  # fmt: skip
+    return next_tokens, source
+
+
+def _beam_kernels(
+    logits: Tensor, bias: Tensor | None, tokens: Tensor, next_tokens: Tensor, source: Tensor,
+    before: Tensor, sum_logprobs: Tensor, finished: BeamFinished, beam: int, eot: int,
+    first: bool, T: int, loop: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> None:  # fmt: skip
+    """`beam_step`'s kernels on logits (+ bias), the beams' tokens rows of `tokens` (T of
+    them, or with `loop` = (pos, token, done) each audio's own count: `Runtime.beam`)."""
     rows, V = logits.shape
-    T, n_audio = tokens.shape[1], rows // beam
+    n_audio = rows // beam
     K, BLOCK_V = beam + 1, 2048
     KPAD, bands = triton.next_power_of_2(K), triton.cdiv(V, BLOCK_V)
     values = torch.empty(rows, bands, KPAD, device=logits.device)
@@ -1357,38 +1399,43 @@ def beam_step(
     maxima = torch.empty(rows, bands, device=logits.device)
     sums = torch.empty(rows, bands, device=logits.device)
     _beam_top_kernel[(rows, bands)](
-        logits, values, indices, maxima, sums, V=V, K=K, KPAD=KPAD, BANDS=bands,
-        BLOCK_V=BLOCK_V, num_warps=4,
+        logits, bias if bias is not None else logits, values, indices, maxima, sums, V=V, K=K,
+        KPAD=KPAD, BANDS=bands, BLOCK_V=BLOCK_V, BIAS=bias is not None, num_warps=4,
     )  # fmt: skip
-    next_tokens = torch.empty(rows, T + 1, device=tokens.device, dtype=tokens.dtype)
-    source = torch.empty(rows, device=tokens.device, dtype=torch.long)
+    pos, token, done = loop if loop is not None else (source, source, source)
     _beam_rank_kernel[(n_audio,)](
         values, indices, maxima, sums, before, sum_logprobs, tokens, next_tokens, source,
         finished.tokens, finished.lengths, finished.scores, finished.count, T,
-        finished.tokens.shape[2], int(first), BEAM=beam, K=K, KPAD=KPAD, BANDS=bands,
+        finished.tokens.shape[2], int(first), tokens.stride(0), next_tokens.stride(0), pos,
+        token, done, BEAM=beam, K=K, KPAD=KPAD, BANDS=bands,
         BANDS_PAD=triton.next_power_of_2(bands), CPAD=triton.next_power_of_2(beam * K),
-        MAX_CANDIDATES=finished.lengths.shape[1] - 1,
-        eot=eot, BLOCK_T=max(512, triton.next_power_of_2(T + 1)), num_warps=4,
+        MAX_CANDIDATES=finished.lengths.shape[1] - 1, eot=eot,
+        BLOCK_T=max(512, triton.next_power_of_2(T + 1)), LOOP=loop is not None, num_warps=4,
     )  # fmt: skip
-    return next_tokens, source
 
 
-def reorder_rows(cache: Tensor, source: Tensor, length: int) -> None:
+def reorder_rows(cache: Tensor, source: Tensor, length: int | Tensor) -> None:
     """cache [layers, rows, 2H, T, dh]: row i of every layer takes the first `length` positions
-    of row source[i] (i < len(source)), gathered into a scratch copy first, since rows may be
-    each other's sources. Two streaming copies of the rows that change only (source[i] != i;
-    at ~28 % of beam search's rows a step, a third of the bytes): PyTorch's indexed copy moved
-    every row at ~1.1 TB/s (RESULTS, sessions 23 and 24)."""
+    (an int, or each row's own count [rows] on the device: the beam loop's) of row source[i]
+    (i < len(source)), gathered into a scratch copy first, since rows may be each other's
+    sources. Two streaming copies of the rows that change only (source[i] != i; at ~28 % of
+    beam search's rows a step, a third of the bytes): PyTorch's indexed copy moved every row
+    at ~1.1 TB/s (RESULTS, sessions 23 and 24)."""
     L, rows, H2, T, dh = cache.shape
-    R, size, source = source.shape[0], length * dh, source.contiguous()  # the kernel reads it by i
-    scratch = torch.empty(L, R, H2, length, dh, device=cache.device, dtype=cache.dtype)
-    grid = (L * R * H2, triton.cdiv(size, 1024))
+    R, source = source.shape[0], source.contiguous()  # the kernel reads it by i
+    by_row = isinstance(length, Tensor)
+    n = T if by_row else length
+    scratch = torch.empty(L, R, H2, n, dh, device=cache.device, dtype=cache.dtype)
+    lengths = length if by_row else source
+    grid = (L * R * H2,)
     _copy_blocks_kernel[grid](
-        cache, scratch, source, R, H2, rows, T * dh, R, size, size, BLOCK=1024, GATHER=True
-    )
+        cache, scratch, source, R, H2, rows, T * dh, R, n * dh, n * dh, lengths, dh,
+        BLOCK=1024, GATHER=True, BY_ROW=by_row,
+    )  # fmt: skip
     _copy_blocks_kernel[grid](
-        scratch, cache, source, R, H2, R, size, rows, T * dh, size, BLOCK=1024, GATHER=False
-    )
+        scratch, cache, source, R, H2, R, n * dh, rows, T * dh, n * dh, lengths, dh,
+        BLOCK=1024, GATHER=False, BY_ROW=by_row,
+    )  # fmt: skip
 
 
 @functools.cache
@@ -1419,6 +1466,64 @@ class Batch:
     @property
     def rows(self) -> int:
         return self.windows * self.group
+
+
+# Whether searches read their completion flags a step late (`CompletionFlag`). None: where
+# the flags are on CUDA; the tests set True to run the late path on the CPU.
+READ_LATE: bool | None = None
+
+
+class CompletionFlag:
+    """Whether a search is complete: computed on the device each step, read one step late.
+
+    Reading a device flag at once makes the host wait for the GPU every step, and the GPU then
+    idles while the host queues the next step. On CUDA the flag of step t is copied to pinned
+    memory as it is computed and read only after step t+1 is queued, so a search that completes
+    at step t runs step t+1 too, and undoes it (`decoding.BeamSearch`) or ignores it (greedy,
+    whose finished rows only append EOT; `Runtime.beam`, whose steps change nothing once done). On the CPU nothing runs ahead: the flag is read at once.
+    """
+
+    def __init__(self) -> None:
+        self.pending: tuple[Tensor, torch.cuda.Event | None] | None = None
+        self.late = False  # whether `read` answers for the step before
+
+    def read(self, flags: Tensor) -> bool:
+        """Whether all `flags` were true as of the previous call (`late`) or this one."""
+        self.late = flags.is_cuda if READ_LATE is None else READ_LATE
+        if not self.late:
+            return bool(flags.all())
+        if flags.is_cuda:
+            host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)  # cached by torch
+            host.copy_(flags, non_blocking=True)
+            event: torch.cuda.Event | None = torch.cuda.Event()
+            event.record()
+        else:
+            host, event = flags.clone(), None
+        previous, self.pending = self.pending, (host, event)
+        if previous is None:
+            return False
+        if previous[1] is not None:
+            previous[1].synchronize()  # step t's copy, done while the GPU works on step t+1
+        return bool(previous[0].all())
+
+
+@dataclass(frozen=True)
+class BeamLoop:
+    """What `Runtime.beam`'s step graphs are captured for."""
+
+    beam: int
+    max_candidates: int
+    eot: int
+
+
+@dataclass
+class BeamResult:
+    """`Runtime.beam`'s search: each row's chosen tokens after its prompt [rows, n], their sums
+    of log-probabilities, and each window's finished candidates (prompt, tokens, EOT)."""
+
+    tokens: Tensor
+    sum_logprobs: Tensor
+    finished: BeamFinished
 
 
 @dataclass
@@ -1464,7 +1569,8 @@ class Runtime:
         self.n_head = self.config.n_text_head
         self.d_head = self.config.n_text_state // self.n_head
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        self._rules: TimestampRules | None = None  # `greedy`'s, while it runs
+        self._rules: TimestampRules | None = None  # `greedy`'s or `beam`'s, while it runs
+        self._beam: BeamLoop | None = None  # `beam`'s, while it runs
         self._prefill_out: dict[tuple, Tensor] = {}  # what each prefill graph writes its hidden to
         self.max_windows = self.max_rows = 0
         self._allocate(max_windows, max_rows or max_windows)
@@ -1519,6 +1625,13 @@ class Runtime:
         self.head_index = torch.arange(2 * H, device=dev)
         self.key_index = torch.arange(T, device=dev)
         self.reorder_source = torch.zeros(rows, dtype=torch.long, device=dev)  # `reorder`'s graphs'
+        # `beam`'s loop: the next beams' tokens so far, the rows they continue, whether the
+        # search completed, how many choices it made before, and its finished candidates.
+        self.beam_history = torch.zeros(rows, T + 1, dtype=torch.long, device=dev)
+        self.beam_source = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.beam_done = torch.zeros((), dtype=torch.bool, device=dev)
+        self.beam_choices = torch.zeros((), dtype=torch.int32, device=dev)
+        self._beam_finished: dict[int, BeamFinished] = {}  # by max_candidates
 
     def _reserve(self, windows: int, rows: int) -> None:
         if windows > self.max_windows or rows > self.max_rows:
@@ -1860,7 +1973,15 @@ class Runtime:
                 self._select(rows)
 
         rules = self._rules if select else None
-        self._replay(("step", select, windows, batch.group, bucket, rules), run)
+        beam = self._beam if select else None
+        if beam is not None:  # the beam loop's step: the choice and the reorder in the graph
+
+            def run() -> None:
+                self._forward_fused(rows, windows, select=False)
+                self._beam_choice(rows, first=False)
+
+        key = ("step", select, windows, batch.group, bucket, rules, beam)
+        self._replay(key, run, repeatable=beam is None)  # a reorder moves the cache again
         batch.max_length += 1
 
     @torch.inference_mode()
@@ -2026,6 +2147,85 @@ class Runtime:
             self.sum_logprobs[:R].clone(),
         )
 
+    @torch.inference_mode()
+    def beam(
+        self,
+        batch: Batch,
+        max_candidates: int,
+        max_new_tokens: int,
+        eot: int,
+        suppress: Sequence[int] = (),
+        suppress_first: Sequence[int] = (),
+        rules: TimestampRules | None = None,
+        stop: bool = True,
+    ) -> BeamResult:
+        """`decoding.BeamSearch` over the batch's rows (`batch.group` beams a window) from the
+        prefill's logits, all on the device (the fused step only): each step's graph runs the
+        step, the filters (`suppress`, the timestamp `rules`), the choice (`_beam_kernels`)
+        and the reorder of the caches, so the host only replays it. The search completes once
+        every window has `max_candidates` finished candidates; after that the steps change
+        nothing; the host reads that flag a step late (`CompletionFlag`) to stop, unless `stop`
+        is False (a forced length)."""
+        if not self.fused:
+            raise ValueError("the beam loop runs on the fused step only")
+        beam, W = batch.group, batch.windows
+        finished = self._beam_finished.get(max_candidates)
+        if finished is None:
+            slots, width = max_candidates + 1, self.config.n_text_ctx + 1
+            tokens = torch.zeros(
+                self.max_windows, slots, width, dtype=torch.long, device=self.device
+            )
+            zeros = torch.zeros(self.max_windows, slots, device=self.device)
+            count = torch.zeros(self.max_windows, dtype=torch.long, device=self.device)
+            finished = BeamFinished(tokens, zeros.long(), zeros, count)
+            self._beam_finished[max_candidates] = finished
+        finished.count.zero_()
+        finished.count[W:].fill_(max_candidates)  # the graphs' padding windows: complete
+        self.beam_done.zero_()
+        self.beam_choices.zero_()
+        self._beam, self._rules = BeamLoop(beam, max_candidates, eot), rules
+        try:
+            self.bias.zero_()
+            self.bias[list(suppress) + list(suppress_first)] = float("-inf")
+            self._beam_choice(batch.rows, first=True)  # from the prefill's logits
+            self.bias.zero_()
+            self.bias[list(suppress)] = float("-inf")
+            n = min(max_new_tokens, self.config.n_text_ctx - batch.max_length)
+            complete = CompletionFlag()
+            for _ in range(1, n):
+                self._run_step(batch, select=True)
+                if stop and complete.read(self.beam_done):
+                    break
+        finally:
+            self._beam = self._rules = None
+        R, choices = batch.rows, int(self.beam_choices)
+        start = torch.tensor(batch.prompt_lengths, device=self.device)[:, None]
+        index = start + torch.arange(choices, device=self.device)
+        kept = BeamFinished(*(t[:W].clone() for t in vars(finished).values()))
+        return BeamResult(self.history[:R].gather(1, index), self.sum_logprobs[:R].clone(), kept)
+
+    def _beam_choice(self, rows: int, first: bool) -> None:
+        """One choice of `beam`'s loop from self.logits[:rows] + self.bias: the timestamp rules,
+        the next beams (tokens into self.history, sums into self.sum_logprobs, their last
+        tokens into self.token), the finished candidates, and the self K,V reordered."""
+        loop = self._beam
+        assert loop is not None
+        logits, pos = self.logits[:rows], self.pos[:rows]
+        if self._rules is not None:
+            per_row = (self.prompt_length, self.pos)  # the sampled tokens: after the prompt
+            timestamp_rules(logits, self.history, self._rules, per_row=per_row, bias=self.bias)
+        finished = self._beam_finished[loop.max_candidates]
+        done = self.beam_done
+        _beam_kernels(
+            logits, self.bias, self.history, self.beam_history, self.beam_source,
+            self.sum_logprobs, self.sum_logprobs, finished, loop.beam, loop.eot, first,
+            self.config.n_text_ctx, loop=(self.pos, self.token, done),
+        )  # fmt: skip
+        self.beam_choices += ~done  # this choice counts: the search was not complete
+        done |= (finished.count[: rows // loop.beam] >= loop.max_candidates).all()
+        reorder_rows(self.self_kv, self.beam_source[:rows], pos)
+        self.history[:rows].copy_(self.beam_history[:rows])
+
 
 # --- decoding.decode on the runtime ---------------------------------------------------------
 
@@ -2117,6 +2317,44 @@ class RuntimeDecoder(nn.Module):
             cache.batch, max_new_tokens, eot, suppress, suppress_first, rules=rules
         )
         return result.tokens, result.sum_logprobs, sot_probs
+
+    def beam(
+        self,
+        cache: RuntimeCache,
+        prompts: Tensor,
+        sot_index: int,
+        max_new_tokens: int,
+        eot: int,
+        suppress: Sequence[int],
+        suppress_first: Sequence[int],
+        rules: TimestampRules | None,
+        max_candidates: int,
+    ) -> tuple[Tensor, Tensor, BeamFinished, Tensor]:
+        """`decoding.decode`'s beam search, all on the device (`Runtime.beam`; where
+        `timestamp_rules_on_device`), laid out as `decoding.BeamSearch` keeps it: the beams'
+        tokens [rows, P + n] after decoding's left-padded `prompts` [rows, P], their sums of
+        log-probabilities, the finished candidates (each after its window's prompt row), and
+        the probabilities at the start-of-transcript position."""
+        hidden = cache.prefill(prompts)
+        sot_probs = self.plain.logits(hidden[:, sot_index]).float().softmax(dim=-1)
+        assert cache.batch is not None
+        result = self.runtime.beam(
+            cache.batch, max_candidates, max_new_tokens, eot, suppress, suppress_first,
+            rules=rules,
+        )  # fmt: skip
+        tokens = torch.cat([prompts, result.tokens], dim=1)
+        # A window's candidates hold its own prompt (the runtime's rows are right-padded):
+        # decoding's left-padded prompt row goes first instead.
+        finished, P = result.finished, prompts.shape[1]
+        width = P + finished.tokens.shape[2]
+        moved = prompts.new_zeros(finished.tokens.shape[0], finished.tokens.shape[1], width)
+        lengths = finished.lengths.clone()
+        for w, length in enumerate(cache.batch.prompt_lengths[:: cache.group]):
+            moved[w, :, :P] = prompts[w * cache.group]
+            moved[w, :, P : width - length] = finished.tokens[w, :, length:]
+            lengths[w] += P - length
+        moved = BeamFinished(moved, lengths, finished.scores, finished.count)
+        return tokens, result.sum_logprobs, moved, sot_probs
 
     @property
     def timestamp_rules_on_device(self) -> bool:
