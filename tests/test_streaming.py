@@ -198,19 +198,7 @@ def normalized(text: str) -> str:
     return " ".join("".join(c for c in text.lower() if c.isalnum() or c in " '").split())
 
 
-@pytest.fixture
-def one_thread():
-    """27 updates in a row: one torch thread costs little on 2 idle cores and is several times
-    faster when the cores are shared (spinning OpenMP threads); restored afterwards."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_replay_of_a_dev_clip_matches_offline(tiny_en, one_thread):
+def test_replay_of_a_dev_clip_matches_offline(tiny_en):
     audio = load_audio(DEV_DIR / "mfa__acoustic_corpus.wav")  # 26.7 s, spontaneous speech
     assert audio.size / SR >= 20
     offline = "".join(s.text for s in tiny_en.transcribe(audio, language="en", beam_size=1,
@@ -231,7 +219,7 @@ def test_replay_of_a_dev_clip_matches_offline(tiny_en, one_thread):
     assert delays.min() >= 0 and delays.mean() < 3.0
 
 
-def test_no_text_invented_after_the_last_word(tiny_en, one_thread):
+def test_no_text_invented_after_the_last_word(tiny_en):
     """Isolated words with silence between and after them: the end of the buffer is often
     decoded again in a short window of its own, where tiny.en makes up a sentence; streaming
     must end where offline transcription of the same file ends."""
