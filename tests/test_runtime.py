@@ -22,15 +22,6 @@ BUCKETS = (8, 16)  # small, so a short decode crosses two boundaries
 TOL = {"atol": 1e-4, "rtol": 1e-4}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These are many small ops: on a busy 2-core machine, thread hand-offs cost 50x the math."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def setup():
     model = random_model(CONFIG, seed=0)
