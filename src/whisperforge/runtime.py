@@ -19,7 +19,9 @@ kernel launches and host syncs, not by the GPU. The runtime removes both:
   (`_logits_select_kernel`). On Hopper the kernels chain by programmatic dependent launch
   (`USE_PDL`).
 - The greedy loop state (last tokens, lengths, finished flags, sums of log-probs, the tokens
-  so far) stays on the GPU; `greedy` runs a whole decode with no host sync per step.
+  so far) stays on the GPU; `greedy` runs a whole decode with no host sync per step. So does
+  beam search's (`beam`): a step's graph runs the step, the filters, the choice and the
+  reorder of the self K,V, and the host reads one completion flag a step late.
 - Beams (or best-of samples) of one window are rows of one batch that share the window's cross
   K,V: cross-attention takes them as `group` queries of that window, so it reads K,V once.
 
@@ -31,6 +33,7 @@ The API that batching, streaming and serving build on:
     logits = rt.step(batch, next_tokens)         # one token per row -> logits [rows, n_vocab]
     rt.reorder(batch, source)                    # beam search: row i continues row source[i]
     result = rt.greedy(batch, 128, eot, suppress)  # or the whole greedy loop on the device
+    result = rt.beam(batch, 5, 128, eot, suppress)   # or beam search's (group = beams)
 
 The buffers belong to the runtime: one batch is decoded at a time. On the CPU (tests) the same
 step code runs eagerly. `RuntimeWhisper` lets `decoding.decode` use the runtime unchanged.
