@@ -600,7 +600,7 @@ def device(max_candidates, stop):
     cache = R.RuntimeCache(rt, rt.cross(features), beam, padding)
     decoder = R.RuntimeDecoder(rt)
     rt.beam = lambda *args, **kwargs: R.Runtime.beam(rt, *args, stop=stop, **kwargs)
-    tokens, sums, finished, _ = decoder.beam(
+    tokens, sums, finished, _ = decoder.search(
         cache, tokens0, 0, steps, ids.eot, suppress, first, rules.rules(), max_candidates
     )
     search = BeamSearch(beam, ids.eot, None)

@@ -549,10 +549,9 @@ def _decode(
     sum_logprobs = torch.zeros(n_audio * n_group, device=audio_features.device)
     no_speech_probs = [float("nan")] * n_audio
     # Every filter is a fixed set of tokens, or the timestamp rules where the runtime has them
-    # as a kernel: then the GPU runtime runs the whole greedy loop on the device, with no host
-    # sync per step.
-    # The same for beam search where the runtime runs the filters on the device too.
-    device_loop = getattr(model.decoder, "greedy", None)
+    # as a kernel: then the GPU runtime runs the whole loop on the device, with no host sync
+    # per step (greedy; beam search where the runtime has the fused step).
+    device_loop = getattr(model.decoder, "search", None)
     device_filters = (SuppressBlank, SuppressTokens)
     on_device = getattr(model.decoder, "timestamp_rules_on_device", False)
     if on_device:
@@ -566,14 +565,13 @@ def _decode(
         suppress = [t for f in filters if isinstance(f, SuppressTokens) for t in f.suppress]
         first = tokenizer.encode(" ") + [tokenizer.eot] if options.suppress_blank else []
         rules = next((f.rules() for f in filters if isinstance(f, ApplyTimestampRules)), None)
-        loop_args = (inference.cache, tokens, sot_index, sample_len, tokenizer.eot, suppress, first)
+        candidates = search.max_candidates if isinstance(search, BeamSearch) else None
+        tokens, sum_logprobs, finished, sot_probs = device_loop(
+            inference.cache, tokens, sot_index, sample_len, tokenizer.eot, suppress, first,
+            rules, candidates,
+        )  # fmt: skip
         if isinstance(search, BeamSearch):
-            tokens, sum_logprobs, search.finished, sot_probs = model.decoder.beam(
-                *loop_args, rules, search.max_candidates
-            )
-        else:
-            generated, sum_logprobs, sot_probs = device_loop(*loop_args, rules)
-            tokens = torch.cat([tokens, generated], dim=1)
+            search.finished = finished
         no_speech_probs = sot_probs[::n_group, tokenizer.no_speech].tolist()
         sample_len = 0  # done: no step loop below
     for step in range(sample_len):

@@ -2298,7 +2298,7 @@ class RuntimeDecoder(nn.Module):
         self.runtime.step(cache.batch, tokens[:, 0])
         return self.runtime.hidden[: tokens.shape[0], None]
 
-    def greedy(
+    def search(
         self,
         cache: RuntimeCache,
         prompts: Tensor,
@@ -2308,43 +2308,25 @@ class RuntimeDecoder(nn.Module):
         suppress: Sequence[int],
         suppress_first: Sequence[int],
         rules: TimestampRules | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """`decoding.decode`'s greedy loop, all on the device: the new tokens [rows, n] (EOT
-        repeats after a row finished), their sums of log-probabilities, and the probabilities
-        at the start-of-transcript position (for the no-speech figure). `rules`: the timestamp
-        rules, where `timestamp_rules_on_device`."""
+        max_candidates: int | None = None,
+    ) -> tuple[Tensor, Tensor, BeamFinished | None, Tensor]:
+        """`decoding.decode`'s loop all on the device: greedy (`Runtime.greedy`), or with
+        `max_candidates` beam search (`Runtime.beam`; where `timestamp_rules_on_device`), laid
+        out as decoding keeps it: the rows' tokens [rows, P + n] after decoding's left-padded
+        `prompts` [rows, P] (greedy: EOT repeats after a row finished), their sums of
+        log-probabilities, beam search's finished candidates (each after its window's prompt
+        row; None for greedy), and the probabilities at the start-of-transcript position (for
+        the no-speech figure). `rules`: the timestamp rules, where `timestamp_rules_on_device`."""
         hidden = cache.prefill(prompts)
         sot_probs = self.plain.logits(hidden[:, sot_index]).float().softmax(dim=-1)
-        assert cache.batch is not None
-        result = self.runtime.greedy(
-            cache.batch, max_new_tokens, eot, suppress, suppress_first, rules=rules
-        )
-        return result.tokens, result.sum_logprobs, sot_probs
-
-    def beam(
-        self,
-        cache: RuntimeCache,
-        prompts: Tensor,
-        sot_index: int,
-        max_new_tokens: int,
-        eot: int,
-        suppress: Sequence[int],
-        suppress_first: Sequence[int],
-        rules: TimestampRules | None,
-        max_candidates: int,
-    ) -> tuple[Tensor, Tensor, BeamFinished, Tensor]:
-        """`decoding.decode`'s beam search, all on the device (`Runtime.beam`; where
-        `timestamp_rules_on_device`), laid out as `decoding.BeamSearch` keeps it: the beams'
-        tokens [rows, P + n] after decoding's left-padded `prompts` [rows, P], their sums of
-        log-probabilities, the finished candidates (each after its window's prompt row), and
-        the probabilities at the start-of-transcript position."""
-        hidden = cache.prefill(prompts)
-        sot_probs = self.plain.logits(hidden[:, sot_index]).float().softmax(dim=-1)
-        assert cache.batch is not None
-        result = self.runtime.beam(
-            cache.batch, max_candidates, max_new_tokens, eot, suppress, suppress_first,
-            rules=rules,
-        )  # fmt: skip
+        batch = cache.batch
+        assert batch is not None
+        args = (max_new_tokens, eot, suppress, suppress_first)
+        if max_candidates is None:
+            greedy = self.runtime.greedy(batch, *args, rules=rules)
+            tokens = torch.cat([prompts, greedy.tokens], dim=1)
+            return tokens, greedy.sum_logprobs, None, sot_probs
+        result = self.runtime.beam(batch, max_candidates, *args, rules=rules)
         tokens = torch.cat([prompts, result.tokens], dim=1)
         # A window's candidates hold its own prompt (the runtime's rows are right-padded):
         # decoding's left-padded prompt row goes first instead.
@@ -2352,7 +2334,7 @@ class RuntimeDecoder(nn.Module):
         width = P + finished.tokens.shape[2]
         moved = prompts.new_zeros(finished.tokens.shape[0], finished.tokens.shape[1], width)
         lengths = finished.lengths.clone()
-        for w, length in enumerate(cache.batch.prompt_lengths[:: cache.group]):
+        for w, length in enumerate(batch.prompt_lengths[:: cache.group]):
             moved[w, :, :P] = prompts[w * cache.group]
             moved[w, :, P : width - length] = finished.tokens[w, :, length:]
             lengths[w] += P - length
