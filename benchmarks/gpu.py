@@ -114,7 +114,7 @@ def bench_runtime(
 
     def decode() -> None:
         b = rt.prefill(cross, [prompt] * batch)
-        rt.greedy(b, tokens, eot_for(c), suppress=[eot_for(c)], check_every=0)
+        rt.greedy(b, tokens, eot_for(c), suppress=[eot_for(c)], stop=False)
 
     total_ms = events_ms(decode, reps=5)
     decode_ms = total_ms - prefill_ms
@@ -154,7 +154,7 @@ def bench_window(rt: Runtime, c: ModelConfig, steps: int = 100) -> float:
         mel = log_mel_spectrogram(audio, c.n_mels, 0, "cuda")[None, :, :3000]
         cross = rt.encode(mel)
         rt.greedy(
-            rt.prefill(cross, [prompt]), steps + 1, eot_for(c), suppress=[eot_for(c)], check_every=0
+            rt.prefill(cross, [prompt]), steps + 1, eot_for(c), suppress=[eot_for(c)], stop=False
         )
 
     return events_ms(window, reps=5)

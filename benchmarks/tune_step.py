@@ -42,7 +42,7 @@ def step_ms(rt: Runtime, features: torch.Tensor, prompt: list[int], eot: int, st
         batch = rt.prefill(cross, [prompt] * features.shape[0])
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        rt.greedy(batch, steps, eot, suppress=[eot], check_every=0)
+        rt.greedy(batch, steps, eot, suppress=[eot], stop=False)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / (steps - 1))

@@ -185,7 +185,7 @@ def test_greedy_loop_matches_plain_greedy_with_rows_finishing_apart(setup):
         if first(plain[0][0], t) < n - 2 and first(plain[1][0], t) != first(plain[0][0], t)
     )
     batch = runtime.prefill(runtime.cross(features), prompts)
-    result = runtime.greedy(batch, n, eot, suppress=suppress, check_every=0)
+    result = runtime.greedy(batch, n, eot, suppress=suppress, stop=False)
     for r, (seq, logprobs) in enumerate(plain):
         end = first(seq, eot)
         expected = seq[: end + 1] + [eot] * (n - end - 1)
@@ -535,7 +535,7 @@ assert (expected >= 500).any() and (expected < 400).any(), expected  # both kind
 
 # the device loop with the rules' kernel before each choice
 batch = rt.prefill(cross, prompts)
-got = rt.greedy(batch, steps, ids.eot, suppress, first, check_every=0, rules=rules.rules()).tokens
+got = rt.greedy(batch, steps, ids.eot, suppress, first, stop=False, rules=rules.rules()).tokens
 assert torch.equal(got, expected), (got, expected)
 print("ok")
 """

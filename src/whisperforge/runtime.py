@@ -2101,23 +2101,29 @@ class Runtime:
         eot: int,
         suppress: Sequence[int] = (),
         suppress_first: Sequence[int] = (),
-        check_every: int = 8,
         rules: TimestampRules | None = None,
+        stop: bool = True,
     ) -> GreedyResult:
         """Greedy decoding of every row from the prefill's logits, all on the device.
 
         `suppress` tokens are never chosen; `suppress_first` adds to them for the first token
         (decoding's SuppressBlank); `rules`: decoding's timestamp rules apply before each choice
-        (the fused step only). Every `check_every` steps one bool comes to the host to stop
-        once all rows finished; 0 never checks (a forced length, for benchmarks).
+        (the fused step only). Whether all rows finished comes to the host a step late
+        (`CompletionFlag`) to stop, unless `stop` is False (a forced length, for benchmarks).
         """
         if rules is not None and not self.fused:
             raise ValueError("the timestamp rules run on the device in the fused step only")
         self._rules = rules
         try:
-            return self._greedy(batch, max_new_tokens, eot, suppress, suppress_first, check_every)
+            return self._greedy(batch, max_new_tokens, eot, suppress, suppress_first, stop)
         finally:
             self._rules = None
+
+    def _suppress(self, tokens: Sequence[int]) -> None:
+        """The loops' bias: -inf for `tokens`, never chosen."""
+        bias = torch.zeros(self.config.n_vocab)
+        bias[list(tokens)] = float("-inf")
+        self.bias.copy_(bias)
 
     def _greedy(
         self,
@@ -2126,20 +2132,18 @@ class Runtime:
         eot: int,
         suppress: Sequence[int],
         suppress_first: Sequence[int],
-        check_every: int,
+        stop: bool,
     ) -> GreedyResult:
-        R, V = batch.rows, self.config.n_vocab
-        first = torch.zeros(V)
-        first[list(suppress) + list(suppress_first)] = float("-inf")
-        self.bias.copy_(first)
+        R = batch.rows
+        self._suppress([*suppress, *suppress_first])
         self.eot.fill_(eot)
         self._select(R)  # the first token, from the prefill's logits
-        self.bias.zero_()
-        self.bias[list(suppress)] = float("-inf")
+        self._suppress(suppress)
         n = min(max_new_tokens, self.config.n_text_ctx - batch.max_length)
+        complete = CompletionFlag()
         for i in range(1, n):
             self._run_step(batch, select=True)
-            if check_every and i % check_every == 0 and bool(self.finished[:R].all()):
+            if stop and complete.read(self.finished[:R]):
                 n = i + 1
                 break
         start = torch.tensor(batch.prompt_lengths, device=self.device)[:, None]
@@ -2188,11 +2192,9 @@ class Runtime:
         self.beam_choices.zero_()
         self._beam, self._rules = BeamLoop(beam, max_candidates, eot), rules
         try:
-            self.bias.zero_()
-            self.bias[list(suppress) + list(suppress_first)] = float("-inf")
+            self._suppress([*suppress, *suppress_first])
             self._beam_choice(batch.rows, first=True)  # from the prefill's logits
-            self.bias.zero_()
-            self.bias[list(suppress)] = float("-inf")
+            self._suppress(suppress)
             n = min(max_new_tokens, self.config.n_text_ctx - batch.max_length)
             complete = CompletionFlag()
             for _ in range(1, n):
