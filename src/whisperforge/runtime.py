@@ -460,10 +460,10 @@ if triton is not None:
         length_ptr, position, BLOCK: tl.constexpr, GATHER: tl.constexpr, BY_ROW: tl.constexpr,
     ):  # fmt: skip
         """Block (layer, row i, head) = program id: its first `size` elements (BY_ROW: its
-        first length_ptr[i] positions of `position` elements), from row
-        source[i] (GATHER) or row i of src into row i of dst, for the rows i that change
-        (source[i] != i; beam search leaves most in place). src and dst hold `*_rows` rows a
-        layer and H2 heads a row, their blocks `*_stride` elements apart."""
+        first length_ptr[i] positions of `position` elements), from row source[i] (GATHER)
+        or row i of src into row i of dst, for the rows i that change (source[i] != i; beam
+        search leaves most in place). src and dst hold `*_rows` rows a layer and H2 heads a
+        row, their blocks `*_stride` elements apart."""
         b = tl.program_id(0)
         h, i, layer = b % H2, (b // H2) % R, b // (H2 * R)
         source = tl.load(source_ptr + i)
@@ -1483,7 +1483,8 @@ class CompletionFlag:
     idles while the host queues the next step. On CUDA the flag of step t is copied to pinned
     memory as it is computed and read only after step t+1 is queued, so a search that completes
     at step t runs step t+1 too, and undoes it (`decoding.BeamSearch`) or ignores it (greedy,
-    whose finished rows only append EOT; `Runtime.beam`, whose steps change nothing once done). On the CPU nothing runs ahead: the flag is read at once.
+    whose finished rows only append EOT; `Runtime.beam`, whose steps change nothing once
+    done). On the CPU nothing runs ahead: the flag is read at once.
     """
 
     def __init__(self) -> None:
@@ -2170,8 +2171,8 @@ class Runtime:
         prefill's logits, all on the device (the fused step only): each step's graph runs the
         step, the filters (`suppress`, the timestamp `rules`), the choice (`_beam_kernels`)
         and the reorder of the caches, so the host only replays it. The search completes once
-        every window has `max_candidates` finished candidates; after that the steps change
-        nothing; the host reads that flag a step late (`CompletionFlag`) to stop, unless `stop`
+        every window has `max_candidates` finished candidates, and the steps after it change
+        nothing: the host reads that flag a step late (`CompletionFlag`) to stop, unless `stop`
         is False (a forced length)."""
         if not self.fused:
             raise ValueError("the beam loop runs on the fused step only")
