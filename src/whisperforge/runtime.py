@@ -2120,6 +2120,24 @@ class Runtime:
         finally:
             self._rules = None
 
+    def _loop(
+        self, batch: Batch, max_new_tokens: int, suppress: Sequence[int],
+        suppress_first: Sequence[int], first_choice: Callable[[], None], done: Tensor, stop: bool,
+    ) -> int:  # fmt: skip
+        """`greedy`'s and `beam`'s run: `first_choice` from the prefill's logits, then steps
+        (each with its choice) until all of `done` is true, read a step late, or until
+        `max_new_tokens` choices or the context is full; returns the number of choices."""
+        self._suppress([*suppress, *suppress_first])
+        first_choice()
+        self._suppress(suppress)
+        n = min(max_new_tokens, self.config.n_text_ctx - batch.max_length)
+        complete = CompletionFlag()
+        for i in range(1, n):
+            self._run_step(batch, select=True)
+            if stop and complete.read(done):
+                return i + 1
+        return n
+
     def _suppress(self, tokens: Sequence[int]) -> None:
         """The loops' bias: -inf for `tokens`, never chosen."""
         bias = torch.zeros(self.config.n_vocab)
@@ -2136,17 +2154,11 @@ class Runtime:
         stop: bool,
     ) -> GreedyResult:
         R = batch.rows
-        self._suppress([*suppress, *suppress_first])
         self.eot.fill_(eot)
-        self._select(R)  # the first token, from the prefill's logits
-        self._suppress(suppress)
-        n = min(max_new_tokens, self.config.n_text_ctx - batch.max_length)
-        complete = CompletionFlag()
-        for i in range(1, n):
-            self._run_step(batch, select=True)
-            if stop and complete.read(self.finished[:R]):
-                n = i + 1
-                break
+        n = self._loop(
+            batch, max_new_tokens, suppress, suppress_first, lambda: self._select(R),
+            self.finished[:R], stop,
+        )  # fmt: skip
         start = torch.tensor(batch.prompt_lengths, device=self.device)[:, None]
         index = start + torch.arange(n, device=self.device)
         return GreedyResult(
@@ -2193,15 +2205,10 @@ class Runtime:
         self.beam_choices.zero_()
         self._beam, self._rules = BeamLoop(beam, max_candidates, eot), rules
         try:
-            self._suppress([*suppress, *suppress_first])
-            self._beam_choice(batch.rows, first=True)  # from the prefill's logits
-            self._suppress(suppress)
-            n = min(max_new_tokens, self.config.n_text_ctx - batch.max_length)
-            complete = CompletionFlag()
-            for _ in range(1, n):
-                self._run_step(batch, select=True)
-                if stop and complete.read(self.beam_done):
-                    break
+            self._loop(
+                batch, max_new_tokens, suppress, suppress_first,
+                lambda: self._beam_choice(batch.rows, first=True), self.beam_done, stop,
+            )  # fmt: skip
         finally:
             self._beam = self._rules = None
         R, choices = batch.rows, int(self.beam_choices)
