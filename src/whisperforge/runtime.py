@@ -1982,7 +1982,7 @@ class Runtime:
 
             def run() -> None:
                 self._forward_fused(rows, windows, select=False)
-                self._beam_choice(rows, first=False)
+                self._beam_choice(rows)
 
         key = ("step", select, windows, batch.group, bucket, rules, beam)
         self._replay(key, run, repeatable=beam is None)  # a reorder moves the cache again
@@ -2207,7 +2207,7 @@ class Runtime:
         try:
             self._loop(
                 batch, max_new_tokens, suppress, suppress_first,
-                lambda: self._beam_choice(batch.rows, first=True), self.beam_done, stop,
+                lambda: self._beam_choice(batch.rows, batch.max_length), self.beam_done, stop,
             )  # fmt: skip
         finally:
             self._beam = self._rules = None
@@ -2217,13 +2217,17 @@ class Runtime:
         kept = BeamFinished(*(t[:W].clone() for t in vars(finished).values()))
         return BeamResult(self.history[:R].gather(1, index), self.sum_logprobs[:R].clone(), kept)
 
-    def _beam_choice(self, rows: int, first: bool) -> None:
+    def _beam_choice(self, rows: int, prompt_length: int | None = None) -> None:
         """One choice of `beam`'s loop from self.logits[:rows] + self.bias: the timestamp rules,
         the next beams (tokens into self.history, sums into self.sum_logprobs, their last
-        tokens into self.token), the finished candidates, and the self K,V reordered."""
+        tokens into self.token), the finished candidates, and the self K,V reordered. The
+        first choice, from the prefill's logits, is told the longest prompt: its reorder then
+        copies that many positions, not the whole context (it runs outside the graphs, whose
+        pool already holds a copy's scratch)."""
         loop = self._beam
         assert loop is not None
-        logits, pos = self.logits[:rows], self.pos[:rows]
+        logits = self.logits[:rows]
+        first = prompt_length is not None
         if self._rules is not None:
             per_row = (self.prompt_length, self.pos)  # the sampled tokens: after the prompt
             timestamp_rules(logits, self.history, self._rules, per_row=per_row, bias=self.bias)
@@ -2236,7 +2240,8 @@ class Runtime:
         )  # fmt: skip
         self.beam_choices += ~done  # this choice counts: the search was not complete
         done |= (finished.count[: rows // loop.beam] >= loop.max_candidates).all()
-        reorder_rows(self.self_kv, self.beam_source[:rows], pos)
+        length = prompt_length if first else self.pos[:rows]  # positions cached
+        reorder_rows(self.self_kv, self.beam_source[:rows], length)
         self.history[:rows].copy_(self.beam_history[:rows])
 
 
@@ -2341,13 +2346,13 @@ class RuntimeDecoder(nn.Module):
         # A window's candidates hold its own prompt (the runtime's rows are right-padded):
         # decoding's left-padded prompt row goes first instead.
         finished, P = result.finished, prompts.shape[1]
-        width = P + finished.tokens.shape[2]
-        moved = prompts.new_zeros(finished.tokens.shape[0], finished.tokens.shape[1], width)
-        lengths = finished.lengths.clone()
-        for w, length in enumerate(batch.prompt_lengths[:: cache.group]):
-            moved[w, :, :P] = prompts[w * cache.group]
-            moved[w, :, P : width - length] = finished.tokens[w, :, length:]
-            lengths[w] += P - length
+        W, slots, width = finished.tokens.shape
+        length = torch.tensor(batch.prompt_lengths[:: cache.group], device=prompts.device)
+        column = torch.arange(P + width, device=prompts.device) - P  # [P + width]
+        index = (column + length[:, None]).clamp(0, width - 1)  # after each window's prompt
+        moved = finished.tokens.gather(2, index[:, None].expand(W, slots, -1))
+        moved[:, :, :P] = prompts[:: cache.group, None]
+        lengths = finished.lengths + (P - length)[:, None]
         moved = BeamFinished(moved, lengths, finished.scores, finished.count)
         return tokens, result.sum_logprobs, moved, sot_probs
 
