@@ -5,6 +5,9 @@ decode loop's own: the logit filters, the search's choice and its copy to the ho
 search's reorder. Beam 5 and greedy, with timestamps (as `transcribe` decodes), on one 30 s
 window (the clips put end to end) and on 16 windows (one clip each) at once; median ms per
 step over `--runs` after three warm-ups, tokens per run printed so that code versions compare.
+Then sampling (temperature 0.4, best of 5: the fallback's decode) with EOT suppressed, so that
+every row runs `SAMPLED` steps, in turns on the runtime's device loop and on decoding's host
+loop (`host_loop`).
 `--preset` adds the larger architectures' decode loops, random weights (English vocabulary, the
 model's tokenizer) on random audio features, 64 tokens at most.
 
@@ -17,6 +20,7 @@ clips.npz: 16 kHz int16 clips by name (as `gpu.py --check` takes them).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import statistics
 import sys
@@ -33,7 +37,9 @@ from whisperforge.audio import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel_spectro
 from whisperforge.decoding import DecodingOptions, DecodingResult, decode
 from whisperforge.model import Whisper
 from whisperforge.presets import preset, random_model
-from whisperforge.runtime import Runtime, RuntimeWhisper
+from whisperforge.runtime import Runtime, RuntimeDecoder, RuntimeWhisper
+
+SAMPLED = 96  # steps of every sampled row (EOT suppressed)
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -84,6 +90,17 @@ def main() -> None:
         for name, audio_features in inputs.items():
             time_decode(f"tiny.en, beam {beam or 1}, {name}", model.decode_model, tokenizer,
                         audio_features, options, args.runs)  # fmt: skip
+    sampling = DecodingOptions(
+        language="en", temperature=0.4, best_of=5, sample_len=SAMPLED,
+        suppress_tokens=[-1, tokenizer.eot],
+    )  # fmt: skip
+    for round in range(2):
+        for name, audio_features in inputs.items():
+            for loop, where in ((contextlib.nullcontext, "device"), (host_loop, "host")):
+                with loop():
+                    time_decode(f"tiny.en, sampling t 0.4 best of 5, {name}, {where} loop "
+                                f"(round {round + 1})", model.decode_model, tokenizer,
+                                audio_features, sampling, args.runs)  # fmt: skip
     for name in args.preset:
         plain, runtime = preset_runtime(name, model.model.config.n_vocab)
         config = plain.config
@@ -98,20 +115,34 @@ def main() -> None:
         torch.cuda.empty_cache()
 
 
+@contextlib.contextmanager
+def host_loop():
+    """`decoding.decode` on the runtime with its host loop (a step, then the filters and the
+    choice in torch), as it sampled before the device loop did: the decoder offers no
+    `search`."""
+    search = RuntimeDecoder.search
+    RuntimeDecoder.search = None
+    try:
+        yield
+    finally:
+        RuntimeDecoder.search = search
+
+
 def decode_ms(
     model, tokenizer, audio_features: torch.Tensor, options: DecodingOptions, runs: int
 ) -> tuple[float, list[DecodingResult]]:
-    """`decode`'s median ms per step over `runs` after three warm-ups, and its results."""
+    """`decode`'s median ms per step over `runs` after three warm-ups (a run's steps: its
+    longest result's tokens and EOT; sampling's differ between runs), and its results."""
     times = []
     with torch.inference_mode():
         for run in range(runs + 3):
             start = time.perf_counter()
             results = decode(model, tokenizer, audio_features, options)
             torch.cuda.synchronize()
+            steps = max(len(r.tokens) for r in results) + 1
             if run >= 3:
-                times.append(time.perf_counter() - start)
-    steps = max(len(r.tokens) for r in results) + 1
-    return statistics.median(times) * 1e3 / steps, results
+                times.append((time.perf_counter() - start) * 1e3 / steps)
+    return statistics.median(times), results
 
 
 def time_decode(

@@ -19,16 +19,20 @@ def manifest() -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def run_script(script: str, timeout: float = 300, **env: str) -> None:
+    """Run a script that prints "ok" in a fresh Python, with `env` added to the environment."""
+    run = subprocess.run(
+        [sys.executable, "-c", script], env={**os.environ, **env}, capture_output=True,
+        text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
 def run_interpreted(script: str, timeout: float = 300) -> None:
     """Run a script that prints "ok" under Triton's CPU interpreter (the kernels are CUDA's);
     skips where Triton is not installed (CI)."""
     pytest.importorskip("triton")
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
-        timeout=timeout, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    run_script(script, timeout, TRITON_INTERPRET="1")
 
 
 def short_english_clips() -> list[dict]:

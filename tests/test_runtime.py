@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import JFK, run_interpreted
+from conftest import JFK, run_interpreted, run_script
 
 from whisperforge.audio import N_FRAMES, load_audio, log_mel_spectrogram, pad_or_trim
 from whisperforge.decoding import DecodingOptions, decode, suppress_token_list
@@ -708,3 +708,134 @@ def test_greedy_choice_in_the_interpreter():
     positions advanced; float16 and int8 embeddings) give `_select`'s torch path's tokens,
     sums, history, finished flags and logits, first index on ties."""
     run_interpreted(GREEDY_KERNELS)
+
+
+SAMPLING = """
+import torch
+from whisperforge import runtime as R
+from whisperforge.model import ModelConfig
+from whisperforge.presets import random_model
+
+config = ModelConfig(
+    n_mels=80, n_audio_ctx=8, n_audio_state=64, n_audio_head=1, n_audio_layer=1,
+    n_vocab=5000, n_text_ctx=16, n_text_state=128, n_text_head=2, n_text_layer=1,
+)  # 5000 logits: bands of the embedding joined in two blocks; the row kernel reads 2 x 4096
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.set_grad_enabled(False)
+rt = R.Runtime(random_model(config, seed=0, device=device), "float16", max_rows=256, graphs=False)
+emb = rt.model.decoder.token_embedding.weight
+g = torch.Generator().manual_seed(0)
+# Every row the same: most of the probability on a few ids, one of them suppressed.
+likely = torch.tensor([17, 4321, 2500, 999, 3000, 64])
+u = torch.randn(128, generator=g)
+u /= u.norm()
+emb[likely] = (u[None, :] * torch.tensor([8, 7.5, 7, 7, 6.5, 6.5])[:, None] / 20).half().to(device)
+h = (20 * u).half().to(device).expand(256, -1).contiguous()
+rt.bias[999] = float("-inf")
+rt.eot.fill_(7)
+logits = (h.float() @ emb.float().T).half().float()
+T = 0.8
+expected = torch.softmax((logits[0] + rt.bias) / T, dim=-1).cpu()
+rest = torch.ones(5000, dtype=torch.bool)
+rest[likely] = False
+
+def grouped(p):  # the likely ids one by one, the rest as one
+    return torch.cat([p[likely], p[rest].sum()[None]])
+
+untempered = torch.softmax(logits[0] + rt.bias, dim=-1).cpu()
+assert (grouped(untempered) - grouped(expected)).abs().sum() / 2 > 0.1  # tells T from 1
+
+def draw(select, rows, seed):
+    state = torch.arange(rows, device=device)
+    rt.pos[:rows] = state % 5 + 3
+    rt.finished[:rows] = False
+    rt.finished[5] = True  # a finished row repeats EOT and adds nothing
+    rt.sum_logprobs[:rows] = -1.0
+    rt._sample = True
+    rt.temperature.fill_(T)
+    rt.seed.fill_(seed)
+    torch.manual_seed(seed)  # the torch path's noise
+    select(rows)
+    rt._sample = False
+    return rt.token[:rows].clone(), rt.sum_logprobs[:rows].clone(), rt.pos[:rows].clone()
+
+def from_logits(rows):
+    rt.logits[:rows] = logits[:rows]
+    rt.pos[:rows] += 1
+    rt._select(rows)
+
+def torch_path(rows):
+    fused, rt.fused = rt.fused, False
+    from_logits(rows)
+    rt.fused = fused
+
+paths = [("torch", torch_path, 256, 8)]
+if rt.fused:  # the row kernel, and the draw in the logits matmul's epilogue (<= 16 rows)
+    paths += [("row kernel", from_logits, 256, 8)]
+    paths += [("logits matmul", lambda rows: rt._logits_select(h[:rows], rows), 16, 64)]
+for name, select, rows, seeds in paths:
+    counts = torch.zeros(5000)
+    live = torch.arange(rows) != 5
+    for seed in range(seeds):
+        token, sums, pos = draw(select, rows, 1000 * seed + 1)
+        assert token[5] == 7 and sums[5] == -1.0, (name, token[5], sums[5])
+        assert torch.equal(pos.cpu(), torch.arange(rows) % 5 + 4), name
+        assert torch.equal(rt.history[torch.arange(rows), pos], token), name
+        z = rt.logits[:rows] + rt.bias
+        want = -1.0 + torch.log_softmax(z, dim=-1).gather(1, token[:, None])[:, 0]
+        assert torch.allclose(sums[live], want[live], atol=1e-4), (name, sums, want)
+        counts += torch.bincount(token[live].cpu(), minlength=5000).float()
+        if seed == 1:
+            assert not torch.equal(first, token), name  # another seed, other draws
+        first = token
+    assert counts[999] == 0, name
+    tv = (grouped(counts / counts.sum()) - grouped(expected)).abs().sum() / 2
+    assert tv < 0.06, (name, float(tv))
+print("ok")
+"""
+
+
+def test_sampling_draws_from_the_tempered_distribution():
+    """`Runtime.greedy` at a temperature (the choice by the Gumbel-max trick), on the torch
+    path: each row's draws follow softmax(logits / T) (total variation over the likely ids and
+    the rest), never a suppressed id; the sums add the untempered log-probability of the
+    drawn token; finished rows repeat EOT; another seed draws otherwise."""
+    run_script(SAMPLING)
+
+
+def test_sampling_kernels_in_the_interpreter():
+    """The same for the row kernel and the draw in the logits matmul's epilogue (CUDA only),
+    in Triton's CPU interpreter, beside the torch path."""
+    run_interpreted(SAMPLING, timeout=600)
+
+
+def test_sampling_on_the_runtime_scores_what_it_draws(tiny_en, jfk_features):
+    """`decode` at a temperature runs its whole loop on the runtime: near 0 it gives greedy's
+    tokens; at 0.7 (best of 3) the same seed repeats the draws, and the avg_logprob is what
+    the plain model gives the drawn tokens under the filters (the untempered log-softmax)."""
+    tokenizer = tiny_en.tokenizer.with_options("en", "transcribe")
+    runtime = RuntimeWhisper(Runtime(tiny_en.model, "float32", max_windows=1, max_rows=3))
+    greedy = DecodingOptions(language="en", without_timestamps=True)
+    reference = decode(tiny_en.model, tokenizer, jfk_features, greedy)[0]
+    cold = decode(
+        runtime, tokenizer, jfk_features, DecodingOptions(**vars(greedy) | {"temperature": 1e-6})
+    )[0]
+    assert cold.tokens == reference.tokens
+    assert cold.avg_logprob == pytest.approx(reference.avg_logprob, abs=1e-4)
+
+    options = DecodingOptions(language="en", without_timestamps=True, temperature=0.7, best_of=3)
+    torch.manual_seed(0)
+    drawn = decode(runtime, tokenizer, jfk_features, options)[0]
+    torch.manual_seed(0)
+    assert decode(runtime, tokenizer, jfk_features, options)[0].tokens == drawn.tokens
+
+    prompt = list(tokenizer.sot_sequence_including_notimestamps)
+    tokens = prompt + drawn.tokens + [tokenizer.eot]
+    with torch.inference_mode():
+        hidden = tiny_en.model.decoder(torch.tensor([tokens[:-1]]), audio_features=jfk_features)
+        logits = tiny_en.model.decoder.logits(hidden[0, len(prompt) - 1 :]).float()
+        logits[:, suppress_token_list(tokenizer, "-1")] = float("-inf")
+        logits[0, tokenizer.encode(" ") + [tokenizer.eot]] = float("-inf")  # SuppressBlank
+    chosen = torch.tensor(tokens[len(prompt) :])[:, None]
+    total = float(torch.log_softmax(logits, dim=-1).gather(1, chosen).sum())
+    assert drawn.avg_logprob * (len(drawn.tokens) + 1) == pytest.approx(total, abs=1e-3)

@@ -550,16 +550,15 @@ def _decode(
     no_speech_probs = [float("nan")] * n_audio
     # Every filter is a fixed set of tokens, or the timestamp rules where the runtime has them
     # as a kernel: then the GPU runtime runs the whole loop on the device, with no host sync
-    # per step (greedy; beam search where the runtime has the fused step).
+    # per step (greedy and sampling; beam search where the runtime has the fused step).
     device_loop = getattr(model.decoder, "search", None)
     device_filters = (SuppressBlank, SuppressTokens)
     on_device = getattr(model.decoder, "timestamp_rules_on_device", False)
     if on_device:
         device_filters += (ApplyTimestampRules,)
-    greedy = isinstance(search, GreedySearch) and options.temperature == 0
     if (
         device_loop is not None
-        and (greedy or (isinstance(search, BeamSearch) and on_device))
+        and (isinstance(search, GreedySearch) or (isinstance(search, BeamSearch) and on_device))
         and all(isinstance(f, device_filters) for f in filters)
     ):
         suppress = [t for f in filters if isinstance(f, SuppressTokens) for t in f.suppress]
@@ -568,7 +567,7 @@ def _decode(
         candidates = search.max_candidates if isinstance(search, BeamSearch) else None
         tokens, sum_logprobs, finished, sot_probs = device_loop(
             inference.cache, tokens, sot_index, sample_len, tokenizer.eot, suppress, first,
-            rules, candidates,
+            rules, candidates, options.temperature,
         )  # fmt: skip
         if isinstance(search, BeamSearch):
             search.finished = finished

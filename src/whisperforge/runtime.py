@@ -19,7 +19,8 @@ kernel launches and host syncs, not by the GPU. The runtime removes both:
   (`_logits_select_kernel`). On Hopper the kernels chain by programmatic dependent launch
   (`USE_PDL`).
 - The greedy loop state (last tokens, lengths, finished flags, sums of log-probs, the tokens
-  so far) stays on the GPU; `greedy` runs a whole decode with no host sync per step. So does
+  so far) stays on the GPU; `greedy` runs a whole decode (or sampling's, by the Gumbel-max
+  trick in the same choice) with no host sync per step. So does
   beam search's (`beam`): a step's graph runs the step, the filters, the choice and the
   reorder of the self K,V, and the host reads one completion flag a step late.
 - Beams (or best-of samples) of one window are rows of one batch that share the window's cross
@@ -668,27 +669,59 @@ if triton is not None:
     @triton.jit
     def _greedy_select_kernel(
         logits_ptr, bias_ptr, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr,
-        history_stride, V: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
+        seed_ptr, temperature_ptr, history_stride, V: tl.constexpr, BLOCK_V: tl.constexpr,
+        SAMPLE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """`Runtime._select` for one row in one pass over its logits: the first argmax of
-        logits + bias, its log-probability (an online logsumexp), and the loop state."""
+        logits + bias (or with SAMPLE, a draw: `_gumbel_keys`), its log-probability (an online
+        logsumexp), and the loop state."""
         _wait_for_inputs(PDL)
         r = tl.program_id(0).to(tl.int64)
         best_value = tl.full([], float("-inf"), tl.float32)
         best = tl.full([], 0, tl.int32)
         total = tl.full([], 0.0, tl.float32)
+        best_key = tl.full([], float("-inf"), tl.float32)
+        position = tl.load(pos_ptr + r)  # where the choice is written
         for v0 in range(0, V, BLOCK_V):
             v = v0 + tl.arange(0, BLOCK_V)
             z = tl.load(logits_ptr + r * V + v, mask=v < V, other=float("-inf"))
             z += tl.load(bias_ptr + v, mask=v < V, other=0.0)
             value, index, subtotal = _choice(z, 1.0, 0)
-            best_value, best, total = _join_choice(
-                best_value, best, total, value, v0 + index, subtotal
-            )
+            if SAMPLE:  # the draw in place of the argmax; the logsumexp as for greedy
+                keys = _gumbel_keys(z, seed_ptr, temperature_ptr, r, position, v)
+                key, index = tl.max(keys, axis=0, return_indices=True)
+                best = tl.where(key > best_key, v0 + index, best)
+                best_key = tl.maximum(best_key, key)
+                best_value, _, total = _join_choice(best_value, 0, total, value, 0, subtotal)
+            else:
+                best_value, best, total = _join_choice(
+                    best_value, best, total, value, v0 + index, subtotal
+                )
+        logprob = -tl.log(total)
+        if SAMPLE:
+            logprob = _drawn_logprob(logits_ptr + r * V, bias_ptr, best, best_value, total, True)
         _greedy_update(
-            r, best, total, r >= 0, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr,
+            r, best, logprob, r >= 0, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr,
             eot_ptr, history_stride, False,
         )  # fmt: skip
+
+    @triton.jit
+    def _gumbel_keys(z, seed_ptr, temperature_ptr, row, position, v):
+        """Sampling's keys for logits z of rows `row` at vocabulary ids v, for the choices
+        written at `position`: z + temperature * Gumbel(0, 1) noise, whose argmax is a draw from
+        softmax(z / temperature) (the Gumbel-max trick), as `Categorical` would draw. Each
+        (row, position, id) has its own Philox number under the call's seed."""
+        offset = (position.to(tl.int64) * 65536 + row) * 131072 + v  # rows < 2^16, ids < 2^17
+        u = tl.maximum(tl.rand(tl.load(seed_ptr), offset), 1e-20)  # [0, 1) -> (0, 1)
+        return z + tl.load(temperature_ptr) * -tl.log(-tl.log(u))
+
+    @triton.jit
+    def _drawn_logprob(logits_ptr, bias_ptr, drawn, best_value, total, mask):
+        """The log-probability of the drawn ids (logits + bias at them, rows at logits_ptr)
+        under the logits' softmax, whose logsumexp is best_value + log(total)."""
+        z = tl.load(logits_ptr + drawn, mask=mask, other=0.0, cache_modifier=".cg")
+        z += tl.load(bias_ptr + drawn, mask=mask, other=0.0)
+        return z - best_value - tl.log(total)
 
     @triton.jit
     def _choice(z, totals, AXIS: tl.constexpr):
@@ -712,11 +745,11 @@ if triton is not None:
 
     @triton.jit
     def _greedy_update(
-        r, best, total, keep, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr,
+        r, best, logprob, keep, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr,
         history_stride, ADVANCE: tl.constexpr,
     ):  # fmt: skip
-        """Rows r (where keep) take token `best`, whose log-probability is -log(total) (the
-        best logit minus the logsumexp), or EOT once finished: the loop state of
+        """Rows r (where keep) take token `best` of log-probability `logprob`, or EOT once
+        finished: the loop state of
         `Runtime._select`. ADVANCE: the rows' positions grow by one first (the step's own
         `pos += 1`)."""
         pos = tl.load(pos_ptr + r, mask=keep, other=0)
@@ -726,7 +759,7 @@ if triton is not None:
         finished = tl.load(finished_ptr + r, mask=keep, other=0) != 0
         eot = tl.load(eot_ptr)
         token = tl.where(finished, eot, best.to(tl.int64))
-        logprob = tl.where(finished, 0.0, -tl.log(total))
+        logprob = tl.where(finished, 0.0, logprob)
         tl.store(sum_ptr + r, tl.load(sum_ptr + r, mask=keep, other=0.0) + logprob, mask=keep)
         tl.store(history_ptr + r * history_stride + pos, token, mask=keep)
         finished = (finished | (token == eot)).to(finished_ptr.dtype.element_ty)
@@ -736,18 +769,19 @@ if triton is not None:
     @triton.jit
     def _logits_select_kernel(
         x_ptr, w_ptr, s_ptr, logits_ptr, parts_ptr, index_ptr, count_ptr, bias_ptr, token_ptr,
-        pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr, history_stride, M, N,
-        bands: tl.constexpr, K: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        BLOCK_BANDS: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr,
+        pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr, seed_ptr, temperature_ptr,
+        history_stride, M, N, bands: tl.constexpr, K: tl.constexpr, SCALE: tl.constexpr,
+        GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, BLOCK_BANDS: tl.constexpr, LINE: tl.constexpr,
+        SAMPLE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """A greedy step's logits matmul with the choice folded in: each program streams a
         band of the embedding as `_skinny_linear_kernel` does (int8 with SCALE or GROUP), writes
         its logits (float32, rounded as the matmul's output) and leaves its rows' `_choice`
-        over the band (logits + bias); the band's last program to finish (counted in
-        count_ptr, left zeroed) joins the bands and updates the loop state (`_greedy_update`,
-        positions advanced). So the choice costs no kernel and no second pass over the
-        logits."""
+        over the band (logits + bias; with SAMPLE, the best of `_gumbel_keys` too); the band's
+        last program to finish (counted in count_ptr, left zeroed) joins the bands and updates
+        the loop state (`_greedy_update`, positions advanced). So the choice costs no kernel
+        and no second pass over the logits."""
         m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         if PDL:
@@ -763,15 +797,24 @@ if triton is not None:
             logits_ptr + m[:, None] * N + n[None, :], acc, mask=(m[:, None] < M) & (n[None, :] < N)
         )
         bias = tl.load(bias_ptr + n, mask=n < N, other=float("-inf"))
-        value, index, subtotal = _choice(acc + bias[None, :], 1.0, 1)
-        at = tl.program_id(0) * M + m  # parts [2, bands, M]: value, subtotal; index [bands, M]
+        z = acc + bias[None, :]
+        value, index, subtotal = _choice(z, 1.0, 1)
+        # parts [3, bands, M]: value, subtotal, the draw's key; index [bands, M]: the argmax's,
+        # or with SAMPLE the draw's
+        at = tl.program_id(0) * M + m
         tl.store(parts_ptr + at, value, mask=m < M)
         tl.store(parts_ptr + bands * M + at, subtotal, mask=m < M)
+        if SAMPLE:
+            position = tl.load(pos_ptr + m, mask=m < M, other=0) + 1  # after the advance
+            keys = _gumbel_keys(z, seed_ptr, temperature_ptr, m[:, None], position[:, None], n)
+            key, index = tl.max(keys, axis=1, return_indices=True)
+            tl.store(parts_ptr + 2 * bands * M + at, key, mask=m < M)
         tl.store(index_ptr + at, tl.program_id(0) * BLOCK_N + index, mask=m < M)
         if _last_to_arrive(count_ptr + tl.program_id(1), bands):
             best_value = tl.full([BLOCK_M], float("-inf"), tl.float32)
             best = tl.zeros([BLOCK_M], tl.int32)
             total = tl.zeros([BLOCK_M], tl.float32)
+            best_key = tl.full([BLOCK_M], float("-inf"), tl.float32)
             for b0 in range(0, bands, BLOCK_BANDS):  # the bands' choices, joined per block
                 b = b0 + tl.arange(0, BLOCK_BANDS)
                 valid = (b[None, :] < bands) & (m[:, None] < M)
@@ -784,12 +827,30 @@ if triton is not None:
                 )
                 indices = tl.load(index_ptr + band_at, mask=valid, other=0, cache_modifier=".cg")
                 top, where, top_total = _choice(values, subtotals, 1)
-                top_index = tl.sum(tl.where(b[None, :] - b0 == where[:, None], indices, 0), axis=1)
-                best_value, best, total = _join_choice(
-                    best_value, best, total, top, top_index, top_total
+                if SAMPLE:  # the best key's band holds the draw
+                    band_keys = tl.load(
+                        parts_ptr + 2 * bands * M + band_at, mask=valid, other=float("-inf"),
+                        cache_modifier=".cg",
+                    )  # fmt: skip
+                    key, where = tl.max(band_keys, axis=1, return_indices=True)
+                    drawn = tl.sum(tl.where(b[None, :] - b0 == where[:, None], indices, 0), axis=1)
+                    best = tl.where(key > best_key, drawn, best)
+                    best_key = tl.maximum(best_key, key)
+                    best_value, _, total = _join_choice(best_value, 0, total, top, 0, top_total)
+                else:
+                    top_index = tl.sum(
+                        tl.where(b[None, :] - b0 == where[:, None], indices, 0), axis=1
+                    )
+                    best_value, best, total = _join_choice(
+                        best_value, best, total, top, top_index, top_total
+                    )
+            logprob = -tl.log(total)
+            if SAMPLE:
+                logprob = _drawn_logprob(
+                    logits_ptr + m * N, bias_ptr, best, best_value, total, m < M
                 )
             _greedy_update(
-                m, best, total, m < M, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr,
+                m, best, logprob, m < M, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr,
                 eot_ptr, history_stride, True,
             )  # fmt: skip
 
@@ -1575,6 +1636,7 @@ class Runtime:
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._rules: TimestampRules | None = None  # `greedy`'s or `beam`'s, while it runs
         self._beam: BeamLoop | None = None  # `beam`'s, while it runs
+        self._sample = False  # whether `greedy` samples (temperature > 0), while it runs
         self._prefill_out: dict[tuple, Tensor] = {}  # what each prefill graph writes its hidden to
         self.max_windows = self.max_rows = 0
         self._allocate(max_windows, max_rows or max_windows)
@@ -1625,6 +1687,9 @@ class Runtime:
         self.logits = torch.zeros(rows, cfg.n_vocab, device=dev)
         self.bias = torch.zeros(cfg.n_vocab, device=dev)  # added to the logits: -inf suppresses
         self.eot = torch.zeros((), dtype=torch.long, device=dev)
+        # `greedy`'s sampling: its temperature and the seed of the kernels' noise.
+        self.temperature = torch.zeros((), device=dev)
+        self.seed = torch.zeros((), dtype=torch.long, device=dev)
         self.row_index = torch.arange(rows, device=dev)
         self.head_index = torch.arange(2 * H, device=dev)
         self.key_index = torch.arange(T, device=dev)
@@ -1925,20 +1990,22 @@ class Runtime:
         data, scale = weight_and_scale(w)
         N = self.config.n_vocab  # quantize's embedding may have rows past it
         bands = triton.cdiv(N, block_n)
-        parts = torch.empty(2, bands, rows, device=h.device, dtype=torch.float32)
+        parts = torch.empty(3, bands, rows, device=h.device, dtype=torch.float32)
         index = torch.empty(bands, rows, device=h.device, dtype=torch.int32)
         _logits_select_kernel[(bands, triton.cdiv(rows, 16))](
             h, data, scale if scale is not None else data, self.logits, parts, index,
             self.stream_stats.counters, self.bias, self.token, self.pos, self.finished,
-            self.sum_logprobs, self.history, self.eot, self.history.stride(0), rows, N, bands,
-            K=data.shape[1], **scale_layout(scale, data.shape[1]), BLOCK_M=16, BLOCK_N=block_n,
-            BLOCK_K=block_k, BLOCK_BANDS=256, LINE=128 // data.element_size(),
+            self.sum_logprobs, self.history, self.eot, self.seed, self.temperature,
+            self.history.stride(0), rows, N, bands, K=data.shape[1],
+            **scale_layout(scale, data.shape[1]), BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+            BLOCK_BANDS=256, LINE=128 // data.element_size(), SAMPLE=self._sample,
             num_warps=warps, num_stages=stages, **_launch(h),
         )  # fmt: skip
 
     def _select(self, rows: int) -> None:
-        """Greedy choice from self.logits + self.bias, as `decoding.GreedySearch` at temperature 0:
-        finished rows repeat EOT and stop adding log-probabilities."""
+        """The choice from self.logits + self.bias, as `decoding.GreedySearch`'s: the argmax, or
+        while `greedy` samples a draw at self.temperature (the Gumbel-max trick); finished rows
+        repeat EOT and stop adding log-probabilities (untempered, as openai-whisper's)."""
         if self.fused:  # one kernel, one pass over the logits
             if self._rules is not None:  # `greedy`'s timestamp rules first, on logits + bias
                 per_row = (self.prompt_length, self.pos)  # the sampled tokens: after the prompt
@@ -1946,12 +2013,17 @@ class Runtime:
                 timestamp_rules(self.logits[:rows], self.history, rules, per_row=per_row, bias=bias)
             _greedy_select_kernel[(rows,)](
                 self.logits, self.bias, self.token, self.pos, self.finished, self.sum_logprobs,
-                self.history, self.eot, self.history.stride(0), V=self.config.n_vocab,
-                BLOCK_V=4096, num_warps=8, **_launch(self.logits),
+                self.history, self.eot, self.seed, self.temperature, self.history.stride(0),
+                V=self.config.n_vocab, BLOCK_V=4096, SAMPLE=self._sample, num_warps=8,
+                **_launch(self.logits),
             )  # fmt: skip
             return
         logits = self.logits[:rows] + self.bias
-        token = logits.argmax(dim=-1)
+        if self._sample:  # the default generator: torch.manual_seed repeats it
+            noise = -torch.log(-torch.log(torch.rand_like(logits).clamp_min(1e-20)))
+            token = (logits + self.temperature * noise).argmax(dim=-1)
+        else:
+            token = logits.argmax(dim=-1)
         logprob = logits.gather(1, token[:, None])[:, 0] - logits.logsumexp(dim=-1)
         finished = self.finished[:rows]
         self.sum_logprobs[:rows] += torch.where(finished, 0.0, logprob)
@@ -1978,13 +2050,14 @@ class Runtime:
 
         rules = self._rules if select else None
         beam = self._beam if select else None
+        sample = self._sample and select
         if beam is not None:  # the beam loop's step: the choice and the reorder in the graph
 
             def run() -> None:
                 self._forward_fused(rows, windows, select=False)
                 self._beam_choice(rows)
 
-        key = ("step", select, windows, batch.group, bucket, rules, beam)
+        key = ("step", select, windows, batch.group, bucket, rules, beam, sample)
         self._replay(key, run, repeatable=beam is None)  # a reorder moves the cache again
         batch.max_length += 1
 
@@ -2104,8 +2177,12 @@ class Runtime:
         suppress_first: Sequence[int] = (),
         rules: TimestampRules | None = None,
         stop: bool = True,
+        temperature: float = 0.0,
     ) -> GreedyResult:
-        """Greedy decoding of every row from the prefill's logits, all on the device.
+        """Greedy decoding of every row from the prefill's logits, all on the device; at a
+        `temperature` above 0, sampling (`decoding.GreedySearch`'s): each row draws each token
+        from softmax(logits / temperature), with noise seeded from torch's default generator,
+        so `torch.manual_seed` repeats a decode on one device.
 
         `suppress` tokens are never chosen; `suppress_first` adds to them for the first token
         (decoding's SuppressBlank); `rules`: decoding's timestamp rules apply before each choice
@@ -2114,11 +2191,14 @@ class Runtime:
         """
         if rules is not None and not self.fused:
             raise ValueError("the timestamp rules run on the device in the fused step only")
-        self._rules = rules
+        self._rules, self._sample = rules, temperature > 0
+        if self._sample:
+            self.temperature.fill_(temperature)
+            self.seed.fill_(int(torch.randint(0, 2**62, ())))
         try:
             return self._greedy(batch, max_new_tokens, eot, suppress, suppress_first, stop)
         finally:
-            self._rules = None
+            self._rules, self._sample = None, False
 
     def _loop(
         self, batch: Batch, max_new_tokens: int, suppress: Sequence[int],
@@ -2324,8 +2404,10 @@ class RuntimeDecoder(nn.Module):
         suppress_first: Sequence[int],
         rules: TimestampRules | None = None,
         max_candidates: int | None = None,
+        temperature: float = 0.0,
     ) -> tuple[Tensor, Tensor, BeamFinished | None, Tensor]:
-        """`decoding.decode`'s loop all on the device: greedy (`Runtime.greedy`), or with
+        """`decoding.decode`'s loop all on the device: greedy or sampling at `temperature`
+        (`Runtime.greedy`), or with
         `max_candidates` beam search (`Runtime.beam`; where `timestamp_rules_on_device`), laid
         out as decoding keeps it: the rows' tokens [rows, P + n] after decoding's left-padded
         `prompts` [rows, P] (greedy: EOT repeats after a row finished), their sums of
@@ -2338,7 +2420,7 @@ class RuntimeDecoder(nn.Module):
         assert batch is not None
         args = (max_new_tokens, eot, suppress, suppress_first)
         if max_candidates is None:
-            greedy = self.runtime.greedy(batch, *args, rules=rules)
+            greedy = self.runtime.greedy(batch, *args, rules=rules, temperature=temperature)
             tokens = torch.cat([prompts, greedy.tokens], dim=1)
             return tokens, greedy.sum_logprobs, None, sot_probs
         result = self.runtime.beam(batch, max_candidates, *args, rules=rules)
