@@ -4,6 +4,8 @@ finishing at different steps; and the same tokens as `decode` on the real tiny.e
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import JFK, run_interpreted, run_script
@@ -816,18 +818,17 @@ def test_sampling_on_the_runtime_scores_what_it_draws(tiny_en, jfk_features):
     tokenizer = tiny_en.tokenizer.with_options("en", "transcribe")
     runtime = RuntimeWhisper(Runtime(tiny_en.model, "float32", max_windows=1, max_rows=3))
     greedy = DecodingOptions(language="en", without_timestamps=True)
-    reference = decode(tiny_en.model, tokenizer, jfk_features, greedy)[0]
-    cold = decode(
-        runtime, tokenizer, jfk_features, DecodingOptions(**vars(greedy) | {"temperature": 1e-6})
-    )[0]
-    assert cold.tokens == reference.tokens
-    assert cold.avg_logprob == pytest.approx(reference.avg_logprob, abs=1e-4)
-
     options = DecodingOptions(language="en", without_timestamps=True, temperature=0.7, best_of=3)
-    torch.manual_seed(0)
-    drawn = decode(runtime, tokenizer, jfk_features, options)[0]
-    torch.manual_seed(0)
-    assert decode(runtime, tokenizer, jfk_features, options)[0].tokens == drawn.tokens
+    reference = decode(tiny_en.model, tokenizer, jfk_features, greedy)[0]
+    with torch.random.fork_rng():  # the later tests' draws stay as they were
+        cold = replace(greedy, temperature=1e-6)
+        cold = decode(runtime, tokenizer, jfk_features, cold)[0]
+        assert cold.tokens == reference.tokens
+        assert cold.avg_logprob == pytest.approx(reference.avg_logprob, abs=1e-4)
+        torch.manual_seed(0)
+        drawn = decode(runtime, tokenizer, jfk_features, options)[0]
+        torch.manual_seed(0)
+        assert decode(runtime, tokenizer, jfk_features, options)[0].tokens == drawn.tokens
 
     prompt = list(tokenizer.sot_sequence_including_notimestamps)
     tokens = prompt + drawn.tokens + [tokenizer.eot]
