@@ -680,8 +680,9 @@ if triton is not None:
         best_value = tl.full([], float("-inf"), tl.float32)
         best = tl.full([], 0, tl.int32)
         total = tl.full([], 0.0, tl.float32)
-        best_key = tl.full([], float("-inf"), tl.float32)
-        position = tl.load(pos_ptr + r)  # where the choice is written
+        if SAMPLE:
+            best_key = tl.full([], float("-inf"), tl.float32)
+            position = tl.load(pos_ptr + r)  # where the choice is written
         for v0 in range(0, V, BLOCK_V):
             v = v0 + tl.arange(0, BLOCK_V)
             z = tl.load(logits_ptr + r * V + v, mask=v < V, other=float("-inf"))
@@ -690,8 +691,7 @@ if triton is not None:
             if SAMPLE:  # the draw in place of the argmax; the logsumexp as for greedy
                 keys = _gumbel_keys(z, seed_ptr, temperature_ptr, r, position, v)
                 key, index = tl.max(keys, axis=0, return_indices=True)
-                best = tl.where(key > best_key, v0 + index, best)
-                best_key = tl.maximum(best_key, key)
+                best_key, best = _join_draw(best_key, best, key, v0 + index)
                 best_value, _, total = _join_choice(best_value, 0, total, value, 0, subtotal)
             else:
                 best_value, best, total = _join_choice(
@@ -714,6 +714,11 @@ if triton is not None:
         offset = (position.to(tl.int64) * 65536 + row) * 131072 + v  # rows < 2^16, ids < 2^17
         u = tl.maximum(tl.rand(tl.load(seed_ptr), offset), 1e-20)  # [0, 1) -> (0, 1)
         return z + tl.load(temperature_ptr) * -tl.log(-tl.log(u))
+
+    @triton.jit
+    def _join_draw(best_key, best, key, index):
+        """A running draw (the best key so far, its id) joined with the next part's."""
+        return tl.maximum(best_key, key), tl.where(key > best_key, index, best)
 
     @triton.jit
     def _drawn_logprob(logits_ptr, bias_ptr, drawn, best_value, total, mask):
@@ -814,7 +819,8 @@ if triton is not None:
             best_value = tl.full([BLOCK_M], float("-inf"), tl.float32)
             best = tl.zeros([BLOCK_M], tl.int32)
             total = tl.zeros([BLOCK_M], tl.float32)
-            best_key = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            if SAMPLE:
+                best_key = tl.full([BLOCK_M], float("-inf"), tl.float32)
             for b0 in range(0, bands, BLOCK_BANDS):  # the bands' choices, joined per block
                 b = b0 + tl.arange(0, BLOCK_BANDS)
                 valid = (b[None, :] < bands) & (m[:, None] < M)
@@ -833,14 +839,11 @@ if triton is not None:
                         cache_modifier=".cg",
                     )  # fmt: skip
                     key, where = tl.max(band_keys, axis=1, return_indices=True)
-                    drawn = tl.sum(tl.where(b[None, :] - b0 == where[:, None], indices, 0), axis=1)
-                    best = tl.where(key > best_key, drawn, best)
-                    best_key = tl.maximum(best_key, key)
+                top_index = tl.sum(tl.where(b[None, :] - b0 == where[:, None], indices, 0), axis=1)
+                if SAMPLE:
+                    best_key, best = _join_draw(best_key, best, key, top_index)
                     best_value, _, total = _join_choice(best_value, 0, total, top, 0, top_total)
                 else:
-                    top_index = tl.sum(
-                        tl.where(b[None, :] - b0 == where[:, None], indices, 0), axis=1
-                    )
                     best_value, best, total = _join_choice(
                         best_value, best, total, top, top_index, top_total
                     )
