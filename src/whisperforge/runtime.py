@@ -484,21 +484,21 @@ if triton is not None:
 
     @triton.jit
     def _timestamp_rules_kernel(
-        logits_ptr, tokens_ptr, start_ptr, length_ptr, bias_ptr, T, n, max_initial,
+        logits_ptr, tokens_ptr, start_ptr, length_ptr, bias_ptr, parts_ptr, T, n, max_initial,
         V: tl.constexpr, tb: tl.constexpr, eot: tl.constexpr, no_timestamps: tl.constexpr,
         PER_ROW: tl.constexpr, INITIAL: tl.constexpr, BIAS: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        """`decoding.ApplyTimestampRules` for row r = program id of logits [rows, V], in place,
-        given its sampled tokens: tokens[r, :n] (rows T apart), or with PER_ROW
-        tokens[r, start[r]:length[r]] (the greedy loop's history after each row's prompt).
-        BIAS: the rules see logits + bias (the loop's suppressed tokens). One program a row
-        instead of ~25 torch calls a step (beam search on the GPU is bound by the host's
-        time). The last rule compares the timestamps' logsumexp with the best text logit:
-        log_softmax's normalizer cancels."""
+        """`decoding.ApplyTimestampRules` for band b = program id 0 of row r = program id 1 of
+        logits [rows, V], in place, given the row's sampled tokens: tokens[r, :n] (rows T apart),
+        or with PER_ROW tokens[r, start[r]:length[r]] (the greedy loop's history after each
+        row's prompt). BIAS: the rules see logits + bias (the loop's suppressed tokens). The
+        band's rules that need only the tokens are applied here; the last rule (the timestamps'
+        logsumexp against the best text logit, where log_softmax's normalizer cancels) needs the
+        whole row, so the band leaves its part of both in parts [3, rows, bands] for
+        `_timestamps_win_kernel`."""
         _wait_for_inputs(PDL)
-        r = tl.program_id(0).to(tl.int64)
-        row = logits_ptr + r * V
+        b, r = tl.program_id(0), tl.program_id(1).to(tl.int64)
         tokens = tokens_ptr + r * T
         if PER_ROW:
             start = tl.load(start_ptr + r)
@@ -516,33 +516,51 @@ if triton is not None:
         latest = tl.sum(tl.where(t == last_index, sampled, 0))
         limit = tl.where(segment_ended, latest, latest + 1)  # never back in time
         limit = tl.where(last_index < 0, 0, limit)  # no timestamp yet: no bound
-        text_max = tl.full([], float("-inf"), tl.float32)
-        stamp_max = tl.full([], float("-inf"), tl.float32)
-        stamp_sum = tl.zeros([], tl.float32)
-        for v0 in range(0, V, BLOCK_V):
-            v = v0 + tl.arange(0, BLOCK_V)
-            x = tl.load(row + v, mask=v < V, other=float("-inf")).to(tl.float32)
-            if BIAS:
-                x += tl.load(bias_ptr + v, mask=v < V, other=0.0)
-            kill = (v == no_timestamps) | (first & (v < tb))
-            kill |= pair_closed & (v >= tb)
-            kill |= segment_ended & (v < eot)
-            kill |= (v >= tb) & (v < limit)
-            if INITIAL:
-                kill |= first & (v > tb + max_initial)
-            x = tl.where(kill, float("-inf"), x)
-            tl.store(row + v, x.to(logits_ptr.dtype.element_ty), mask=(v < V) & kill)
-            text_max = tl.maximum(text_max, tl.max(tl.where(v < tb, x, float("-inf"))))
-            stamp = tl.where(v >= tb, x, float("-inf"))
-            new_max = tl.maximum(stamp_max, tl.max(stamp))
-            safe = tl.where(new_max == float("-inf"), 0.0, new_max)  # no -inf - -inf
-            stamp_sum = stamp_sum * tl.exp(stamp_max - safe) + tl.sum(tl.exp(stamp - safe))
-            stamp_max = new_max
-        if stamp_max + tl.log(stamp_sum) > text_max:  # the timestamps win the step
-            for v0 in range(0, tb, BLOCK_V):
-                v = v0 + tl.arange(0, BLOCK_V)
-                x = tl.full([BLOCK_V], float("-inf"), tl.float32)
-                tl.store(row + v, x.to(logits_ptr.dtype.element_ty), mask=v < tb)
+        v = b * BLOCK_V + tl.arange(0, BLOCK_V)
+        row = logits_ptr + r * V
+        x = tl.load(row + v, mask=v < V, other=float("-inf")).to(tl.float32)
+        if BIAS:
+            x += tl.load(bias_ptr + v, mask=v < V, other=0.0)
+        kill = (v == no_timestamps) | (first & (v < tb))
+        kill |= pair_closed & (v >= tb)
+        kill |= segment_ended & (v < eot)
+        kill |= (v >= tb) & (v < limit)
+        if INITIAL:
+            kill |= first & (v > tb + max_initial)
+        x = tl.where(kill, float("-inf"), x)
+        tl.store(row + v, x.to(logits_ptr.dtype.element_ty), mask=(v < V) & kill)
+        stamp = tl.where(v >= tb, x, float("-inf"))
+        stamp_max = tl.max(stamp)
+        safe = tl.where(stamp_max == float("-inf"), 0.0, stamp_max)  # no -inf - -inf
+        at = r * tl.num_programs(0) + b
+        size = tl.num_programs(0) * tl.num_programs(1)
+        tl.store(parts_ptr + at, tl.max(tl.where(v < tb, x, float("-inf"))))
+        tl.store(parts_ptr + size + at, stamp_max)
+        tl.store(parts_ptr + 2 * size + at, tl.sum(tl.exp(stamp - safe)))
+
+    @triton.jit
+    def _timestamps_win_kernel(
+        logits_ptr, parts_ptr, bands: tl.constexpr, V: tl.constexpr, tb: tl.constexpr,
+        BLOCK_BANDS: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """The last of `_timestamp_rules_kernel`'s rules for band b = program id 0 of the text
+        ids of row r = program id 1: where the timestamps' logsumexp beats the best text logit
+        (from the bands' parts), the band's text logits become -inf."""
+        _wait_for_inputs(PDL)
+        b, r = tl.program_id(0), tl.program_id(1).to(tl.int64)
+        size = bands * tl.num_programs(1)
+        k = tl.arange(0, BLOCK_BANDS)
+        at = r * bands + k
+        text_max = tl.max(tl.load(parts_ptr + at, mask=k < bands, other=float("-inf")))
+        maxima = tl.load(parts_ptr + size + at, mask=k < bands, other=float("-inf"))
+        sums = tl.load(parts_ptr + 2 * size + at, mask=k < bands, other=0.0)
+        stamp_max = tl.max(maxima)
+        safe = tl.where(stamp_max == float("-inf"), 0.0, stamp_max)
+        stamp_sum = tl.sum(sums * tl.exp(maxima - safe))
+        if safe + tl.log(stamp_sum) > text_max:  # the timestamps win the step
+            v = b * BLOCK_V + tl.arange(0, BLOCK_V)
+            x = tl.full([BLOCK_V], float("-inf"), tl.float32)
+            tl.store(logits_ptr + r * V + v, x.to(logits_ptr.dtype.element_ty), mask=v < tb)
 
     @triton.jit
     def _beam_top_kernel(
@@ -668,42 +686,92 @@ if triton is not None:
 
     @triton.jit
     def _greedy_select_kernel(
-        logits_ptr, bias_ptr, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr,
-        seed_ptr, temperature_ptr, history_stride, V: tl.constexpr, BLOCK_V: tl.constexpr,
-        SAMPLE: tl.constexpr, PDL: tl.constexpr,
+        logits_ptr, bias_ptr, parts_ptr, index_ptr, count_ptr, token_ptr, pos_ptr, finished_ptr,
+        sum_ptr, history_ptr, eot_ptr, seed_ptr, temperature_ptr, history_stride, M,
+        bands: tl.constexpr, V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+        BLOCK_BANDS: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        """`Runtime._select` for one row in one pass over its logits: the first argmax of
-        logits + bias (or with SAMPLE, a draw: `_gumbel_keys`), its log-probability (an online
-        logsumexp), and the loop state."""
+        """`Runtime._select` of the logits: each program takes a band of BLOCK_V ids of
+        BLOCK_M rows (program ids 0, 1), and `_choose_band` chooses (the bands' last joins
+        them), so a row's pass over its logits is spread over the GPU."""
         _wait_for_inputs(PDL)
-        r = tl.program_id(0).to(tl.int64)
-        best_value = tl.full([], float("-inf"), tl.float32)
-        best = tl.full([], 0, tl.int32)
-        total = tl.full([], 0.0, tl.float32)
-        if SAMPLE:
-            best_key = tl.full([], float("-inf"), tl.float32)
-            position = tl.load(pos_ptr + r)  # where the choice is written
-        for v0 in range(0, V, BLOCK_V):
-            v = v0 + tl.arange(0, BLOCK_V)
-            z = tl.load(logits_ptr + r * V + v, mask=v < V, other=float("-inf"))
-            z += tl.load(bias_ptr + v, mask=v < V, other=0.0)
-            value, index, subtotal = _choice(z, 1.0, 0)
-            if SAMPLE:  # the draw in place of the argmax; the logsumexp as for greedy
-                keys = _gumbel_keys(z, seed_ptr, temperature_ptr, r, position, v)
-                key, index = tl.max(keys, axis=0, return_indices=True)
-                best_key, best = _join_draw(best_key, best, key, v0 + index)
-                best_value, _, total = _join_choice(best_value, 0, total, value, 0, subtotal)
-            else:
-                best_value, best, total = _join_choice(
-                    best_value, best, total, value, v0 + index, subtotal
-                )
-        logprob = -tl.log(total)
-        if SAMPLE:
-            logprob = _drawn_logprob(logits_ptr + r * V, bias_ptr, best, best_value, total, True)
-        _greedy_update(
-            r, best, logprob, r >= 0, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr,
-            eot_ptr, history_stride, False,
+        m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        n = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+        valid = (m[:, None] < M) & (n[None, :] < V)
+        z = tl.load(logits_ptr + m[:, None].to(tl.int64) * V + n[None, :], mask=valid,
+                    other=float("-inf"))  # fmt: skip
+        z += tl.load(bias_ptr + n, mask=n < V, other=0.0)[None, :]
+        _choose_band(
+            z, m, n, M, V, bands, logits_ptr, bias_ptr, parts_ptr, index_ptr,
+            count_ptr + tl.program_id(1), token_ptr, pos_ptr, finished_ptr, sum_ptr,
+            history_ptr, eot_ptr, seed_ptr, temperature_ptr, history_stride, BLOCK_M,
+            BLOCK_BANDS, SAMPLE, False,
         )  # fmt: skip
+
+    @triton.jit
+    def _choose_band(
+        z, m, n, M, N, bands, logits_ptr, bias_ptr, parts_ptr, index_ptr, ticket, token_ptr,
+        pos_ptr, finished_ptr, sum_ptr, history_ptr, eot_ptr, seed_ptr, temperature_ptr,
+        history_stride, BLOCK_M: tl.constexpr, BLOCK_BANDS: tl.constexpr, SAMPLE: tl.constexpr,
+        ADVANCE: tl.constexpr,
+    ):  # fmt: skip
+        """Greedy's choice for rows m from their scores z (logits + bias) at ids n, a band of
+        the vocabulary (program id 0 of `bands`): the band leaves its rows' `_choice` (with
+        SAMPLE, the best of `_gumbel_keys` too) in parts [3, bands, M] and index [bands, M];
+        the last band to finish (counted at `ticket`) joins them and updates the loop state
+        (`_greedy_update`; ADVANCE: positions grow by one first)."""
+        value, index, subtotal = _choice(z, 1.0, 1)
+        # parts: value, subtotal, the draw's key; index: the argmax's, or with SAMPLE the draw's
+        at = tl.program_id(0) * M + m
+        tl.store(parts_ptr + at, value, mask=m < M)
+        tl.store(parts_ptr + bands * M + at, subtotal, mask=m < M)
+        if SAMPLE:
+            position = tl.load(pos_ptr + m, mask=m < M, other=0) + ADVANCE  # the choice's
+            keys = _gumbel_keys(z, seed_ptr, temperature_ptr, m[:, None], position[:, None], n)
+            key, index = tl.max(keys, axis=1, return_indices=True)
+            tl.store(parts_ptr + 2 * bands * M + at, key, mask=m < M)
+        tl.store(index_ptr + at, tl.program_id(0) * n.shape[0] + index, mask=m < M)
+        if _last_to_arrive(ticket, bands):
+            best_value = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            best = tl.zeros([BLOCK_M], tl.int32)
+            total = tl.zeros([BLOCK_M], tl.float32)
+            if SAMPLE:
+                best_key = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            for b0 in range(0, bands, BLOCK_BANDS):  # the bands' choices, joined per block
+                b = b0 + tl.arange(0, BLOCK_BANDS)
+                valid = (b[None, :] < bands) & (m[:, None] < M)
+                band_at = b[None, :] * M + m[:, None]
+                values = tl.load(
+                    parts_ptr + band_at, mask=valid, other=float("-inf"), cache_modifier=".cg"
+                )
+                subtotals = tl.load(
+                    parts_ptr + bands * M + band_at, mask=valid, other=0.0, cache_modifier=".cg"
+                )
+                indices = tl.load(index_ptr + band_at, mask=valid, other=0, cache_modifier=".cg")
+                top, where, top_total = _choice(values, subtotals, 1)
+                if SAMPLE:  # the best key's band holds the draw
+                    band_keys = tl.load(
+                        parts_ptr + 2 * bands * M + band_at, mask=valid, other=float("-inf"),
+                        cache_modifier=".cg",
+                    )  # fmt: skip
+                    key, where = tl.max(band_keys, axis=1, return_indices=True)
+                top_index = tl.sum(tl.where(b[None, :] - b0 == where[:, None], indices, 0), axis=1)
+                if SAMPLE:
+                    best_key, best = _join_draw(best_key, best, key, top_index)
+                    best_value, _, total = _join_choice(best_value, 0, total, top, 0, top_total)
+                else:
+                    best_value, best, total = _join_choice(
+                        best_value, best, total, top, top_index, top_total
+                    )
+            logprob = -tl.log(total)
+            if SAMPLE:
+                logprob = _drawn_logprob(
+                    logits_ptr + m.to(tl.int64) * N, bias_ptr, best, best_value, total, m < M
+                )
+            _greedy_update(
+                m, best, logprob, m < M, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr,
+                eot_ptr, history_stride, ADVANCE,
+            )  # fmt: skip
 
     @triton.jit
     def _gumbel_keys(z, seed_ptr, temperature_ptr, row, position, v):
@@ -782,11 +850,10 @@ if triton is not None:
     ):  # fmt: skip
         """A greedy step's logits matmul with the choice folded in: each program streams a
         band of the embedding as `_skinny_linear_kernel` does (int8 with SCALE or GROUP), writes
-        its logits (float32, rounded as the matmul's output) and leaves its rows' `_choice`
-        over the band (logits + bias; with SAMPLE, the best of `_gumbel_keys` too); the band's
-        last program to finish (counted in count_ptr, left zeroed) joins the bands and updates
-        the loop state (`_greedy_update`, positions advanced). So the choice costs no kernel
-        and no second pass over the logits."""
+        its logits (float32, rounded as the matmul's output) and chooses from them
+        (`_choose_band`: the bands' last program joins them and updates the loop state, the
+        positions advanced). So the choice costs no kernel and no second pass over the
+        logits."""
         m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         if PDL:
@@ -802,60 +869,12 @@ if triton is not None:
             logits_ptr + m[:, None] * N + n[None, :], acc, mask=(m[:, None] < M) & (n[None, :] < N)
         )
         bias = tl.load(bias_ptr + n, mask=n < N, other=float("-inf"))
-        z = acc + bias[None, :]
-        value, index, subtotal = _choice(z, 1.0, 1)
-        # parts [3, bands, M]: value, subtotal, the draw's key; index [bands, M]: the argmax's,
-        # or with SAMPLE the draw's
-        at = tl.program_id(0) * M + m
-        tl.store(parts_ptr + at, value, mask=m < M)
-        tl.store(parts_ptr + bands * M + at, subtotal, mask=m < M)
-        if SAMPLE:
-            position = tl.load(pos_ptr + m, mask=m < M, other=0) + 1  # after the advance
-            keys = _gumbel_keys(z, seed_ptr, temperature_ptr, m[:, None], position[:, None], n)
-            key, index = tl.max(keys, axis=1, return_indices=True)
-            tl.store(parts_ptr + 2 * bands * M + at, key, mask=m < M)
-        tl.store(index_ptr + at, tl.program_id(0) * BLOCK_N + index, mask=m < M)
-        if _last_to_arrive(count_ptr + tl.program_id(1), bands):
-            best_value = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            best = tl.zeros([BLOCK_M], tl.int32)
-            total = tl.zeros([BLOCK_M], tl.float32)
-            if SAMPLE:
-                best_key = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            for b0 in range(0, bands, BLOCK_BANDS):  # the bands' choices, joined per block
-                b = b0 + tl.arange(0, BLOCK_BANDS)
-                valid = (b[None, :] < bands) & (m[:, None] < M)
-                band_at = b[None, :] * M + m[:, None]
-                values = tl.load(
-                    parts_ptr + band_at, mask=valid, other=float("-inf"), cache_modifier=".cg"
-                )
-                subtotals = tl.load(
-                    parts_ptr + bands * M + band_at, mask=valid, other=0.0, cache_modifier=".cg"
-                )
-                indices = tl.load(index_ptr + band_at, mask=valid, other=0, cache_modifier=".cg")
-                top, where, top_total = _choice(values, subtotals, 1)
-                if SAMPLE:  # the best key's band holds the draw
-                    band_keys = tl.load(
-                        parts_ptr + 2 * bands * M + band_at, mask=valid, other=float("-inf"),
-                        cache_modifier=".cg",
-                    )  # fmt: skip
-                    key, where = tl.max(band_keys, axis=1, return_indices=True)
-                top_index = tl.sum(tl.where(b[None, :] - b0 == where[:, None], indices, 0), axis=1)
-                if SAMPLE:
-                    best_key, best = _join_draw(best_key, best, key, top_index)
-                    best_value, _, total = _join_choice(best_value, 0, total, top, 0, top_total)
-                else:
-                    best_value, best, total = _join_choice(
-                        best_value, best, total, top, top_index, top_total
-                    )
-            logprob = -tl.log(total)
-            if SAMPLE:
-                logprob = _drawn_logprob(
-                    logits_ptr + m * N, bias_ptr, best, best_value, total, m < M
-                )
-            _greedy_update(
-                m, best, logprob, m < M, token_ptr, pos_ptr, finished_ptr, sum_ptr, history_ptr,
-                eot_ptr, history_stride, True,
-            )  # fmt: skip
+        _choose_band(
+            acc + bias[None, :], m, n, M, N, bands, logits_ptr, bias_ptr, parts_ptr, index_ptr,
+            count_ptr + tl.program_id(1), token_ptr, pos_ptr, finished_ptr, sum_ptr,
+            history_ptr, eot_ptr, seed_ptr, temperature_ptr, history_stride, BLOCK_M,
+            BLOCK_BANDS, SAMPLE, True,
+        )  # fmt: skip
 
     @triton.jit
     def _prefetch_band(
@@ -1379,6 +1398,9 @@ def cross_keys(heads: int, A: int, device: torch.device) -> int:
     return 256 if heads * triton.cdiv(A, 256) >= 2 * sms else 128
 
 
+# Scores a program of `Runtime._select`'s choice takes (rows x ids).
+CHOICE_TILE = 2048
+
 # Above this many bytes beam search's reorder runs `reorder_rows`; below, Triton's two launches
 # cost more host time than PyTorch's indexed copy (turbo, one window of 5 beams: 0.20 vs 0.13 ms).
 REORDER_COPY_BYTES = 16 << 20
@@ -1403,20 +1425,28 @@ def timestamp_rules(
     per_row: tuple[Tensor, Tensor] | None = None,
     bias: Tensor | None = None,
 ) -> None:
-    """`decoding.ApplyTimestampRules.apply` in one kernel: logits [rows, V] (contiguous) in
+    """`decoding.ApplyTimestampRules.apply` in two kernels over bands of each row (a program a
+    row was 31-37 µs a step on an H100; two over bands ~10): logits [rows, V] (contiguous) in
     place, given each row's sampled tokens, tokens[:, :n] (a view of the tokens so far, its
     rows' elements adjacent) or, with `per_row` (start, length), tokens[r, start[r]:length[r]]
     (the greedy loop's history); the rules see logits + `bias` if given. The tokens are read
     512 at a time (a row holds up to 448), so one compiled kernel serves every step."""
     rows, V = logits.shape
     start, length = per_row if per_row is not None else (tokens, tokens)
-    _timestamp_rules_kernel[(rows,)](
-        logits, tokens, start, length, bias if bias is not None else logits, tokens.stride(0), n,
-        rules.max_initial or 0, V=V, tb=rules.timestamp_begin, eot=rules.eot,
-        no_timestamps=rules.no_timestamps, PER_ROW=per_row is not None,
+    block_v = 2048
+    bands = triton.cdiv(V, block_v)
+    parts = torch.empty(3, rows, bands, device=logits.device)
+    launch = _launch(logits)
+    _timestamp_rules_kernel[(bands, rows)](
+        logits, tokens, start, length, bias if bias is not None else logits, parts,
+        tokens.stride(0), n, rules.max_initial or 0, V=V, tb=rules.timestamp_begin,
+        eot=rules.eot, no_timestamps=rules.no_timestamps, PER_ROW=per_row is not None,
         INITIAL=rules.max_initial is not None, BIAS=bias is not None,
-        BLOCK_T=max(512, triton.next_power_of_2(n)), BLOCK_V=4096, num_warps=8,
-        **_launch(logits),
+        BLOCK_T=max(512, triton.next_power_of_2(n)), BLOCK_V=block_v, num_warps=4, **launch,
+    )  # fmt: skip
+    _timestamps_win_kernel[(triton.cdiv(rules.timestamp_begin, block_v), rows)](
+        logits, parts, bands, V=V, tb=rules.timestamp_begin,
+        BLOCK_BANDS=triton.next_power_of_2(bands), BLOCK_V=block_v, num_warps=4, **launch,
     )  # fmt: skip
 
 
@@ -2014,10 +2044,16 @@ class Runtime:
                 per_row = (self.prompt_length, self.pos)  # the sampled tokens: after the prompt
                 rules, bias = self._rules, self.bias
                 timestamp_rules(self.logits[:rows], self.history, rules, per_row=per_row, bias=bias)
-            _greedy_select_kernel[(rows,)](
-                self.logits, self.bias, self.token, self.pos, self.finished, self.sum_logprobs,
-                self.history, self.eot, self.seed, self.temperature, self.history.stride(0),
-                V=self.config.n_vocab, BLOCK_V=4096, SAMPLE=self._sample, num_warps=8,
+            V, block_m = self.config.n_vocab, min(triton.next_power_of_2(rows), 8)
+            block_v = CHOICE_TILE // block_m
+            bands = triton.cdiv(V, block_v)
+            parts = torch.empty(3, bands, rows, device=self.device, dtype=torch.float32)
+            index = torch.empty(bands, rows, device=self.device, dtype=torch.int32)
+            _greedy_select_kernel[(bands, triton.cdiv(rows, block_m))](
+                self.logits, self.bias, parts, index, self.stream_stats.counters, self.token,
+                self.pos, self.finished, self.sum_logprobs, self.history, self.eot, self.seed,
+                self.temperature, self.history.stride(0), rows, bands, V=V, BLOCK_M=block_m,
+                BLOCK_V=block_v, BLOCK_BANDS=128, SAMPLE=self._sample, num_warps=4,
                 **_launch(self.logits),
             )  # fmt: skip
             return
