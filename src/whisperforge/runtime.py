@@ -596,17 +596,50 @@ if triton is not None:
         tl.store(sum_ptr + part, total)
 
     @triton.jit
+    def _beam_join_kernel(
+        value_ptr, index_ptr, max_ptr, sum_ptr, top_ptr, top_index_ptr, K: tl.constexpr,
+        KPAD: tl.constexpr, BANDS: tl.constexpr, BANDS_PAD: tl.constexpr,
+    ):  # fmt: skip
+        """Row r = program id: its bands' K best (`_beam_top_kernel`) joined into the row's K
+        best log-probabilities (ties: the first) and their tokens, [rows, KPAD] each. A program
+        a row, so the rows join at once (in the rank kernel, an audio's beams joined one after
+        another: 19 µs a step at one window)."""
+        r = tl.program_id(0).to(tl.int64)
+        flat = tl.arange(0, BANDS_PAD * KPAD)
+        band = flat // KPAD
+        parts = r * BANDS + band
+        values = tl.load(value_ptr + parts * KPAD + flat % KPAD, mask=band < BANDS,
+                         other=float("-inf"))  # fmt: skip
+        indices = tl.load(index_ptr + parts * KPAD + flat % KPAD, mask=band < BANDS, other=0)
+        maxima = tl.load(max_ptr + parts, mask=(band < BANDS) & (flat % KPAD == 0),
+                         other=float("-inf"))  # fmt: skip
+        sums = tl.load(sum_ptr + parts, mask=(band < BANDS) & (flat % KPAD == 0), other=0.0)
+        top = tl.max(maxima)
+        logsumexp = top + tl.log(tl.sum(sums * tl.exp(maxima - top)))
+        k = tl.arange(0, KPAD)
+        best = tl.full([KPAD], float("-inf"), tl.float32)
+        tokens = tl.zeros([KPAD], tl.int32)
+        for i in tl.static_range(K):
+            value, where = tl.max(values, axis=0, return_indices=True,
+                                  return_indices_tie_break_left=True)  # fmt: skip
+            tokens = tl.where(k == i, tl.sum(tl.where(flat == where, indices, 0)), tokens)
+            best = tl.where(k == i, value - logsumexp, best)
+            values = tl.where(flat == where, float("-inf"), values)
+        tl.store(top_ptr + r * KPAD + k, best)
+        tl.store(top_index_ptr + r * KPAD + k, tokens)
+
+    @triton.jit
     def _beam_rank_kernel(
-        value_ptr, index_ptr, max_ptr, sum_ptr, before_ptr, sums_ptr, tokens_ptr, next_ptr,
+        top_ptr, top_index_ptr, before_ptr, sums_ptr, tokens_ptr, next_ptr,
         source_ptr, finished_ptr, lengths_ptr, scores_ptr, count_ptr, T, width, first,
         tokens_stride, next_stride, pos_ptr, token_ptr, done_ptr,
-        BEAM: tl.constexpr, K: tl.constexpr, KPAD: tl.constexpr, BANDS: tl.constexpr,
-        BANDS_PAD: tl.constexpr, CPAD: tl.constexpr, MAX_CANDIDATES: tl.constexpr,
-        eot: tl.constexpr, BLOCK_T: tl.constexpr, LOOP: tl.constexpr,
+        BEAM: tl.constexpr, K: tl.constexpr, KPAD: tl.constexpr, CPAD: tl.constexpr,
+        MAX_CANDIDATES: tl.constexpr, eot: tl.constexpr, BLOCK_T: tl.constexpr,
+        LOOP: tl.constexpr,
     ):  # fmt: skip
-        """`decoding.BeamSearch`'s step for audio a = program id: joins its beams' bands into
-        each beam's K best log-probabilities, ranks the BEAM * K candidates best first (ties in
-        candidate order, as a stable sort), keeps the first BEAM unfinished ones as the next
+        """`decoding.BeamSearch`'s step for audio a = program id: from each beam's K best
+        log-probabilities (`_beam_join_kernel`), ranks the BEAM * K candidates best first (ties
+        in candidate order, as a stable sort), keeps the first BEAM unfinished ones as the next
         beams (tokens, source rows, sums) and records the finished ones ranked above them.
         The beams' tokens are rows tokens_stride apart, the next beams' next_stride apart.
         LOOP (`Runtime.beam`): the audio's beams hold T = pos[a * BEAM] tokens, the next
@@ -620,36 +653,17 @@ if triton is not None:
             live = tl.load(done_ptr) == 0
             rows = a * BEAM + c
             tl.store(source_ptr + rows, rows, mask=(c < BEAM) & ~live)
-        flat = tl.arange(0, BANDS_PAD * KPAD)
-        band = flat // KPAD
-        scores = tl.full([CPAD], float("-inf"), tl.float32)
-        tokens = tl.zeros([CPAD], tl.int32)
-        source = tl.zeros([CPAD], tl.int64)
-        for j in tl.static_range(BEAM):
-            r = a * BEAM + j
-            parts = r * BANDS + band
-            values = tl.load(value_ptr + parts * KPAD + flat % KPAD, mask=band < BANDS,
-                             other=float("-inf"))  # fmt: skip
-            indices = tl.load(index_ptr + parts * KPAD + flat % KPAD, mask=band < BANDS, other=0)
-            maxima = tl.load(max_ptr + parts, mask=(band < BANDS) & (flat % KPAD == 0),
-                             other=float("-inf"))  # fmt: skip
-            sums = tl.load(sum_ptr + parts, mask=(band < BANDS) & (flat % KPAD == 0), other=0.0)
-            top = tl.max(maxima)
-            logsumexp = top + tl.log(tl.sum(sums * tl.exp(maxima - top)))
-            base = tl.load(before_ptr + r)
-            for k in tl.static_range(K):
-                value, where = tl.max(values, axis=0, return_indices=True,
-                                      return_indices_tie_break_left=True)  # fmt: skip
-                token = tl.sum(tl.where(flat == where, indices, 0))
-                values = tl.where(flat == where, float("-inf"), values)
-                score = base + (value - logsumexp)
-                if j > 0:  # the beams are still one sequence: rank the first alone
-                    score = tl.where(first != 0, float("-inf"), score)
-                scores = tl.where(c == j * K + k, score, scores)
-                tokens = tl.where(c == j * K + k, token, tokens)
-                source = tl.where(c == j * K + k, r, source)
-        # Candidate i ranks before c: a better score, or an equal one earlier.
+        j, k = c // K, c % K  # candidate c is beam j's k-th best
         valid = c < BEAM * K
+        r = a * BEAM + j
+        tokens = tl.load(top_index_ptr + r * KPAD + k, mask=valid, other=0)
+        scores = tl.load(before_ptr + r, mask=valid, other=0.0) + tl.load(
+            top_ptr + r * KPAD + k, mask=valid, other=float("-inf")
+        )
+        # The beams are still one sequence at the first step: rank the first alone.
+        scores = tl.where((j > 0) & (first != 0), float("-inf"), scores)
+        source = r
+        # Candidate i ranks before c: a better score, or an equal one earlier.
         s_i, s_c = scores[:, None], scores[None, :]
         ahead = ((s_i > s_c) | ((s_i == s_c) & (c[:, None] < c[None, :]))) & valid[:, None]
         ended = tokens == eot
@@ -1402,7 +1416,6 @@ def cross_keys(heads: int, A: int, device: torch.device) -> int:
 # `timestamp_rules` (H100, tiny.en's 51866 logits at 1, 5 and 80 rows: 1024 to 8192 tried).
 CHOICE_TILE = 2048
 RULES_BAND = 2048
-RANK_WARPS = 4
 
 # Above this many bytes beam search's reorder runs `reorder_rows`; below, Triton's two launches
 # cost more host time than PyTorch's indexed copy (turbo, one window of 5 beams: 0.20 vs 0.13 ms).
@@ -1502,16 +1515,21 @@ def _beam_kernels(
         logits, bias if bias is not None else logits, values, indices, maxima, sums, V=V, K=K,
         KPAD=KPAD, BANDS=bands, BLOCK_V=BLOCK_V, BIAS=bias is not None, num_warps=4,
     )  # fmt: skip
+    top = torch.empty(rows, KPAD, device=logits.device)
+    top_index = torch.empty(rows, KPAD, device=logits.device, dtype=torch.int32)
+    _beam_join_kernel[(rows,)](
+        values, indices, maxima, sums, top, top_index, K=K, KPAD=KPAD, BANDS=bands,
+        BANDS_PAD=triton.next_power_of_2(bands), num_warps=4,
+    )  # fmt: skip
     pos, token, done = loop if loop is not None else (source, source, source)
     _beam_rank_kernel[(n_audio,)](
-        values, indices, maxima, sums, before, sum_logprobs, tokens, next_tokens, source,
+        top, top_index, before, sum_logprobs, tokens, next_tokens, source,
         finished.tokens, finished.lengths, finished.scores, finished.count, T,
         finished.tokens.shape[2], int(first), tokens.stride(0), next_tokens.stride(0), pos,
-        token, done, BEAM=beam, K=K, KPAD=KPAD, BANDS=bands,
-        BANDS_PAD=triton.next_power_of_2(bands), CPAD=triton.next_power_of_2(beam * K),
+        token, done, BEAM=beam, K=K, KPAD=KPAD, CPAD=triton.next_power_of_2(beam * K),
         MAX_CANDIDATES=finished.lengths.shape[1] - 1, eot=eot,
         BLOCK_T=max(512, triton.next_power_of_2(T + 1)), LOOP=loop is not None,
-        num_warps=RANK_WARPS,
+        num_warps=4,  # 1, 2, 8 or 16: slower (H100)
     )  # fmt: skip
 
 
