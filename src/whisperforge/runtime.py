@@ -2045,8 +2045,7 @@ class Runtime:
         data, scale = weight_and_scale(w)
         N = self.config.n_vocab  # quantize's embedding may have rows past it
         bands = triton.cdiv(N, block_n)
-        parts = torch.empty(3, bands, rows, device=h.device, dtype=torch.float32)
-        index = torch.empty(bands, rows, device=h.device, dtype=torch.int32)
+        parts, index = self._choice_parts(bands, rows)
         _logits_select_kernel[(bands, triton.cdiv(rows, 16))](
             h, data, scale if scale is not None else data, self.logits, parts, index,
             self.stream_stats.counters, self.bias, self.token, self.pos, self.finished,
@@ -2056,6 +2055,12 @@ class Runtime:
             BLOCK_BANDS=256, LINE=128 // data.element_size(), SAMPLE=self._sample,
             num_warps=warps, num_stages=stages, **_launch(h),
         )  # fmt: skip
+
+    def _choice_parts(self, bands: int, rows: int) -> tuple[Tensor, Tensor]:
+        """`_choose_band`'s scratch for `bands` bands of `rows` rows: each band's value, sum
+        of exp and draw's key [3, bands, rows], and its chosen id [bands, rows]."""
+        parts = torch.empty(3, bands, rows, device=self.device, dtype=torch.float32)
+        return parts, torch.empty(bands, rows, device=self.device, dtype=torch.int32)
 
     def _select(self, rows: int) -> None:
         """The choice from self.logits + self.bias, as `decoding.GreedySearch`'s: the argmax, or
@@ -2069,8 +2074,7 @@ class Runtime:
             V, block_m = self.config.n_vocab, min(triton.next_power_of_2(rows), 8)
             block_v = CHOICE_TILE // block_m
             bands = triton.cdiv(V, block_v)
-            parts = torch.empty(3, bands, rows, device=self.device, dtype=torch.float32)
-            index = torch.empty(bands, rows, device=self.device, dtype=torch.int32)
+            parts, index = self._choice_parts(bands, rows)
             _greedy_select_kernel[(bands, triton.cdiv(rows, block_m))](
                 self.logits, self.bias, parts, index, self.stream_stats.counters, self.token,
                 self.pos, self.finished, self.sum_logprobs, self.history, self.eot, self.seed,
