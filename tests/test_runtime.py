@@ -644,7 +644,7 @@ from whisperforge.presets import random_model
 config = ModelConfig(
     n_mels=80, n_audio_ctx=8, n_audio_state=64, n_audio_head=1, n_audio_layer=1,
     n_vocab=5000, n_text_ctx=16, n_text_state=128, n_text_head=2, n_text_layer=1,
-)  # 5000 logits: 313 bands of 16, joined in two blocks; the row kernel reads 2 x 4096
+)  # 5000 logits: 313 bands of 16, joined in two blocks; the choice kernel's bands of 512
 torch.set_grad_enabled(False)
 model = random_model(config, seed=0)
 w = model.decoder.token_embedding.weight.data
@@ -677,13 +677,17 @@ def torch_path():
     rt.fused = False
     rt._select(rows)
     rt.fused = True
-def row_kernel():
+def choice_kernel(tile=R.CHOICE_TILE):
     rt.logits[:rows] = logits
     rt.pos[:rows] += 1
+    R.CHOICE_TILE, default = tile, R.CHOICE_TILE  # 64: 313 bands of 16 ids, three join blocks
     rt._select(rows)
+    R.CHOICE_TILE = default
 expected = run(torch_path)
 assert expected[0][1] == 17, expected[0]
-for got in (run(row_kernel), run(lambda: rt._logits_select(h[:rows].contiguous(), rows))):
+kernels = [choice_kernel, lambda: choice_kernel(64)]
+kernels += [lambda: rt._logits_select(h[:rows].contiguous(), rows)]
+for got in map(run, kernels):
     for a, b in zip(got, expected):  # logits and sums: within the matmul's rounding
         assert torch.allclose(a[:rows].float(), b[:rows].float(), rtol=1e-3, atol=1e-3), (a, b)
     assert all(torch.equal(a[:rows], b[:rows]) for a, b in zip(got[:3] + got[4:5], expected[:3] + expected[4:5]))
@@ -705,8 +709,9 @@ print("ok")
 
 
 def test_greedy_choice_in_the_interpreter():
-    """The greedy choice on the device, in Triton's CPU interpreter: the row kernel over the
-    logits and the choice folded into the logits matmul (bands joined by the last program,
+    """The greedy choice on the device, in Triton's CPU interpreter: the choice kernel over
+    the logits (10 bands, or 313 joined in three blocks) and the choice folded into the logits
+    matmul (bands joined by the last program,
     positions advanced; float16 and int8 embeddings) give `_select`'s torch path's tokens,
     sums, history, finished flags and logits, first index on ties."""
     run_interpreted(GREEDY_KERNELS)
@@ -721,7 +726,7 @@ from whisperforge.presets import random_model
 config = ModelConfig(
     n_mels=80, n_audio_ctx=8, n_audio_state=64, n_audio_head=1, n_audio_layer=1,
     n_vocab=5000, n_text_ctx=16, n_text_state=128, n_text_head=2, n_text_layer=1,
-)  # 5000 logits: bands of the embedding joined in two blocks; the row kernel reads 2 x 4096
+)  # 5000 logits: bands of the embedding joined in two blocks; the choice kernel's of 256
 device = "cuda" if torch.cuda.is_available() else "cpu"
 torch.set_grad_enabled(False)
 rt = R.Runtime(random_model(config, seed=0, device=device), "float16", max_rows=256, graphs=False)
@@ -772,8 +777,8 @@ def torch_path(rows):
     rt.fused = fused
 
 paths = [("torch", torch_path, 256, 8)]
-if rt.fused:  # the row kernel, and the draw in the logits matmul's epilogue (<= 16 rows)
-    paths += [("row kernel", from_logits, 256, 8)]
+if rt.fused:  # the choice kernel, and the draw in the logits matmul's epilogue (<= 16 rows)
+    paths += [("choice kernel", from_logits, 256, 8)]
     paths += [("logits matmul", lambda rows: rt._logits_select(h[:rows], rows), 16, 64)]
 for name, select, rows, seeds in paths:
     counts = torch.zeros(5000)
@@ -806,7 +811,7 @@ def test_sampling_draws_from_the_tempered_distribution():
 
 
 def test_sampling_kernels_in_the_interpreter():
-    """The same for the row kernel and the draw in the logits matmul's epilogue (CUDA only),
+    """The same for the choice kernel and the draw in the logits matmul's epilogue (CUDA only),
     in Triton's CPU interpreter, beside the torch path."""
     run_interpreted(SAMPLING, timeout=600)
 
