@@ -845,3 +845,19 @@ def test_sampling_on_the_runtime_scores_what_it_draws(tiny_en, jfk_features):
     chosen = torch.tensor(tokens[len(prompt) :])[:, None]
     total = float(torch.log_softmax(logits, dim=-1).gather(1, chosen).sum())
     assert drawn.avg_logprob * (len(drawn.tokens) + 1) == pytest.approx(total, abs=1e-3)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_a_model_on_the_second_gpu_transcribes_as_on_the_first():
+    """Triton's launches and the CUDA graphs' captures follow the model's GPU (cuda:1), not the
+    current one: the same tokens there as on cuda:0, beam search, greedy and sampling."""
+    from whisperforge import WhisperModel
+
+    audio = load_audio(JFK)
+    runs = []
+    for index in (0, 1):
+        model = WhisperModel("tiny.en", device="cuda", device_index=index, compute_type="float16")
+        for options in ({}, {"beam_size": 1, "temperature": 0.0}, {"temperature": 0.7}):
+            torch.manual_seed(0)
+            runs.append([t for s in model.transcribe(audio, **options)[0] for t in s.tokens])
+    assert runs[:3] == runs[3:] and all(runs)

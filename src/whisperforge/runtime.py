@@ -126,6 +126,18 @@ def current_device(device: torch.device) -> contextlib.AbstractContextManager:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def _on_device(method: Callable) -> Callable:
+    """A `Runtime` method run in inference mode with the runtime's device current (see
+    `current_device`)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with torch.inference_mode(), current_device(self.device):
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 def step_pdl() -> bool:
     """Whether the step kernels launch with PDL now."""
     if USE_PDL is not None:
@@ -1677,6 +1689,7 @@ class Runtime:
         self.config = model.config
         self.device, self.dtype = model.device, dtype
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        self._capture_stream = torch.cuda.Stream(self.device) if self.graphs else None
         self.encoder_graphs = encoder_graphs and self.graphs
         # The Triton kernels (fused residual + layer norm, self-attention by length) on CUDA.
         on_cuda = triton is not None and (self.device.type == "cuda" or _INTERPRETED)
@@ -1772,37 +1785,40 @@ class Runtime:
 
     def _replay(self, key: tuple, fn: Callable[[], None], repeatable: bool = True) -> None:
         """Run `fn` (which reads and writes only static buffers) through a CUDA graph captured on
-        first use. The warm-up runs must not disturb a decode in flight: the loop state is saved
-        around them, and the cache writes they make are the ones the real run makes. Where a
-        second run would not repeat the first (`repeatable=False`: a reorder moves the cache
-        again), the first call runs `fn` eagerly as the real run and captures it for the
-        next."""
+        first use (`_capture`); without graphs, run it."""
         if not self.graphs:
             fn()
             return
         graph = self._graphs.get(key)
-        if graph is None and not repeatable:
-            fn()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                fn()  # captured, not run
-            self._graphs[key] = graph
-            return
         if graph is None:
-            saved = [t.clone() for t in self._loop_state()]
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # once: cuBLAS handles, workspaces, lazy kernels
-                fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            for t, s in zip(self._loop_state(), saved):
-                t.copy_(s)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: other threads (the batched pipeline's VAD) may use the GPU meanwhile.
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                fn()
-            self._graphs[key] = graph
+            graph = self._graphs[key] = self._capture(fn, repeatable)
+            if not repeatable:
+                return
         graph.replay()
+
+    def _capture(self, fn: Callable[[], None], repeatable: bool) -> torch.cuda.CUDAGraph:
+        """A CUDA graph of `fn`, after one eager run of it (cuBLAS handles, workspaces, lazy
+        kernels). That run must not disturb a decode in flight: the loop state is saved around
+        it, and the cache writes it makes are the ones the real run makes. Where a second run
+        would not repeat the first (`repeatable=False`: a reorder moves the cache again), the
+        eager run is the real one. Both run on the runtime's own stream: torch.cuda.graph's
+        default one is made on the device of the first capture in the process, and capturing
+        there for a model on another GPU fails."""
+        stream, current = self._capture_stream, torch.cuda.current_stream()
+        saved = [t.clone() for t in self._loop_state()] if repeatable else []
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            fn()
+        current.wait_stream(stream)
+        for t, s in zip(self._loop_state(), saved):
+            t.copy_(s)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: other threads (the batched pipeline's VAD) may use the GPU meanwhile.
+        with torch.cuda.graph(
+            graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"
+        ):
+            fn()
+        return graph
 
     def _padded_windows(self, windows: int) -> int:
         """The ladder size a step graph runs for `windows`; the extra rows compute garbage that
@@ -1850,7 +1866,7 @@ class Runtime:
             return h.view(shape)
         return encoder_blocks(enc, x, layer_norm)
 
-    @torch.inference_mode()
+    @_on_device
     def encoder(self, mel: Tensor) -> Tensor:
         """Audio features [W, n_audio_ctx, D] of mel windows [W, n_mels, 3000] (a view of a static
         buffer: copy it to keep it past the next call)."""
@@ -1867,7 +1883,7 @@ class Runtime:
         self._replay(("encoder", W), run)
         return self.features[:W]
 
-    @torch.inference_mode()
+    @_on_device
     def cross(self, features: Tensor) -> Cross:
         """Project each decoder layer's cross K,V of these windows into the static buffer: once per
         window, however many tokens are decoded."""
@@ -2126,7 +2142,7 @@ class Runtime:
         self._replay(key, run, repeatable=beam is None)  # a reorder moves the cache again
         batch.max_length += 1
 
-    @torch.inference_mode()
+    @_on_device
     def prefill(
         self, cross: Cross, prompts: Sequence[Sequence[int]] | Tensor, group: int = 1
     ) -> Batch:
@@ -2201,7 +2217,7 @@ class Runtime:
         self.sum_logprobs.zero_()
         return hidden
 
-    @torch.inference_mode()
+    @_on_device
     def step(self, batch: Batch, tokens: Tensor) -> Tensor:
         """Feed one token per row [rows]; returns the logits of the next [rows, n_vocab] (a view
         of a static buffer, valid until the next step)."""
@@ -2209,7 +2225,7 @@ class Runtime:
         self._run_step(batch, select=False)
         return self.logits[: batch.rows]
 
-    @torch.inference_mode()
+    @_on_device
     def reorder(self, batch: Batch, source: Tensor) -> None:
         """Beam search: row i continues row source[i] (rows of the same window). With graphs,
         as a CUDA graph per (rows, length rounded up to 32): its ~14 kernels cost the host
@@ -2232,7 +2248,7 @@ class Runtime:
         for state in self._loop_state():
             state[:R] = state[source]
 
-    @torch.inference_mode()
+    @_on_device
     def greedy(
         self,
         batch: Batch,
@@ -2312,7 +2328,7 @@ class Runtime:
             self.sum_logprobs[:R].clone(),
         )
 
-    @torch.inference_mode()
+    @_on_device
     def beam(
         self,
         batch: Batch,
