@@ -25,6 +25,9 @@ kernel launches and host syncs, not by the GPU. The runtime removes both:
   reorder of the self K,V, and the host reads one completion flag a step late.
 - Beams (or best-of samples) of one window are rows of one batch that share the window's cross
   K,V: cross-attention takes them as `group` queries of that window, so it reads K,V once.
+- A runtime works on its model's GPU whatever the current device: its methods make that device
+  current, and it captures its graphs on a stream of its own there (`_on_device`, `_capture`),
+  so one process may drive models on several GPUs.
 
 The API that batching, streaming and serving build on:
 
