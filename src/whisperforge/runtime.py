@@ -546,12 +546,11 @@ if triton is not None:
         tl.store(row + v, x.to(logits_ptr.dtype.element_ty), mask=(v < V) & kill)
         stamp = tl.where(v >= tb, x, float("-inf"))
         stamp_max = tl.max(stamp)
-        safe = tl.where(stamp_max == float("-inf"), 0.0, stamp_max)  # no -inf - -inf
         at = r * tl.num_programs(0) + b
         size = tl.num_programs(0) * tl.num_programs(1)
         tl.store(parts_ptr + at, tl.max(tl.where(v < tb, x, float("-inf"))))
         tl.store(parts_ptr + size + at, stamp_max)
-        tl.store(parts_ptr + 2 * size + at, tl.sum(tl.exp(stamp - safe)))
+        tl.store(parts_ptr + 2 * size + at, _sum_exp(stamp, 1.0, stamp_max, 0))
 
     @triton.jit
     def _timestamps_win_kernel(
@@ -570,9 +569,7 @@ if triton is not None:
         maxima = tl.load(parts_ptr + size + at, mask=k < bands, other=float("-inf"))
         sums = tl.load(parts_ptr + 2 * size + at, mask=k < bands, other=0.0)
         stamp_max = tl.max(maxima)
-        safe = tl.where(stamp_max == float("-inf"), 0.0, stamp_max)
-        stamp_sum = tl.sum(sums * tl.exp(maxima - safe))
-        if safe + tl.log(stamp_sum) > text_max:  # the timestamps win the step
+        if stamp_max + tl.log(_sum_exp(maxima, sums, stamp_max, 0)) > text_max:  # timestamps win
             v = b * BLOCK_V + tl.arange(0, BLOCK_V)
             x = tl.full([BLOCK_V], float("-inf"), tl.float32)
             tl.store(logits_ptr + r * V + v, x.to(logits_ptr.dtype.element_ty), mask=v < tb)
@@ -630,7 +627,7 @@ if triton is not None:
                          other=float("-inf"))  # fmt: skip
         sums = tl.load(sum_ptr + parts, mask=(band < BANDS) & (flat % KPAD == 0), other=0.0)
         top = tl.max(maxima)
-        logsumexp = top + tl.log(tl.sum(sums * tl.exp(maxima - top)))
+        logsumexp = top + tl.log(_sum_exp(maxima, sums, top, 0))
         k = tl.arange(0, KPAD)
         best = tl.full([KPAD], float("-inf"), tl.float32)
         tokens = tl.zeros([KPAD], tl.int32)
@@ -832,8 +829,15 @@ if triton is not None:
         value, where it first is, and the sum of exp(logit - best) over all it stands for (its
         softmax's denominator; relative to 0 where everything is -inf)."""
         value, where = tl.max(z, axis=AXIS, return_indices=True, return_indices_tie_break_left=True)
+        return value, where, _sum_exp(z, totals, value, AXIS)
+
+    @triton.jit
+    def _sum_exp(z, totals, value, AXIS: tl.constexpr):
+        """The sum along AXIS of totals * exp(z - value), value being z's max there (relative
+        to 0 where everything is -inf): a softmax's denominator, or one joined from parts'
+        maxima and their sums."""
         base = tl.expand_dims(tl.where(value == float("-inf"), 0.0, value), AXIS)
-        return value, where, tl.sum(totals * tl.exp(z - base), axis=AXIS)
+        return tl.sum(totals * tl.exp(z - base), axis=AXIS)
 
     @triton.jit
     def _join_choice(best_value, best, total, value, index, subtotal):
