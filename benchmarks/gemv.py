@@ -1,11 +1,12 @@
 """How close does a decode step's matmul come to the memory's bandwidth? Each of a step's
 weight shapes, at a few rows, as a chain of calls on distinct weights (more than L2 holds),
 captured in a CUDA graph with the runtime's PDL: microseconds per call and TB/s, for cuBLAS
-(no PDL), the runtime's stream kernel per config, and two kernel designs that were tried and not
+(no PDL), the runtime's stream kernel per config, and three kernel designs that were tried and not
 kept (RESULTS.md, session 15): a GEMV on the CUDA cores (`rows_fma`) and a persistent grid that
-prefetches its whole weight into L2 before it waits (`persistent`).
+prefetches its whole weight into L2 before it waits (`persistent`); and bands of any number of
+rows, spread evenly over the multiprocessors (`even`, session 30).
 
-    python3 benchmarks/gemv.py [--rows 1 5 16] [--variants stream rows_fma persistent]
+    python3 benchmarks/gemv.py [--rows 1 5 16] [--variants stream rows_fma persistent even]
 """
 
 from __future__ import annotations
@@ -319,7 +320,62 @@ def _persistent(x: torch.Tensor, N: int, K: int):
         yield f"({block_n}, {block_k}, {warps}, {stages}) splits {splits} x{per_sm}", make
 
 
-VARIANTS = {"stream": _stream, "rows_fma": _rows_fma, "persistent": _persistent}
+@triton.jit
+def _even_kernel(
+    x_ptr, w_ptr, y_ptr, M, N, K: tl.constexpr, K_SPLIT: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LINE: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """The stream kernel with ROWS rows of the weight a program, in a tile of BLOCK_N >= ROWS:
+    bands that need not be a power of two, so that they come out at a whole number a
+    multiprocessor. Writes float32 partial sums [splits, M, N]."""
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.program_id(0) * ROWS + tl.arange(0, BLOCK_N)
+    end = tl.minimum(N, tl.program_id(0) * ROWS + ROWS)  # the band's rows are n < end
+    k_start = tl.program_id(2) * K_SPLIT
+    if PDL:
+        _prefetch_band(w_ptr, n, end, k_start, K, K_SPLIT, BLOCK_K, LINE)
+    _wait_for_inputs(PDL)
+    acc = _stream_tile(
+        x_ptr, w_ptr, w_ptr, m, n, k_start, M, end, K, K_SPLIT, BLOCK_K, 0, w_ptr, w_ptr, 0.0,
+        0.0, False,
+    )  # fmt: skip
+    at = tl.program_id(2) * M * N + m[:, None] * N + n[None, :]
+    tl.store(y_ptr + at, acc, mask=(m[:, None] < M) & (n[None, :] < end))
+
+
+def _even(x: torch.Tensor, N: int, K: int):
+    """Bands of ceil(N / programs) rows for a half, one or two programs a multiprocessor (tried
+    in session 30: faster alone, level in the whole step; RESULTS.md)."""
+    M = x.shape[0]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    pipelines = [(128, 4, 4), (256, 4, 4), (256, 8, 3), (128, 8, 6)]
+    for programs, splits, (block_k, warps, stages) in itertools.product(
+        (sms, 2 * sms, sms // 2), (1, 2, 4), pipelines
+    ):
+        rows = math.ceil(N / (programs // splits))
+        if rows > 64 or K % (splits * block_k):
+            continue
+
+        def make(w, rows=rows, splits=splits, block_k=block_k, warps=warps, stages=stages):
+            y = torch.empty(splits, M, N, device=x.device, dtype=torch.float32)
+            grid = (triton_cdiv(N, rows), triton_cdiv(M, 16), splits)
+
+            def launch() -> torch.Tensor:
+                _even_kernel[grid](
+                    x, w, y, M, N, K=K, K_SPLIT=K // splits, ROWS=rows, BLOCK_M=16,
+                    BLOCK_N=max(16, triton_next_pow2(rows)), BLOCK_K=block_k, LINE=64,
+                    num_warps=warps, num_stages=stages, **runtime._launch(x),
+                )  # fmt: skip
+                return y
+
+            return launch
+
+        launched = triton_cdiv(N, rows) * splits
+        yield f"rows {rows} x{splits} ({launched} programs) {block_k}/{warps}/{stages}", make
+
+
+VARIANTS = {"stream": _stream, "rows_fma": _rows_fma, "persistent": _persistent, "even": _even}
 
 if __name__ == "__main__":
     main()

@@ -801,12 +801,17 @@ if triton is not None:
 
     @triton.jit
     def _gumbel_keys(z, seed_ptr, temperature_ptr, row, position, v):
-        """Sampling's keys for logits z of rows `row` at vocabulary ids v, for the choices
-        written at `position`: z + temperature * Gumbel(0, 1) noise, whose argmax is a draw from
-        softmax(z / temperature) (the Gumbel-max trick), as `Categorical` would draw. Each
-        (row, position, id) has its own Philox number under the call's seed."""
-        offset = (position.to(tl.int64) * 65536 + row) * 131072 + v  # rows < 2^16, ids < 2^17
-        u = tl.maximum(tl.rand(tl.load(seed_ptr), offset), 1e-20)  # [0, 1) -> (0, 1)
+        """Sampling's keys for logits z [rows, ids] of rows `row` at vocabulary ids v (from a
+        multiple of 4), for the choices written at `position`: z + temperature * Gumbel(0, 1)
+        noise, whose argmax is a draw from softmax(z / temperature) (the Gumbel-max trick), as
+        `Categorical` would draw. Each (row, position, id) has its own Philox number under the
+        call's seed: one Philox call gives four, for ids 4j .. 4j + 3."""
+        quads = tl.min(tl.reshape(v, (v.shape[0] // 4, 4)), axis=1) // 4  # the ids' j
+        # rows < 2^16, ids < 2^17
+        offset = (position.to(tl.int64) * 65536 + row) * 32768 + quads[None, :]
+        r0, r1, r2, r3 = tl.rand4x(tl.load(seed_ptr), offset)
+        u = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), z.shape)  # id 4j + c: r_c
+        u = tl.maximum(u, 1e-20)  # [0, 1) -> (0, 1)
         return z + tl.load(temperature_ptr) * -tl.log(-tl.log(u))
 
     @triton.jit
