@@ -7,7 +7,7 @@ step's matmul shapes, each shape's candidate configs (`runtime.STREAM_CANDIDATES
 `quantize.QUANTIZED_CANDIDATES`) tried with the others held, two passes, from the tables'
 configs.
 
-    python benchmarks/tune_step.py --preset large-v3 --batch 1 16
+    python benchmarks/tune_step.py --preset large-v3 --batch 1 16 [--roles logits]
     python benchmarks/tune_step.py --preset large-v3 --batch 1 16 --compute-type int8  # quantize's
 
 Prints each tuned choice under its key in `runtime.STEP_CONFIGS` /
@@ -49,7 +49,9 @@ def step_ms(rt: Runtime, features: torch.Tensor, prompt: list[int], eot: int, st
     return statistics.median(times[1:])
 
 
-def tune(name: str, batch: int, steps: int, passes: int, compute_type: str) -> dict[tuple, tuple]:
+def tune(
+    name: str, batch: int, steps: int, passes: int, compute_type: str, roles: list[str] | None
+) -> dict[tuple, tuple]:
     """The step's stream kernel configs for `compute_type` (float16, or int8 / float8 weights,
     whose choices quantize.py keeps), by coordinate descent on the whole step's time."""
     c = preset(name)
@@ -68,6 +70,8 @@ def tune(name: str, batch: int, steps: int, passes: int, compute_type: str) -> d
     first = step_ms(rt, features, prompt, eot, steps)  # the runtime's own choice of configs
     # Keys are (rows, N, K, ...); a tuple is a stream kernel config (else cuBLAS or another op).
     keys = [k for k, v in choice.items() if isinstance(v, tuple) and k[0] == batch]
+    if roles:
+        keys = [k for k in keys if runtime.step_role(k[1], k[2]) in roles]
     print(f"{name} {compute_type} b{batch}: {first:.4f} ms/step, runtime's configs", flush=True)
     best = first
     for _ in range(passes):
@@ -94,10 +98,11 @@ def main() -> None:
     parser.add_argument("--compute-type", default="float16", choices=["float16", "int8", "float8"])
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--roles", nargs="+", help="only these `runtime.step_role`s (default all)")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), flush=True)
     for batch in args.batch:
-        table = tune(args.preset, batch, args.steps, args.passes, args.compute_type)
+        table = tune(args.preset, batch, args.steps, args.passes, args.compute_type, args.roles)
         for key, config in sorted(table.items(), key=str):
             # As the tables key it: (1 row or up to 16, role[, int8 / fp8 weight dtype]).
             rows, role = 1 if key[0] == 1 else 16, runtime.step_role(key[1], key[2])
