@@ -313,12 +313,31 @@ if triton is not None:
         T: tl.constexpr, DH: tl.constexpr, BLOCK_T: tl.constexpr, BY_LENGTH: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
-        """`_self_attention_head` of (row, head) = program ids (0, 1)."""
+        """`_self_attention_head` of (row, head) = program ids (0, 1). The past K,V (written by
+        earlier steps) are prefetched into L2 before this step's query is ready."""
+        if PDL:
+            _prefetch_past_keys(
+                cache_ptr, pos_ptr, tl.program_id(0), tl.program_id(1), n_head, T, DH, BLOCK_T
+            )
         _wait_for_inputs(PDL)
         _self_attention_head(
             qkv_ptr, bias_ptr, cache_ptr, pos_ptr, out_ptr, tl.program_id(0), tl.program_id(1),
             n_head, scale, T, DH, BLOCK_T, BY_LENGTH,
         )  # fmt: skip
+
+    @triton.jit
+    def _prefetch_past_keys(cache_ptr, pos_ptr, r, h, n_head, T: tl.constexpr, DH: tl.constexpr,
+                            BLOCK_T: tl.constexpr):  # fmt: skip
+        """Ask L2 for row r's cached K and V of head h at positions [0, p): the first 128 bytes
+        of each (all of a 16-bit key of 64). p and the cache were written by the steps before
+        this one, which have finished (the kernel before this one waited for them)."""
+        p = tl.load(pos_ptr + r)
+        k_base = cache_ptr + (r * 2 * n_head + h).to(tl.int64) * T * DH
+        v_base = k_base + n_head * T * DH
+        for start in range(0, p, BLOCK_T):
+            t = tl.minimum(start + tl.arange(0, BLOCK_T), p - 1)
+            _prefetch_l2(k_base + t * DH)
+            _prefetch_l2(v_base + t * DH)
 
     @triton.jit
     def _self_attention_head(
