@@ -33,6 +33,7 @@ from whisperforge.presets import preset, random_model
 from whisperforge.runtime import (
     Runtime,
     _band_stats,
+    _columns,
     _combine_head,
     _cross_attention_split,
     _launch,
@@ -125,9 +126,11 @@ def _linear_tiles(
                 x_ptr, w_ptr, s_ptr, m, n, 0, M, N, K, K, BLOCK_K, 0, ln_w_ptr, ln_b_ptr, mean,
                 rstd, NORM,
             )  # fmt: skip
-            acc = _linear_epilogue(acc, n, N, s_ptr, b_ptr, dtype, SCALE, BIAS, GELU)
+            scale, bias = _columns(s_ptr, n, N, SCALE), _columns(b_ptr, n, N, BIAS)
+            acc = _linear_epilogue(acc, scale, bias, dtype, SCALE, BIAS, GELU)
             if RESIDUAL:  # as add_layer_norm: one rounding of x + (rounded output + bias)
-                acc = _residual_epilogue(acc, y_ptr, stats_ptr, m, n, band, M, N, dtype)
+                stream = tl.load(out, mask=keep, other=0.0, cache_modifier=".cg")
+                acc = _residual_epilogue(acc, stream, stats_ptr, m, band, M, dtype)
             tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=keep)
 
 

@@ -247,16 +247,13 @@ if triton is not None:
         return mean, tl.rsqrt(squares / K + eps)
 
     @triton.jit
-    def _residual_epilogue(acc, stream_ptr, stats_ptr, m, n, band, M, N, dtype: tl.constexpr):
-        """The residual stream [M, N] at rows m, columns n (one band of them) plus acc (a
-        matmul's output and bias, float32), rounded once as `add_layer_norm` rounds, in
-        float32; the band's mean and squared deviations per row go to stats [bands, M, 2] for
-        the next layer norm (`_band_stats`)."""
-        keep = (m[:, None] < M) & (n[None, :] < N)
-        at = stream_ptr + m[:, None] * N + n[None, :]
-        stream = tl.load(at, mask=keep, other=0.0, cache_modifier=".cg")  # see _stream_tile
+    def _residual_epilogue(acc, stream, stats_ptr, m, band, M, dtype: tl.constexpr):
+        """A tile of the residual stream (rows m, one band of columns; `_columns`' or a load of
+        it) plus acc (a matmul's output and bias, float32), rounded once as `add_layer_norm`
+        rounds, in float32; the band's mean and squared deviations per row go to stats [bands,
+        M, 2] for the next layer norm (`_band_stats`)."""
         acc = (acc + stream.to(tl.float32)).to(dtype).to(tl.float32)
-        band_mean = tl.sum(acc, axis=1) / n.shape[0]
+        band_mean = tl.sum(acc, axis=1) / acc.shape[1]
         diff = acc - band_mean[:, None]
         at = stats_ptr + (band * M + m) * 2
         tl.store(at, band_mean, mask=m < M)
@@ -915,17 +912,19 @@ if triton is not None:
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         if PDL:
             _prefetch_band(w_ptr, n, N, 0, K, K, BLOCK_K, LINE)
+        # Before the wait (`_columns`): the scales, and the loop's bias, set before it runs.
+        scale = _columns(s_ptr, n, N, SCALE)
+        bias = tl.load(bias_ptr + n, mask=n < N, other=float("-inf"))
         _wait_for_inputs(PDL)
         acc = _stream_tile(
             x_ptr, w_ptr, s_ptr, m, n, 0, M, N, K, K, BLOCK_K, GROUP, w_ptr, w_ptr, 0.0, 0.0,
             False,
         )  # fmt: skip
         dtype = x_ptr.dtype.element_ty
-        acc = _linear_epilogue(acc, n, N, s_ptr, s_ptr, dtype, SCALE, False, False)
+        acc = _linear_epilogue(acc, scale, 0.0, dtype, SCALE, False, False)
         tl.store(
             logits_ptr + m[:, None] * N + n[None, :], acc, mask=(m[:, None] < M) & (n[None, :] < N)
         )
-        bias = tl.load(bias_ptr + n, mask=n < N, other=float("-inf"))
         _choose_band(
             acc + bias[None, :], m, n, M, N, bands, logits_ptr, bias_ptr, parts_ptr, index_ptr,
             count_ptr + tl.program_id(1), token_ptr, pos_ptr, finished_ptr, sum_ptr,
@@ -1008,17 +1007,28 @@ if triton is not None:
         return w.to(dtype)
 
     @triton.jit
+    def _columns(ptr, n, N, LOAD: tl.constexpr):
+        """ptr[n] as a float32 row [1, len(n)] (0 past N), where LOAD: a matmul's weights per
+        output column (scales, bias, the folded norms' terms). They are static, so the stream
+        kernels load them before they wait for their inputs: off the epilogue's path, where
+        each was a round trip to memory (the step's weights evict them from L2)."""
+        if LOAD:
+            return tl.load(ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        else:
+            return tl.zeros([1, n.shape[0]], tl.float32)
+
+    @triton.jit
     def _linear_epilogue(
-        acc, n, N, s_ptr, b_ptr, dtype: tl.constexpr, SCALE: tl.constexpr, BIAS: tl.constexpr,
+        acc, scale, bias, dtype: tl.constexpr, SCALE: tl.constexpr, BIAS: tl.constexpr,
         GELU: tl.constexpr,
     ):  # fmt: skip
         """A whole matmul's float32 sums -> its output in float32, rounded where torch rounds:
-        * scale per output channel, to dtype, + bias, then GELU."""
+        * scale per output channel, to dtype, + bias, then GELU (scale, bias: `_columns`)."""
         if SCALE:
-            acc *= tl.load(s_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+            acc *= scale
         acc = acc.to(dtype).to(tl.float32)  # rounded as the matmul's output
         if BIAS:
-            acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+            acc += bias
         if GELU:
             acc = acc.to(dtype).to(tl.float32)
             acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
@@ -1056,22 +1066,28 @@ if triton is not None:
         k_start = tl.program_id(2) * K_SPLIT
         if PDL:
             _prefetch_band(w_ptr, n, N, k_start, K, K_SPLIT, BLOCK_K, LINE)
+        scale = _columns(s_ptr, n, N, SCALE)  # static: before the wait (`_columns`)
+        bias = _columns(b_ptr, n, N, BIAS)
+        wg = _columns(wg_ptr, n, N, NORM)
+        wb = _columns(wb_ptr, n, N, NORM)
+        g = _columns(g_ptr, n, N, RESIDUAL)
         _wait_for_inputs(PDL)
-        if NORM:  # loaded before the stream, used after it: the loads overlap
+        at = m[:, None] * N + n[None, :]
+        keep = (m[:, None] < M) & (n[None, :] < N)
+        # Loaded before the stream, used after it: the loads overlap.
+        if NORM:
             stats = _load_band_stats(stats_ptr, m, M, K, BAND, BLOCK_BANDS)
+        if RESIDUAL:  # .cg: see `_stream_tile`
+            stream = tl.load(y_ptr + at, mask=keep, other=0.0, cache_modifier=".cg")
         acc = _stream_tile(
             x_ptr, w_ptr, s_ptr, m, n, k_start, M, N, K, K_SPLIT, BLOCK_K, GROUP, w_ptr, w_ptr,
             0.0, 0.0, False,
         )  # fmt: skip
-        at = m[:, None] * N + n[None, :]
-        keep = (m[:, None] < M) & (n[None, :] < N)
         dtype = x_ptr.dtype.element_ty
         if SCALE:
-            acc *= tl.load(s_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+            acc *= scale
         if NORM:
             mean, rstd = _combine_band_stats(stats, eps, K, BAND)
-            wg = tl.load(wg_ptr + n, mask=n < N, other=0.0)[None, :]
-            wb = tl.load(wb_ptr + n, mask=n < N, other=0.0)[None, :]
             shift = wb - (rstd * mean)[:, None] * wg
             first = tl.program_id(2) == 0  # of the splits, the first adds the constant terms
             acc = acc * rstd[:, None] + tl.where(first, shift, 0.0)
@@ -1082,25 +1098,22 @@ if triton is not None:
                 if _last_to_arrive(tile, K // K_SPLIT):
                     acc = _sum_partials(part_ptr, at, keep, K // K_SPLIT, M * N, dtype)
                     if BIAS:
-                        acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
-                    acc = _residual_epilogue(
-                        acc, y_ptr, stats_ptr, m, n, tl.program_id(0), M, N, dtype
-                    )
+                        acc += bias
+                    acc = _residual_epilogue(acc, stream, stats_ptr, m, tl.program_id(0), M, dtype)
                     tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=keep)
-                    _scaled_stream(acc, z_ptr, g_ptr, at, n, N, keep)
+                    _scaled_stream(acc, z_ptr, g, at, keep)
         else:
-            acc = _linear_epilogue(acc, n, N, s_ptr, b_ptr, dtype, False, BIAS, GELU)
+            acc = _linear_epilogue(acc, scale, bias, dtype, False, BIAS, GELU)
             if RESIDUAL:
-                acc = _residual_epilogue(acc, y_ptr, stats_ptr, m, n, tl.program_id(0), M, N, dtype)
-                _scaled_stream(acc, z_ptr, g_ptr, at, n, N, keep)
+                acc = _residual_epilogue(acc, stream, stats_ptr, m, tl.program_id(0), M, dtype)
+                _scaled_stream(acc, z_ptr, g, at, keep)
             tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=keep)
 
     @triton.jit
-    def _scaled_stream(x, z_ptr, g_ptr, at, n, N, keep):
-        """z = x * g, the residual stream times the next layer norm's weight, in z's dtype: what
-        the matmul after that norm streams (see `_skinny_linear_kernel`)."""
-        g = tl.load(g_ptr + n, mask=n < N, other=0.0).to(tl.float32)
-        tl.store(z_ptr + at, (x * g[None, :]).to(z_ptr.dtype.element_ty), mask=keep)
+    def _scaled_stream(x, z_ptr, g, at, keep):
+        """z = x * g, the residual stream times the next layer norm's weight (`_columns`), in
+        z's dtype: what the matmul after that norm streams (see `_skinny_linear_kernel`)."""
+        tl.store(z_ptr + at, (x * g).to(z_ptr.dtype.element_ty), mask=keep)
 
 
 # (block_n, block_k, warps, stages) of the stream kernel. Deeper pipelines pay on the long
