@@ -248,10 +248,10 @@ if triton is not None:
 
     @triton.jit
     def _residual_epilogue(acc, stream, stats_ptr, m, band, M, dtype: tl.constexpr):
-        """A tile of the residual stream (rows m, one band of columns; `_columns`' or a load of
-        it) plus acc (a matmul's output and bias, float32), rounded once as `add_layer_norm`
-        rounds, in float32; the band's mean and squared deviations per row go to stats [bands,
-        M, 2] for the next layer norm (`_band_stats`)."""
+        """A tile of the residual stream as loaded (rows m, one band of columns) plus acc (a
+        matmul's output and bias, float32), rounded once as `add_layer_norm` rounds, in
+        float32; the band's mean and squared deviations per row go to stats [bands, M, 2] for
+        the next layer norm (`_band_stats`)."""
         acc = (acc + stream.to(tl.float32)).to(dtype).to(tl.float32)
         band_mean = tl.sum(acc, axis=1) / acc.shape[1]
         diff = acc - band_mean[:, None]
