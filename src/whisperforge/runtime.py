@@ -1077,7 +1077,8 @@ if triton is not None:
         # Loaded before the stream, used after it: the loads overlap.
         if NORM:
             stats = _load_band_stats(stats_ptr, m, M, K, BAND, BLOCK_BANDS)
-        if RESIDUAL:  # .cg: see `_stream_tile`
+        if RESIDUAL:  # .cg: see `_stream_tile`. Split, only the last program uses it: a tile
+            # of L2 reads in the others, a memory round trip off its tail.
             stream = tl.load(y_ptr + at, mask=keep, other=0.0, cache_modifier=".cg")
         acc = _stream_tile(
             x_ptr, w_ptr, s_ptr, m, n, k_start, M, N, K, K_SPLIT, BLOCK_K, GROUP, w_ptr, w_ptr,
