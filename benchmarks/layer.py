@@ -184,7 +184,7 @@ def _decoder_layer_kernel(
             if unit < M * H:
                 _self_attention_head(
                     qkv_ptr, qkv_b, cache_ptr, pos_ptr, a_ptr, unit // H, unit % H, H,
-                    scale, T, DH, 64, BY_LENGTH,
+                    scale, T, DH, 64, BY_LENGTH, (0.0, 0.0), False,
                 )  # fmt: skip
         _grid_sync(sync_ptr, 2 * PROGRAMS, GRID_SYNC)
     if FIRST <= 3 and 3 <= LAST:
@@ -212,8 +212,9 @@ def _decoder_layer_kernel(
             unit = start + program
             if unit < CROSS_UNITS:
                 w, h, s = unit // (H * SPLITS), unit // SPLITS % H, unit % SPLITS
+                q_bias = tl.load(query_b + h * DH + tl.arange(0, DH)).to(tl.float32)
                 _cross_attention_split(
-                    q_ptr, query_b, kv_ptr, m_ptr, l_ptr, part_ptr, w, h, s, SPLITS, M, A,
+                    q_ptr, q_bias, kv_ptr, m_ptr, l_ptr, part_ptr, w, h, s, SPLITS, M, A,
                     H, scale, 0, G, BLOCK_G, DH, KEYS, 64,
                 )  # fmt: skip
         _prefetch_tiles(cross_w, program, M, D, D, PROGRAMS, 16, BLOCK_N, BLOCK_K, LINE)
