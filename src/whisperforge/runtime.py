@@ -441,10 +441,7 @@ if triton is not None:
             q = _cross_query(
                 q_ptr, q_bias, w, h, rows, n_head, Q_SPLITS, GROUP, BLOCK_G, DH, k.dtype
             )
-            m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-            l = tl.zeros([BLOCK_G], tl.float32)
-            acc = tl.zeros([BLOCK_G, DH], tl.float32)
-            m, l, acc = _attend(q, k, v, t < A, m, l, acc, scale)
+            m, l, acc = _attend(q, k, v, t < A, *_no_keys_yet(BLOCK_G, DH), scale)
             _store_split(m, l, acc, m_ptr, l_ptr, acc_ptr, w, h, s, tl.num_programs(2), n_head,
                          GROUP, BLOCK_G, DH)  # fmt: skip
         else:
@@ -470,9 +467,7 @@ if triton is not None:
         kv = kv_ptr + w.to(tl.int64) * A * 2 * D + h * DH  # this head's K; its V at + D
         dtype = kv_ptr.dtype.element_ty
         q = _cross_query(q_ptr, q_bias, w, h, rows, n_head, Q_SPLITS, GROUP, BLOCK_G, DH, dtype)
-        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, DH], tl.float32)
+        m, l, acc = _no_keys_yet(BLOCK_G, DH)
         for t0 in range(0, KEYS, BLOCK_T):
             t = s * KEYS + t0 + tl.arange(0, BLOCK_T)
             k, v = _cross_tile(kv, t, t < A, D, DH)
@@ -499,6 +494,12 @@ if triton is not None:
         k = tl.load(kv + t[:, None] * 2 * D + d[None, :], mask=valid[:, None], other=0.0)
         v = tl.load(kv + D + t[:, None] * 2 * D + d[None, :], mask=valid[:, None], other=0.0)
         return k, v
+
+    @triton.jit
+    def _no_keys_yet(BLOCK_G: tl.constexpr, DH: tl.constexpr):
+        """`_attend`'s running max, sum and output for BLOCK_G rows before any key."""
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        return m, tl.zeros([BLOCK_G], tl.float32), tl.zeros([BLOCK_G, DH], tl.float32)
 
     @triton.jit
     def _attend(q, k, v, valid, m, l, acc, scale):
