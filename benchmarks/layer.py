@@ -215,7 +215,7 @@ def _decoder_layer_kernel(
                 q_bias = tl.load(query_b + h * DH + tl.arange(0, DH)).to(tl.float32)
                 _cross_attention_split(
                     q_ptr, q_bias, kv_ptr, m_ptr, l_ptr, part_ptr, w, h, s, SPLITS, M, A,
-                    H, scale, 0, G, BLOCK_G, DH, KEYS, 64,
+                    H, scale, 0, G, BLOCK_G, DH, KEYS, 64, (0.0, 0.0), False,
                 )  # fmt: skip
         _prefetch_tiles(cross_w, program, M, D, D, PROGRAMS, 16, BLOCK_N, BLOCK_K, LINE)
         _grid_sync(sync_ptr, 5 * PROGRAMS, GRID_SYNC)

@@ -427,48 +427,47 @@ if triton is not None:
         ready. PRELOAD (KEYS = BLOCK_T): the split's K,V tile, static since the window was
         encoded, is loaded into registers before the wait instead."""
         w, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        first = (0.0, 0.0)
         if PRELOAD:
             D = n_head * DH
             t = s * KEYS + tl.arange(0, BLOCK_T)
             kv = kv_ptr + w.to(tl.int64) * A * 2 * D + h * DH
-            k, v = _cross_tile(kv, t, t < A, D, DH)
+            first = _cross_tile(kv, t, t < A, D, DH)
         elif PDL:
             _prefetch_cross_keys(kv_ptr, w, h, s, A, n_head * DH, DH, KEYS, BLOCK_T)
         q_bias = tl.load(q_bias_ptr + h * DH + tl.arange(0, DH)).to(tl.float32)
         _wait_for_inputs(PDL)
-        if PRELOAD:
-            rows = tl.num_programs(0) * GROUP
-            q = _cross_query(
-                q_ptr, q_bias, w, h, rows, n_head, Q_SPLITS, GROUP, BLOCK_G, DH, k.dtype
-            )
-            m, l, acc = _attend(q, k, v, t < A, *_no_keys_yet(BLOCK_G, DH), scale)
-            _store_split(m, l, acc, m_ptr, l_ptr, acc_ptr, w, h, s, tl.num_programs(2), n_head,
-                         GROUP, BLOCK_G, DH)  # fmt: skip
-        else:
-            _cross_attention_split(
-                q_ptr, q_bias, kv_ptr, m_ptr, l_ptr, acc_ptr, w, h, s, tl.num_programs(2),
-                tl.num_programs(0) * GROUP, A, n_head, scale, Q_SPLITS, GROUP, BLOCK_G, DH, KEYS,
-                BLOCK_T,
-            )  # fmt: skip
+        _cross_attention_split(
+            q_ptr, q_bias, kv_ptr, m_ptr, l_ptr, acc_ptr, w, h, s, tl.num_programs(2),
+            tl.num_programs(0) * GROUP, A, n_head, scale, Q_SPLITS, GROUP, BLOCK_G, DH, KEYS,
+            BLOCK_T, first, PRELOAD,
+        )  # fmt: skip
 
     @triton.jit
     def _cross_attention_split(
         q_ptr, q_bias, kv_ptr, m_ptr, l_ptr, acc_ptr, w, h, s, S, rows, A, n_head, scale,
         Q_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DH: tl.constexpr,
-        KEYS: tl.constexpr, BLOCK_T: tl.constexpr,
+        KEYS: tl.constexpr, BLOCK_T: tl.constexpr, first, PRELOADED: tl.constexpr,
     ):  # fmt: skip
         """Window w, head h, split s of S of the keys: the window's GROUP rows attend to KEYS of
         its A cross keys. Writes the split's running max m, sum l and unnormalized output
         (flash decoding); `_combine_head` joins the splits. The window's K,V are read once for
         all its rows (beams). The query comes without its bias: [rows, D], or Q_SPLITS > 0
         float32 partial sums [Q_SPLITS, rows, D]; its bias q_bias (float32 [DH]) is added
-        here."""
+        here. PRELOADED: `first` holds the split's first BLOCK_T keys' K,V (`_cross_tile`),
+        loaded already."""
         D = n_head * DH
         kv = kv_ptr + w.to(tl.int64) * A * 2 * D + h * DH  # this head's K; its V at + D
         dtype = kv_ptr.dtype.element_ty
         q = _cross_query(q_ptr, q_bias, w, h, rows, n_head, Q_SPLITS, GROUP, BLOCK_G, DH, dtype)
-        m, l, acc = _no_keys_yet(BLOCK_G, DH)
-        for t0 in range(0, KEYS, BLOCK_T):
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, DH], tl.float32)
+        if PRELOADED:
+            k, v = first
+            t = s * KEYS + tl.arange(0, BLOCK_T)
+            m, l, acc = _attend(q, k, v, t < A, m, l, acc, scale)
+        for t0 in range(BLOCK_T if PRELOADED else 0, KEYS, BLOCK_T):
             t = s * KEYS + t0 + tl.arange(0, BLOCK_T)
             k, v = _cross_tile(kv, t, t < A, D, DH)
             m, l, acc = _attend(q, k, v, t < A, m, l, acc, scale)
@@ -494,12 +493,6 @@ if triton is not None:
         k = tl.load(kv + t[:, None] * 2 * D + d[None, :], mask=valid[:, None], other=0.0)
         v = tl.load(kv + D + t[:, None] * 2 * D + d[None, :], mask=valid[:, None], other=0.0)
         return k, v
-
-    @triton.jit
-    def _no_keys_yet(BLOCK_G: tl.constexpr, DH: tl.constexpr):
-        """`_attend`'s running max, sum and output for BLOCK_G rows before any key."""
-        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        return m, tl.zeros([BLOCK_G], tl.float32), tl.zeros([BLOCK_G, DH], tl.float32)
 
     @triton.jit
     def _attend(q, k, v, valid, m, l, acc, scale):
