@@ -1077,6 +1077,20 @@ if triton is not None:
         return tl.dot(x, tl.trans(_widen(w, x.dtype)))
 
     @triton.jit
+    def _preloaded_dot(
+        x_ptr, w, m, k_start, M, K: tl.constexpr, COLUMNS: tl.constexpr, ONE_ROW: tl.constexpr
+    ):  # fmt: skip
+        """x[m, k_start:k_start + COLUMNS] @ w^T in float32, w preloaded and widened. ONE_ROW
+        (M = 1): on the CUDA cores, w kept in the layout it was loaded in, instead of an MMA
+        on a 16-row tile of x and w moved into the MMA's layout after the wait."""
+        if ONE_ROW:
+            kk = k_start + tl.arange(0, COLUMNS)
+            x = tl.load(x_ptr + kk, cache_modifier=".cg").to(tl.float32)  # .cg: `_dot_loaded`
+            row = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            return tl.where(m[:, None] == 0, row[None, :], 0.0)
+        return _dot_loaded(x_ptr, w, m, k_start, M, K, COLUMNS, x_ptr, x_ptr, 0.0, 0.0, False)
+
+    @triton.jit
     def _widen(w, dtype: tl.constexpr):
         """Weights to the activations' dtype, exactly. int8 to float16 by its bits: v + 0x6480
         is the float16 1152 + v, so one integer add, a reinterpretation and one subtraction
@@ -1123,7 +1137,7 @@ if triton is not None:
         GELU: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr, BAND: tl.constexpr,
         BLOCK_BANDS: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LINE: tl.constexpr, PRELOAD: tl.constexpr,
-        PDL: tl.constexpr,
+        ONE_ROW: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """y[M, N] = x[M, K] @ w[N, K]^T (* scale[N], + bias, then GELU) for a few rows: a
         decode step's matmul is a stream over the weights, each program a band of BLOCK_N rows
@@ -1134,9 +1148,10 @@ if triton is not None:
         K_SPLIT < K: program (., ., s) sums columns [s K_SPLIT, (s + 1) K_SPLIT) into float32
         partials part[s] (scaled, no bias), which `add_layer_norm` or `cross_attention` add
         up, or, with RESIDUAL, the tile's last program to finish (counted in count_ptr).
-        PRELOAD: the program's columns of its band, a few registers a thread, are loaded
-        before the wait, as one tile: they stream in while the kernel before runs, and none
-        of them is read from L2 once the inputs are ready.
+        PRELOAD (> 0): the program's columns of its band, a few registers a thread, are
+        loaded before the wait, as a tile of PRELOAD columns and one of the rest (K_SPLIT -
+        PRELOAD, a power of two too, or none): they stream in while the kernel before runs,
+        and none of them is read from L2 once the inputs are ready.
 
         The layer norms fold into the matmuls around them (`Runtime._layer_folded`):
         RESIDUAL: y is the residual stream x: x += the output (+ bias); each band leaves its
@@ -1149,8 +1164,11 @@ if triton is not None:
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         k_start = tl.program_id(2) * K_SPLIT
         dtype = x_ptr.dtype.element_ty
-        if PRELOAD:
-            w = _widen(_weight_columns(w_ptr, n, N, k_start, K, K_SPLIT), dtype)
+        if PRELOAD:  # two tiles where K_SPLIT is not a power of two (`preload_tiles`)
+            w = _widen(_weight_columns(w_ptr, n, N, k_start, K, PRELOAD), dtype)
+            if PRELOAD < K_SPLIT:
+                w_rest = _weight_columns(w_ptr, n, N, k_start + PRELOAD, K, K_SPLIT - PRELOAD)
+                w_rest = _widen(w_rest, dtype)
         elif PDL:
             _prefetch_band(w_ptr, n, N, k_start, K, K_SPLIT, BLOCK_K, LINE)
         scale = _columns(s_ptr, n, N, SCALE)  # static: before the wait (`_columns`)
@@ -1168,7 +1186,11 @@ if triton is not None:
             # of L2 reads in the others, a memory round trip off its tail.
             stream = tl.load(y_ptr + at, mask=keep, other=0.0, cache_modifier=".cg")
         if PRELOAD:
-            acc = _dot_loaded(x_ptr, w, m, k_start, M, K, K_SPLIT, w_ptr, w_ptr, 0.0, 0.0, False)
+            acc = _preloaded_dot(x_ptr, w, m, k_start, M, K, PRELOAD, ONE_ROW)
+            if PRELOAD < K_SPLIT:
+                acc += _preloaded_dot(
+                    x_ptr, w_rest, m, k_start + PRELOAD, M, K, K_SPLIT - PRELOAD, ONE_ROW
+                )  # fmt: skip
         else:
             acc = _stream_tile(
                 x_ptr, w_ptr, s_ptr, m, n, k_start, M, N, K, K_SPLIT, BLOCK_K, GROUP, w_ptr,
@@ -1299,6 +1321,7 @@ def skinny_linear(
         NORM=norm is not None, BAND=K // bands, BLOCK_BANDS=triton.next_power_of_2(bands),
         RESIDUAL=residual is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
         LINE=128 // w.element_size(), PRELOAD=preload(M, block_n, K // splits, scale),
+        ONE_ROW=M == 1 and PRELOAD_ONE_ROW,
         num_warps=warps, num_stages=stages, **_launch(x),
     )  # fmt: skip
     return y
@@ -1307,20 +1330,25 @@ def skinny_linear(
 # The most weight elements a stream kernel's program loads before its PDL wait (PRELOAD): 64
 # KiB of fp16, 64 registers a thread at 8 warps.
 PRELOAD_ELEMENTS = 32768
+PRELOAD_ONE_ROW = True  # (to measure) preloaded one-row matmuls on the CUDA cores
 
 
-def preload(rows: int, block_n: int, k_split: int, scale: Tensor | None) -> bool:
-    """Whether a stream kernel's program loads its weights [block_n, k_split] before it waits
-    (`_skinny_linear_kernel`'s PRELOAD): where they fit a few registers a thread as one tile
-    (a power of two long), 16-bit weights at any rows, int8 / fp8 ones (scaled per output
-    channel; not per group) at one row. (H100, large-v3, a step: fp16 -4.5 % at one row,
-    -1.6 % at 16; int8 -3.5 % at one, +5 % at 16, where the widened tile and 16 rows of x
-    crowd the registers.)"""
-    return (
+def preload(rows: int, block_n: int, k_split: int, scale: Tensor | None) -> int:
+    """The columns of the first tile in which a stream kernel's program loads its weights
+    [block_n, k_split] before it waits (`_skinny_linear_kernel`'s PRELOAD), or 0 for none:
+    where they fit a few registers a thread as at most two tiles a power of two long (1280 =
+    1024 + 256: every Whisper width and MLP width is such a sum), 16-bit weights at any rows,
+    int8 / fp8 ones (scaled per output channel; not per group) at one row. (H100, large-v3, a
+    step: fp16 -4.5 % at one row, -1.6 % at 16; int8 -3.5 % at one, +5 % at 16, where the
+    widened tile and 16 rows of x crowd the registers.)"""
+    first = triton.next_power_of_2(k_split + 1) // 2  # the largest power of two <= k_split
+    rest = k_split - first
+    fits = (
         (scale is None or rows == 1 and scale.dim() == 1)
         and block_n * k_split <= PRELOAD_ELEMENTS
-        and k_split == triton.next_power_of_2(k_split)
+        and (rest == 0 or rest == triton.next_power_of_2(rest))
     )
+    return first if fits else 0
 
 
 def _torch_linear(x: Tensor, w: Tensor, b: Tensor | None, gelu: bool) -> Tensor:
