@@ -285,11 +285,12 @@ x = torch.randn(M, D, generator=g).to(dt)
 w = (torch.randn(D, D, generator=g) / 16).to(dt)
 parts = R.skinny_linear(x, w, None, False, (16, 128, 4, 3), partial=True)  # 2 partial sums
 assert parts.shape == (2, M, D) and rel(parts.sum(0), x.float() @ w.float().T) < 1e-5
-# Unsplit with K = 384: the weights preloaded as two tiles (256 + 128), at one row on the CUDA
-# cores (ONE_ROW), at three through the MMA.
+# Unsplit with K = 384: at one row the weights are preloaded as two tiles (256 + 128) and
+# multiplied on the CUDA cores (ONE_ROW); at three they stream through the MMA.
 x3, w3 = torch.randn(M, 384, generator=g).to(dt), (torch.randn(64, 384, generator=g) / 16).to(dt)
 b3 = torch.randn(64, generator=g).to(dt)
-assert R.preload(1, 16, 384, None) == 256 and R.preload(1, 16, 896, None) == 0
+assert R.preload(1, 16, 384, None) == 256 and R.preload(M, 16, 384, None) == 0
+assert R.preload(1, 16, 896, None) == 0  # 512 + 384: not two powers of two
 for rows in (1, M):
     y = R.skinny_linear(x3[:rows], w3, b3, True, (16, 128, 4, 3))
     assert rel(y, F.gelu(x3[:rows].float() @ w3.float().T + b3.float())) < 2e-3, rows

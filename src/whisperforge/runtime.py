@@ -1150,8 +1150,9 @@ if triton is not None:
         up, or, with RESIDUAL, the tile's last program to finish (counted in count_ptr).
         PRELOAD (> 0): the program's columns of its band, a few registers a thread, are
         loaded before the wait, as a tile of PRELOAD columns and one of the rest (K_SPLIT -
-        PRELOAD, a power of two too, or none): they stream in while the kernel before runs,
-        and none of them is read from L2 once the inputs are ready.
+        PRELOAD, a power of two too, or none; `preload`): they stream in while the kernel
+        before runs, and none of them is read from L2 once the inputs are ready. ONE_ROW
+        (M = 1): they are multiplied on the CUDA cores (`_preloaded_dot`).
 
         The layer norms fold into the matmuls around them (`Runtime._layer_folded`):
         RESIDUAL: y is the residual stream x: x += the output (+ bias); each band leaves its
@@ -1246,8 +1247,8 @@ _linear_choice: dict[tuple, StreamConfig | None] = {}  # `_linear_config`'s, by 
 STEP_CONFIGS: dict[tuple[int, str], StreamConfig] = {
     (1, "out"): (64, 128, 8, 3),
     (1, "fc2"): (64, 128, 8, 3),
-    (1, "qkv"): (32, 256, 4, 4),
-    (1, "fc1"): (32, 256, 4, 4),
+    (1, "qkv"): (16, 256, 4, 3),  # unsplit, preloaded (session 32; was (32, 256, 4, 4))
+    (1, "fc1"): (16, 256, 4, 3),
     (1, "logits"): (32, 256, 4, 4),
     (16, "out"): (32, 128, 4, 3),
     (16, "fc2"): (64, 128, 8, 3),
@@ -1321,7 +1322,7 @@ def skinny_linear(
         NORM=norm is not None, BAND=K // bands, BLOCK_BANDS=triton.next_power_of_2(bands),
         RESIDUAL=residual is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
         LINE=128 // w.element_size(), PRELOAD=preload(M, block_n, K // splits, scale),
-        ONE_ROW=M == 1 and PRELOAD_ONE_ROW,
+        ONE_ROW=M == 1,
         num_warps=warps, num_stages=stages, **_launch(x),
     )  # fmt: skip
     return y
@@ -1330,23 +1331,24 @@ def skinny_linear(
 # The most weight elements a stream kernel's program loads before its PDL wait (PRELOAD): 64
 # KiB of fp16, 64 registers a thread at 8 warps.
 PRELOAD_ELEMENTS = 32768
-PRELOAD_ONE_ROW = True  # (to measure) preloaded one-row matmuls on the CUDA cores
 
 
 def preload(rows: int, block_n: int, k_split: int, scale: Tensor | None) -> int:
     """The columns of the first tile in which a stream kernel's program loads its weights
     [block_n, k_split] before it waits (`_skinny_linear_kernel`'s PRELOAD), or 0 for none:
-    where they fit a few registers a thread as at most two tiles a power of two long (1280 =
-    1024 + 256: every Whisper width and MLP width is such a sum), 16-bit weights at any rows,
-    int8 / fp8 ones (scaled per output channel; not per group) at one row. (H100, large-v3, a
+    where they fit a few registers a thread (PRELOAD_ELEMENTS), 16-bit weights at any rows,
+    int8 / fp8 ones (scaled per output channel; not per group) at one row. One tile a power of
+    two long, or at one row (on the CUDA cores, `_preloaded_dot`) two: 1280 = 1024 + 256, as
+    every Whisper width is such a sum, so qkv and fc1 preload unsplit. (H100, large-v3, a
     step: fp16 -4.5 % at one row, -1.6 % at 16; int8 -3.5 % at one, +5 % at 16, where the
-    widened tile and 16 rows of x crowd the registers.)"""
+    widened tile and 16 rows of x crowd the registers. H200: qkv and fc1 unsplit at one row
+    -19 %; two tiles through the MMA at 16 rows +9 %.)"""
     first = triton.next_power_of_2(k_split + 1) // 2  # the largest power of two <= k_split
     rest = k_split - first
     fits = (
         (scale is None or rows == 1 and scale.dim() == 1)
         and block_n * k_split <= PRELOAD_ELEMENTS
-        and (rest == 0 or rest == triton.next_power_of_2(rest))
+        and (rest == 0 or rows == 1 and rest == triton.next_power_of_2(rest))
     )
     return first if fits else 0
 
