@@ -463,8 +463,8 @@ def _int8_pack_mm(x: Tensor, w: QuantizedWeight) -> Tensor:
 
 # The configs STREAM_CONFIGS was tuned among (benchmarks/tune_step.py --compute-type)
 QUANTIZED_CANDIDATES: list[StreamConfig] = [
-    (16, 128, 4, 3), (16, 256, 4, 3), (32, 128, 4, 3), (32, 256, 4, 3), (32, 256, 4, 4),
-    (64, 256, 8, 3), (64, 256, 8, 4),
+    (16, 128, 4, 3), (16, 256, 2, 3), (16, 256, 4, 3), (32, 128, 4, 3), (32, 256, 4, 3),
+    (32, 256, 4, 4), (64, 256, 8, 3), (64, 256, 8, 4),
 ]  # fmt: skip
 _quantized_choice: dict[tuple, Callable[[Tensor, QuantizedWeight], Tensor] | StreamConfig] = {}
 # The step matmuls' configs on int8 / fp8 weights, chosen in the whole graphed greedy step as
@@ -474,8 +474,8 @@ _I8, _F8 = torch.int8, torch.float8_e4m3fn
 STREAM_CONFIGS: dict[tuple[int, str, torch.dtype], StreamConfig] = {
     (1, "out", _I8): (64, 256, 8, 3),
     (1, "fc2", _I8): (64, 256, 8, 3),
-    (1, "qkv", _I8): (16, 256, 4, 3),  # unsplit, preloaded (session 32)
-    (1, "fc1", _I8): (16, 256, 4, 3),
+    (1, "qkv", _I8): (16, 256, 2, 3),  # unsplit, preloaded; 2 warps: -5 % (session 32)
+    (1, "fc1", _I8): (16, 256, 2, 3),
     (1, "logits", _I8): (32, 256, 4, 3),  # the embedding: int8 for every type
     (16, "out", _I8): (32, 128, 4, 3),
     (16, "fc2", _I8): (32, 256, 4, 3),
@@ -484,8 +484,8 @@ STREAM_CONFIGS: dict[tuple[int, str, torch.dtype], StreamConfig] = {
     (16, "logits", _I8): (64, 256, 8, 3),
     (1, "out", _F8): (64, 256, 8, 3),
     (1, "fc2", _F8): (32, 256, 4, 3),
-    (1, "qkv", _F8): (16, 256, 4, 3),
-    (1, "fc1", _F8): (16, 256, 4, 3),
+    (1, "qkv", _F8): (16, 256, 2, 3),
+    (1, "fc1", _F8): (16, 256, 2, 3),
     (16, "out", _F8): (64, 256, 8, 3),
     (16, "fc2", _F8): (32, 128, 4, 3),
     (16, "qkv", _F8): (32, 256, 4, 3),
