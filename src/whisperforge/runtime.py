@@ -1165,7 +1165,7 @@ if triton is not None:
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         k_start = tl.program_id(2) * K_SPLIT
         dtype = x_ptr.dtype.element_ty
-        if PRELOAD:  # two tiles where K_SPLIT is not a power of two (`preload_tiles`)
+        if PRELOAD:  # two tiles where K_SPLIT is not a power of two (`preload`)
             w = _widen(_weight_columns(w_ptr, n, N, k_start, K, PRELOAD), dtype)
             if PRELOAD < K_SPLIT:
                 w_rest = _weight_columns(w_ptr, n, N, k_start + PRELOAD, K, K_SPLIT - PRELOAD)
