@@ -338,10 +338,13 @@ if triton is not None:
     @triton.jit
     def _past_tile(k_base, v_base, t, p, DH: tl.constexpr):
         """The cached K and V [len(t), DH] at positions t (where below p)."""
+        return _past_rows(k_base, t, p, DH), _past_rows(v_base, t, p, DH)
+
+    @triton.jit
+    def _past_rows(base, t, p, DH: tl.constexpr):
+        """The cached K or V (from `_past_keys`) [len(t), DH] at positions t (where below p)."""
         d = tl.arange(0, DH)
-        valid = (t < p)[:, None]
-        k = tl.load(k_base + t[:, None] * DH + d[None, :], mask=valid, other=0.0)
-        return k, tl.load(v_base + t[:, None] * DH + d[None, :], mask=valid, other=0.0)
+        return tl.load(base + t[:, None] * DH + d[None, :], mask=(t < p)[:, None], other=0.0)
 
     @triton.jit
     def _self_attention_head(
@@ -376,12 +379,9 @@ if triton is not None:
             m, l, acc = _accumulate_one(s, v, m, l, acc)
         for start in range(BLOCK_T if PRELOADED else 0, p if BY_LENGTH else T, BLOCK_T):
             t = start + tl.arange(0, BLOCK_T)  # T: the interpreter (tests)
-            valid = (t < p)[:, None]
-            k = tl.load(k_base + t[:, None] * DH + d[None, :], mask=valid, other=0.0)
-            s = _scores_one(q, k, t < p)
+            s = _scores_one(q, _past_rows(k_base, t, p, DH), t < p)
             # V after the scores (loaded beside K: +2 % a large-v3 step, H100).
-            v = tl.load(v_base + t[:, None] * DH + d[None, :], mask=valid, other=0.0)
-            m, l, acc = _accumulate_one(s, v, m, l, acc)
+            m, l, acc = _accumulate_one(s, _past_rows(v_base, t, p, DH), m, l, acc)
         tl.store(out_ptr + r * D + h * DH + d, (acc / l).to(out_ptr.dtype.element_ty))
 
     @triton.jit
@@ -406,11 +406,16 @@ if triton is not None:
         return (x + tl.load(bias_ptr + at).to(tl.float32)).to(dtype)
 
     @triton.jit
+    def _cross_head(kv_ptr, w, h, A, D, DH: tl.constexpr):
+        """Where head h's K of window w starts in the cross K,V [windows, A, 2D]; its V at + D."""
+        return kv_ptr + w.to(tl.int64) * A * 2 * D + h * DH
+
+    @triton.jit
     def _prefetch_cross_keys(kv_ptr, w, h, s, A, D, DH: tl.constexpr, KEYS: tl.constexpr,
                              BLOCK_T: tl.constexpr):  # fmt: skip
         """Ask L2 for the K and V of head h, keys [s KEYS, (s + 1) KEYS) of window w: one
         128-byte line per key (DH = 64 at 2 bytes) for K and for V."""
-        kv = kv_ptr + w.to(tl.int64) * A * 2 * D + h * DH
+        kv = _cross_head(kv_ptr, w, h, A, D, DH)
         for t0 in range(0, KEYS, BLOCK_T):
             t = tl.minimum(s * KEYS + t0 + tl.arange(0, BLOCK_T), A - 1)
             _prefetch_l2(kv + t * 2 * D)
@@ -431,8 +436,7 @@ if triton is not None:
         if PRELOAD:
             D = n_head * DH
             t = s * KEYS + tl.arange(0, BLOCK_T)
-            kv = kv_ptr + w.to(tl.int64) * A * 2 * D + h * DH
-            first = _cross_tile(kv, t, t < A, D, DH)
+            first = _cross_tile(_cross_head(kv_ptr, w, h, A, D, DH), t, t < A, D, DH)
         elif PDL:
             _prefetch_cross_keys(kv_ptr, w, h, s, A, n_head * DH, DH, KEYS, BLOCK_T)
         q_bias = tl.load(q_bias_ptr + h * DH + tl.arange(0, DH)).to(tl.float32)
@@ -457,7 +461,7 @@ if triton is not None:
         here. PRELOADED: `first` holds the split's first BLOCK_T keys' K,V (`_cross_tile`),
         loaded already."""
         D = n_head * DH
-        kv = kv_ptr + w.to(tl.int64) * A * 2 * D + h * DH  # this head's K; its V at + D
+        kv = _cross_head(kv_ptr, w, h, A, D, DH)
         dtype = kv_ptr.dtype.element_ty
         q = _cross_query(q_ptr, q_bias, w, h, rows, n_head, Q_SPLITS, GROUP, BLOCK_G, DH, dtype)
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
