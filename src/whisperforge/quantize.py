@@ -478,7 +478,7 @@ STREAM_CONFIGS: dict[tuple[int, str, torch.dtype], StreamConfig] = {
     (1, "fc1", _I8): (16, 256, 2, 3),
     (1, "logits", _I8): (32, 256, 4, 3),  # the embedding: int8 for every type
     (16, "out", _I8): (32, 128, 4, 3),
-    (16, "fc2", _I8): (32, 256, 4, 4),  # re-tuned with the early launches (session 33)
+    (16, "fc2", _I8): (32, 256, 4, 3),  # (32, 256, 4, 4): +1.5-2 % (session 33)
     (16, "qkv", _I8): (32, 256, 4, 3),
     (16, "fc1", _I8): (32, 128, 4, 3),
     (16, "logits", _I8): (64, 256, 8, 3),
