@@ -26,7 +26,10 @@ What is quantized, and how (`compute_type`, faster-whisper's names plus `float8`
 - `float8` (Ada/Hopper): the same linears as fp8 e4m3 weights, multiplied by
   `torch._scaled_mm` with each activation row quantized to fp8 on the fly (its own scale), or,
   for up to 64 rows (a decode step's), by the Triton stream kernel with the fp8 weights widened
-  in registers (weight-only: the activations stay 16-bit).
+  in registers (weight-only: the activations stay 16-bit). int8 is the one that keeps the
+  words: at most 0.3 WER points worse than float16 or float32 for tiny.en and base on the
+  GPU, where e4m3's 3 mantissa bits a weight cost base 0.4-0.7 against float32
+  (benchmarks/RESULTS.md, session 33).
 
 The token embedding, which is also the output projection (tied logits), is quantized too, to
 int8 under every compute type (`weight_format`, `QuantizedEmbedding`): it is the largest single
