@@ -1264,10 +1264,10 @@ STEP_CONFIGS: dict[tuple[int, str], StreamConfig] = {
     (1, "qkv"): (16, 256, 4, 3),  # unsplit, preloaded (session 32; was (32, 256, 4, 4))
     (1, "fc1"): (16, 256, 4, 3),
     (1, "logits"): (32, 256, 4, 4),
-    (16, "out"): (32, 256, 4, 4),  # re-tuned with the early launches (session 33)
+    (16, "out"): (32, 256, 4, 4),  # out, qkv, fc1: re-tuned with the early launches
     (16, "fc2"): (64, 128, 8, 3),
-    (16, "qkv"): (64, 256, 8, 4),
-    (16, "fc1"): (32, 256, 4, 4),
+    (16, "qkv"): (64, 256, 8, 4),  # (session 33; were (32, 128, 4, 3), (32, 256, 4, 4),
+    (16, "fc1"): (32, 256, 4, 4),  # (16, 256, 4, 3))
     (16, "logits"): (64, 128, 8, 3),
 }
 
