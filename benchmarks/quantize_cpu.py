@@ -1,11 +1,12 @@
-"""int8 on the CPU: whisperforge int8 vs fp32 vs faster-whisper int8 (and fp32), in one process.
+"""int8 on the CPU: whisperforge int8 vs fp32 vs faster-whisper int8 (and fp32), in one job.
 
 Same tiny.en weights for all (faster-whisper runs the packaged CTranslate2 folder itself), the
 exact-reference English dev clips decoded once, the same thread count. Speed: each engine
 transcribes every clip once to warm up, then `--runs` times (the engines take turns within each
 run); the median wall time per pass.
-Memory: the bytes whisperforge's weights take as stored, and the process RSS growth while each
-engine's model loads (engines load in the order listed; allocator reuse makes RSS approximate).
+Memory: the bytes whisperforge's weights take as stored, and the RSS growth while each engine's
+model loads. Each engine runs in a process of its own (`engine_process`: PyTorch's and
+CTranslate2's thread pools slow each other in one process).
 WER (EnglishTextNormalizer + jiwer) of every engine's transcripts; then, greedy, for each of
 `--wer-models`: fp32, int8 (the CPU's: every linear fbgemm int8, `quantize.Int8Linear`), the
 2026-11-22 CPU recipe for comparison (`int8-torch-ao`: torch.ao's dynamic Linear, one 7-bit
@@ -27,11 +28,14 @@ import json
 import statistics
 import time
 import warnings
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import jiwer
 import torch
+from engine_process import EngineProcess
 
 DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 LONG_FILE = "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"
@@ -48,14 +52,6 @@ WER_VARIANTS = ["float32", "int8", "int8-torch-ao", "int8-weight-only", "float8"
 def manifest() -> list[dict]:
     lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
-
-
-def rss_mb() -> float:
-    gc.collect()
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -122,6 +118,12 @@ def build_engine(name: str, threads: int) -> tuple[Any, int | None]:
     return FasterWhisperModel(folder, "cpu", compute_type=compute_type, cpu_threads=threads), None
 
 
+def engine(name: str, threads: int) -> tuple[Callable[[Any, int], str], dict]:
+    """`build_engine`'s engine as (audio, beam_size) -> text, in the process that runs it."""
+    model, nbytes = build_engine(name, threads)
+    return partial(text, model), {"weights_MB": nbytes and nbytes / 1e6}
+
+
 def text(model: Any, audio: Any, beam_size: int) -> str:
     """The transcript: both engines share faster-whisper's API."""
     return "".join(s.text for s in model.transcribe(audio, beam_size=beam_size)[0])
@@ -166,24 +168,17 @@ def main() -> None:
 
     report: dict = {"speed": {}, "memory": {}, "wer": {}}
     built = {}
-    for name in args.engines:
-        before = rss_mb()
-        built[name], nbytes = build_engine(name, args.threads)
-        report["memory"][name] = {
-            "rss_growth_MB": rss_mb() - before,
-            "weights_MB": nbytes and nbytes / 1e6,
-        }
-        print(f"  loaded {name}: RSS +{report['memory'][name]['rss_growth_MB']:.0f} MB", flush=True)
+    for name in args.engines:  # each in a process of its own (`engine_process`)
+        built[name] = EngineProcess(partial(engine, name, args.threads), audios, args.threads)
+        report["memory"][name] = built[name].info
+        print(f"  loaded {name}: RSS +{built[name].info['rss_growth_MB']:.0f} MB", flush=True)
     for mode in args.modes:
         beam = 5 if mode == "beam5" else 1
-        texts = {n: [text(m, audio, beam) for audio in audios] for n, m in built.items()}  # warm-up
+        texts = {name: process.transcribe(beam)[1] for name, process in built.items()}  # warm-up
         times: dict[str, list[float]] = {name: [] for name in built}
         for _ in range(args.runs):  # engines interleaved, so a load change hits all alike
-            for name, model in built.items():
-                start = time.perf_counter()
-                for audio in audios:
-                    text(model, audio, beam)
-                times[name].append(time.perf_counter() - start)
+            for name, process in built.items():
+                times[name].append(process.transcribe(beam)[0])
         for name in built:
             median = statistics.median(times[name])
             report["speed"][f"{mode}/{name}"] = median
@@ -210,8 +205,8 @@ def main() -> None:
     for name, memory in report["memory"].items():
         weights = f"{memory['weights_MB']:.1f}" if memory["weights_MB"] else "-"
         print(f"| {name} | {weights} | {memory['rss_growth_MB']:.0f} |")
-    del built
-    gc.collect()
+    for process in built.values():
+        process.close()
 
     sets = [("dev clips", audios, references)]
     if args.long:
