@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from engine_process import EngineProcess
+from engine_process import EngineProcess, faster_whisper, transcript
 
 DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 
@@ -36,31 +36,26 @@ def short_english_clips() -> list[str]:
 def engine(name: str, threads: int) -> tuple[Callable[[np.ndarray, int], str], dict]:
     """The engine `name` as a function (audio array, beam_size) -> text, built in the process
     that runs it (`EngineProcess`)."""
+    if name.startswith("faster-whisper-"):
+        model = faster_whisper(name.removeprefix("faster-whisper-"), threads)
+        return partial(transcript, model), {}
     from whisperforge import WhisperModel
-    from whisperforge.checkpoints import packaged_model_folders, save_openai
+    from whisperforge.checkpoints import save_openai
 
     ours = WhisperModel("tiny.en", device="cpu", compute_type="float32", cpu_threads=threads)
     if name == "whisperforge":
-        return lambda audio, beam: "".join(
-            s.text for s in ours.transcribe(audio, beam_size=beam)[0]
-        ), {}
-    if name == "openai-whisper":
-        import whisper
+        return partial(transcript, ours), {}
+    import whisper  # openai-whisper, on the .pt our converter writes
 
-        path = Path(tempfile.mkdtemp()) / "tiny.en.pt"
-        save_openai(ours.checkpoint, path)
-        reference = whisper.load_model(str(path), device="cpu")
-        return lambda audio, beam: whisper.transcribe(
-            reference, audio, fp16=False, beam_size=beam if beam > 1 else None, best_of=5
-        )["text"], {}
-    from faster_whisper import WhisperModel as FasterWhisperModel
+    path = Path(tempfile.mkdtemp()) / "tiny.en.pt"
+    save_openai(ours.checkpoint, path)
+    reference = whisper.load_model(str(path), device="cpu")
 
-    folder = str(packaged_model_folders("tiny.en")[0])
-    compute_type = name.removeprefix("faster-whisper-")
-    model = FasterWhisperModel(folder, device="cpu", compute_type=compute_type, cpu_threads=threads)
-    return lambda audio, beam: "".join(
-        s.text for s in model.transcribe(audio, beam_size=beam)[0]
-    ), {}
+    def transcribe(audio: np.ndarray, beam: int) -> str:
+        options = {"beam_size": beam if beam > 1 else None, "best_of": 5}
+        return whisper.transcribe(reference, audio, fp16=False, **options)["text"]
+
+    return transcribe, {}
 
 
 def main() -> None:

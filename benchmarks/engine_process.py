@@ -25,6 +25,21 @@ Transcribe = Callable[[np.ndarray, int], str]  # (16 kHz audio, beam size) -> te
 Factory = Callable[[], tuple[Transcribe, dict]]
 
 
+def faster_whisper(compute_type: str, threads: int):
+    """faster-whisper on the packaged tiny.en CTranslate2 folder (the weights whisperforge loads)."""
+    from faster_whisper import WhisperModel
+
+    from whisperforge.checkpoints import packaged_model_folders
+
+    folder = str(packaged_model_folders("tiny.en")[0])
+    return WhisperModel(folder, device="cpu", compute_type=compute_type, cpu_threads=threads)
+
+
+def transcript(model, audio: np.ndarray, beam_size: int) -> str:
+    """The text of `model` (whisperforge's or faster-whisper's: they share an API)."""
+    return "".join(s.text for s in model.transcribe(audio, beam_size=beam_size)[0])
+
+
 def rss_mb() -> float:
     """This process's resident memory, in MB."""
     gc.collect()

@@ -35,7 +35,7 @@ from typing import Any
 
 import jiwer
 import torch
-from engine_process import EngineProcess
+from engine_process import EngineProcess, faster_whisper, transcript
 
 DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 LONG_FILE = "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"
@@ -104,29 +104,14 @@ def whisperforge(name: str, variant: str, threads: int):
     return model
 
 
-def build_engine(name: str, threads: int) -> tuple[Any, int | None]:
-    """engine name -> (its model, whisperforge's weight bytes or None)."""
-    engine, compute_type = name.rsplit("-", 1)
-    if engine == "whisperforge":
-        model = whisperforge("tiny.en", compute_type, threads)
-        return model, weight_bytes(model.model)
-    from faster_whisper import WhisperModel as FasterWhisperModel
-
-    from whisperforge.checkpoints import packaged_model_folders
-
-    folder = str(packaged_model_folders("tiny.en")[0])
-    return FasterWhisperModel(folder, "cpu", compute_type=compute_type, cpu_threads=threads), None
-
-
 def engine(name: str, threads: int) -> tuple[Callable[[Any, int], str], dict]:
-    """`build_engine`'s engine as (audio, beam_size) -> text, in the process that runs it."""
-    model, nbytes = build_engine(name, threads)
-    return partial(text, model), {"weights_MB": nbytes and nbytes / 1e6}
-
-
-def text(model: Any, audio: Any, beam_size: int) -> str:
-    """The transcript: both engines share faster-whisper's API."""
-    return "".join(s.text for s in model.transcribe(audio, beam_size=beam_size)[0])
+    """The engine `name` as (audio, beam_size) -> text, built in the process that runs it, and
+    its weights' bytes as stored (whisperforge's; None for faster-whisper)."""
+    kind, compute_type = name.rsplit("-", 1)
+    if kind == "whisperforge":
+        model = whisperforge("tiny.en", compute_type, threads)
+        return partial(transcript, model), {"weights_MB": weight_bytes(model.model) / 1e6}
+    return partial(transcript, faster_whisper(compute_type, threads)), {"weights_MB": None}
 
 
 def wer(references: list[str], hypotheses: list[str]) -> float:
@@ -219,7 +204,7 @@ def main() -> None:
             model = whisperforge(model_name, variant, args.threads)
             for set_name, set_audios, set_references in sets:
                 start = time.perf_counter()
-                texts = [text(model, audio, 1) for audio in set_audios]
+                texts = [transcript(model, audio, 1) for audio in set_audios]
                 figure = wer(set_references, texts)
                 transcripts[f"{model_name}/{variant}/{set_name}"] = texts
                 fp32 = transcripts.get(f"{model_name}/float32/{set_name}")
