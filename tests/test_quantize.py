@@ -248,8 +248,9 @@ def test_triton_kernels_in_the_interpreter():
 
 def test_float8_keeps_an_int8_embedding_and_its_scales_never_clip_int8(tiny_en, tmp_path):
     """Under float8 the tied embedding is saved int8 (its e4m3 rows cost base 0.64 WER points)
-    with scales per 64 columns, and loads back exactly; a float8 folder opened as int8
-    re-scales its fp8 weights instead of clipping them at 127."""
+    with scales per 64 columns, and loads back exactly, as does the last layer's fc2 (int8, the
+    other fc2 e4m3); a float8 folder opened as int8 re-scales its fp8 weights instead of
+    clipping them at 127."""
     from whisperforge.checkpoints import load_quantized
     from whisperforge.quantize import dequantize
 
@@ -266,6 +267,12 @@ def test_float8_keeps_an_int8_embedding_and_its_scales_never_clip_int8(tiny_en, 
     q, _ = quantize_weight(loaded.state_dict[embedding], "int8", loaded.weight_scales[embedding])
     assert torch.equal(q, stored[embedding])  # exact round trip
     assert stored[name].dtype == torch.float8_e4m3fn
+    last = tiny_en.checkpoint.config.n_text_layer - 1
+    assert stored[f"decoder.blocks.{last}.mlp.2.weight"].dtype == torch.int8
+    assert stored[f"decoder.blocks.{last - 1}.mlp.2.weight"].dtype == torch.float8_e4m3fn
+    model = quantize_model(copy.deepcopy(tiny_en.model), "float8", dynamic=False)
+    assert model.decoder.blocks[last].mlp[2].qweight.dtype == torch.int8
+    assert model.decoder.blocks[last].mlp[0].qweight.dtype == torch.float8_e4m3fn
     fp8_weight = loaded.state_dict[name]
     q, scale = quantize_weight(fp8_weight, "int8", loaded.weight_scales[name])
     error = (dequantize(q, scale) - fp8_weight).norm() / fp8_weight.norm()

@@ -505,10 +505,11 @@ def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "in
         )
     folder.mkdir(parents=True, exist_ok=True)
     saved_scales = checkpoint.weight_scales or {}
+    layers = checkpoint.config.n_text_layer
     tensors: dict[str, Tensor] = {}
     for name, tensor in checkpoint.state_dict.items():
         if tensor.dim() == 2 and name.endswith(".weight"):  # linears and the token embedding
-            kind, group = weight_format(name, weights, tensor.shape[1])
+            kind, group = weight_format(name, weights, tensor.shape[1], layers)
             q, scale = quantize_weight(tensor, kind, saved_scales.get(name), group)
             tensors[name], tensors[f"{name}_scale"] = q, scale
         else:
