@@ -27,11 +27,11 @@ What is quantized, and how (`compute_type`, faster-whisper's names plus `float8`
 - `float8` (Ada/Hopper): the same linears as fp8 e4m3 weights, multiplied by
   `torch._scaled_mm` with each activation row quantized to fp8 on the fly (its own scale), or,
   for up to 64 rows (a decode step's), by the Triton stream kernel with the fp8 weights widened
-  in registers (weight-only: the activations stay 16-bit); the last layer's fc2 is int8, as
-  the embedding is (below, `weight_format`). e4m3 keeps 3 mantissa bits a weight, and int8's
-  words are closer to float's: both are within 0.3 WER points of float16 and float32 on the
-  dev clips for tiny.en and base on the GPU, as a mean over five equally good draws of the
-  weights (benchmarks/RESULTS.md, session 35).
+  in registers (weight-only: the activations stay 16-bit). e4m3 keeps 3 mantissa bits a
+  weight; with the last layer's fc2 int8, as the embedding is (`weight_format`), float8 is
+  within 0.3 WER points of float16 and float32 on the dev clips for tiny.en and base on the
+  GPU, as int8 is (a mean over five equally good draws of the weights; benchmarks/RESULTS.md,
+  session 35).
 
 The token embedding, which is also the output projection (tied logits), is quantized too, to
 int8 under every compute type (`weight_format`, `QuantizedEmbedding`): it is the largest single
@@ -282,7 +282,8 @@ def weight_format(name: str, weights: str, columns: int, layers: int) -> tuple[s
     last layer's fc2, the final update of the residual stream (e4m3 there carried 40 % of
     float8's KL divergence from float32 for base, and with it int8 base's float8 went from
     0.39 to 0.17 points over float32's WER on the clips, a mean over five draws of the
-    weights; benchmarks/RESULTS.md, sessions 15 and 35). int8 and e4m3 weights are read and widened alike, so this costs no speed."""
+    weights; benchmarks/RESULTS.md, sessions 15 and 35). int8 and e4m3 weights are read and
+    widened alike, so this costs no speed."""
     if name == EMBEDDING:
         return "int8", EMBEDDING_GROUP if columns % EMBEDDING_GROUP == 0 else 0
     if name.removesuffix(".weight") == f"decoder.blocks.{layers - 1}.{LAST_STEP_LINEAR}":
