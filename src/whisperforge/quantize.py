@@ -22,8 +22,9 @@ What is quantized, and how (`compute_type`, faster-whisper's names plus `float8`
   faster than faster-whisper's int8 there; RESULTS.md, session 34).
 - `int8`, `int8_float16`, `int8_bfloat16` on CUDA: weight-only int8 for the decoder's per-step
   linears (fp16/bf16 activations), through a Triton stream kernel for up to 64 rows (a step's,
-  in the config tuned for the matmul's role) and dequantize + cuBLAS for more. A decode step is bound by reading the decoder's weights; the encoder and
-  the cross K,V projection run once per window at 1500+ rows, compute-bound, and stay float.
+  in the config tuned for the matmul's role) and dequantize + cuBLAS for more. The encoder
+  and the cross K,V projection run once per window at 1500+ rows, compute-bound, and stay
+  float.
 - `float8` (Ada/Hopper): the same linears as fp8 e4m3 weights, multiplied by
   `torch._scaled_mm` with each activation row quantized to fp8 on the fly (its own scale), or,
   for up to 64 rows (a decode step's), by the Triton stream kernel with the fp8 weights widened
