@@ -17,12 +17,11 @@ import argparse
 import json
 import statistics
 import tempfile
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import numpy as np
-from engine_process import EngineProcess, faster_whisper, transcript
+from engine_process import EngineProcess, Transcribe, faster_whisper, transcript
 
 DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 
@@ -33,7 +32,7 @@ def short_english_clips() -> list[str]:
     return [r["audio"] for r in rows if r["language"] == "en" and r["duration_s"] <= 30]
 
 
-def engine(name: str, threads: int) -> tuple[Callable[[np.ndarray, int], str], dict]:
+def engine(name: str, threads: int) -> tuple[Transcribe, dict]:
     """The engine `name` as a function (audio array, beam_size) -> text, built in the process
     that runs it (`EngineProcess`)."""
     if name.startswith("faster-whisper-"):

@@ -28,14 +28,12 @@ import json
 import statistics
 import time
 import warnings
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import jiwer
 import torch
-from engine_process import EngineProcess, faster_whisper, transcript
+from engine_process import EngineProcess, Transcribe, faster_whisper, transcript
 
 DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 LONG_FILE = "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"
@@ -104,7 +102,7 @@ def whisperforge(name: str, variant: str, threads: int):
     return model
 
 
-def engine(name: str, threads: int) -> tuple[Callable[[Any, int], str], dict]:
+def engine(name: str, threads: int) -> tuple[Transcribe, dict]:
     """The engine `name` as (audio, beam_size) -> text, built in the process that runs it, and
     its weights' bytes as stored (whisperforge's; None for faster-whisper)."""
     kind, compute_type = name.rsplit("-", 1)
