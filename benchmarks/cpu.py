@@ -46,16 +46,17 @@ def engine(name: str, threads: int) -> tuple[Transcribe, dict]:
         return partial(transcript, model), {}
     if name == "whisper.cpp":
         return whisper_cpp(threads)
-    from whisperforge import WhisperModel
-    from whisperforge.checkpoints import save_openai
-
-    ours = WhisperModel("tiny.en", device="cpu", compute_type="float32", cpu_threads=threads)
     if name == "whisperforge":
+        from whisperforge import WhisperModel
+
+        ours = WhisperModel("tiny.en", device="cpu", compute_type="float32", cpu_threads=threads)
         return partial(transcript, ours), {}
     import whisper  # openai-whisper, on the .pt our converter writes
 
+    from whisperforge.checkpoints import resolve_checkpoint, save_openai
+
     path = Path(tempfile.mkdtemp()) / "tiny.en.pt"
-    save_openai(ours.checkpoint, path)
+    save_openai(resolve_checkpoint("tiny.en"), path)
     reference = whisper.load_model(str(path), device="cpu")
 
     def transcribe(audio: np.ndarray, beam: int) -> str:

@@ -24,12 +24,13 @@ def main() -> None:
     from whisper.normalizers import EnglishTextNormalizer
 
     from whisperforge import WhisperModel, load_audio
-    from whisperforge.checkpoints import save_openai
+    from whisperforge.checkpoints import resolve_checkpoint, save_openai
 
     torch.set_num_threads(2)
-    ours = WhisperModel("tiny.en", device="cpu", compute_type="float32")
+    checkpoint = resolve_checkpoint("tiny.en")
+    ours = WhisperModel(checkpoint, device="cpu", compute_type="float32")
     path = Path(tempfile.mkdtemp()) / "tiny.en.pt"
-    save_openai(ours.checkpoint, path)
+    save_openai(checkpoint, path)
     reference = whisper.load_model(str(path), device="cpu")
     config = ours.checkpoint.config
     mask = torch.zeros(config.n_text_layer, config.n_text_head, dtype=torch.bool)

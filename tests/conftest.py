@@ -41,10 +41,18 @@ def short_english_clips() -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def tiny_en():
+def tiny_en_checkpoint():
+    """tiny.en's weights as loaded (a `WhisperModel` keeps only its description)."""
+    from whisperforge.checkpoints import resolve_checkpoint
+
+    return resolve_checkpoint("tiny.en")
+
+
+@pytest.fixture(scope="session")
+def tiny_en(tiny_en_checkpoint):
     from whisperforge import WhisperModel
 
-    return WhisperModel("tiny.en", device="cpu", compute_type="float32")
+    return WhisperModel(tiny_en_checkpoint, device="cpu", compute_type="float32")
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +70,14 @@ def tiny_en_greedy(tiny_en) -> dict[str, list]:
 
 
 @pytest.fixture(scope="session")
-def base():
+def base_checkpoint():
+    from whisperforge.checkpoints import resolve_checkpoint
+
+    return resolve_checkpoint("base")
+
+
+@pytest.fixture(scope="session")
+def base(base_checkpoint):
     from whisperforge import WhisperModel
 
-    return WhisperModel("base", device="cpu", compute_type="float32")
+    return WhisperModel(base_checkpoint, device="cpu", compute_type="float32")

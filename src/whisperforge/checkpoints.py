@@ -470,8 +470,19 @@ def load_openai(path: Path) -> Checkpoint:
     )
 
 
+def require_weights(checkpoint: Checkpoint) -> None:
+    """Raise unless `checkpoint` holds its weights (a `WhisperModel`'s `checkpoint` keeps only
+    the description: config, tokenizer, alignment heads)."""
+    if not checkpoint.state_dict:
+        raise InvalidOptionError(
+            f"this checkpoint ({checkpoint.source}) holds no weights: a loaded model keeps only "
+            "its description; pass resolve_checkpoint(name or path) instead"
+        )
+
+
 def save_openai(checkpoint: Checkpoint, path: Path) -> None:
     """Write an openai-whisper `.pt` (loadable by `whisper.load_model(path)`)."""
+    require_weights(checkpoint)
     # A view would drag its whole base storage into the file: save such tensors as copies.
     sd = {
         name: t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
@@ -496,6 +507,7 @@ def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "in
     tokenizer.json beside it. `WhisperModel(folder)` loads it, by default in `compute_type`."""
     from safetensors.torch import save_file
 
+    require_weights(checkpoint)
     weights = COMPUTE_TYPES.get(compute_type, (None, None))[1]
     if weights is None:
         quantized = [name for name, (_, kind) in COMPUTE_TYPES.items() if kind]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Generator, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -200,6 +200,8 @@ class WhisperModel:
     "int8_bfloat16" (int8 weights, activations in that float type; 16-bit ones fall back to
     float32 on the CPU), "float8" (fp8 e4m3 weights and activations on Ada/Hopper GPUs). The
     token embedding and tied logits projection are int8 too, with a scale per 64 columns.
+    The weights live in `model` (and `runtime` on a GPU) only: `checkpoint` keeps the
+    description (config, tokenizer, alignment heads), not a second copy of them.
     """
 
     def __init__(
@@ -231,17 +233,20 @@ class WhisperModel:
             )
             self.device, self.dtype = self.model.device, self.model.dtype
         else:
-            self.checkpoint = (
+            checkpoint = (
                 model_size_or_path
                 if isinstance(model_size_or_path, Checkpoint)
                 else resolve_checkpoint(model_size_or_path, local_files_only, download_root)
             )
             if compute_type == "default":  # a quantized checkpoint's own compute type
-                saved = self.checkpoint.compute_type
-                compute = resolve_compute_type("default", self.device, saved)
+                compute = resolve_compute_type("default", self.device, checkpoint.compute_type)
             self.dtype = compute.dtype
-            self.model = build_model(self.checkpoint, self.device, self.dtype)
-            quantize_model(self.model, compute.weights, self.checkpoint.weight_scales)
+            self.model = build_model(checkpoint, self.device, self.dtype)
+            quantize_model(self.model, compute.weights, checkpoint.weight_scales)
+            # The model holds the weights now. Keeping the loaded ones too would hold a second
+            # copy in host memory (75 MB for tiny.en, 3 GB for large-v3); what stays is the
+            # description: config, tokenizer, alignment heads.
+            self.checkpoint = replace(checkpoint, state_dict={}, weight_scales=None)
             if self.device.type == "cuda":
                 with current_device(self.device):
                     self.runtime = Runtime(self.model, max_windows=1, max_rows=5)
