@@ -26,9 +26,8 @@ from pathlib import Path
 
 import numpy as np
 from engine_process import EngineProcess, Transcribe, faster_whisper, transcript, whisper_cpp
-from quantize_cpu import manifest, wer
+from quantize_cpu import DEV_DIR, manifest, wer
 
-DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 ENGINES = [
     "whisperforge", "openai-whisper", "faster-whisper-float32", "faster-whisper-int8", "whisper.cpp"
 ]  # fmt: skip

@@ -47,17 +47,22 @@ def whisper_cpp(threads: int, weights: str = "f16") -> tuple[Transcribe, dict]:
 
     path = Path(tempfile.mkdtemp()) / f"ggml-tiny.en-{weights}.bin"
     write_ggml(resolve_checkpoint("tiny.en"), path, q8_0=weights == "q8_0")
-    models: dict[int, Model] = {}  # whisper.cpp fixes greedy or beam search per context
+    loaded: dict[int, Model] = {}  # whisper.cpp fixes greedy or beam search per context
 
-    def transcribe(audio: np.ndarray, beam_size: int) -> str:
-        if beam_size not in models:
-            models[beam_size] = Model(
+    def model(beam_size: int) -> Model:
+        if beam_size not in loaded:
+            loaded.clear()  # one context at a time: the other one is freed before this loads
+            loaded[beam_size] = Model(
                 str(path), params_sampling_strategy=int(beam_size > 1), n_threads=threads,
                 beam_search={"beam_size": beam_size, "patience": -1.0}, suppress_nst=True,
                 print_progress=False, print_realtime=False, redirect_whispercpp_logs_to=None,
             )  # fmt: skip
-        return " ".join(s.text for s in models[beam_size].transcribe(audio.astype(np.float32)))
+        return loaded[beam_size]
 
+    def transcribe(audio: np.ndarray, beam_size: int) -> str:
+        return " ".join(s.text for s in model(beam_size).transcribe(audio.astype(np.float32)))
+
+    model(1)  # loaded here, so that its memory counts as the engine's
     return transcribe, {"weights_MB": path.stat().st_size / 1e6}
 
 
