@@ -214,6 +214,7 @@ BAD_INPUTS: dict[str, Callable[[Path], object]] = {
     "NaN samples": lambda d: np.array([0.0, np.nan, 0.1], dtype=np.float32),
     "infinite samples": lambda d: np.array([0.0, np.inf], dtype=np.float32),
     "complex array": lambda d: np.zeros(10, dtype=np.complex64),
+    "int16 PCM cast to float": lambda d: np.array([0, 1200, -25647, 3], dtype=np.float32),
     "text-mode file": lambda d: io.StringIO("RIFF...."),
     "not audio at all": lambda d: 12345,
 }
@@ -230,6 +231,15 @@ def test_bad_input_raises_audio_error(tmp_path: Path, case: str) -> None:
     assert "\n" not in message and len(message) < 300
     # every message says what to do, after the semicolon
     assert ";" in message, message
+
+
+def test_integer_pcm_arrays_and_a_float_overshoot_are_taken(jfk: np.ndarray) -> None:
+    """The peak check refuses PCM cast to float, not the arrays around it: integer PCM is
+    scaled, and float audio a little past full scale (a clipped overshoot) stays as it is."""
+    pcm = np.round(jfk * 32767).astype(np.int16)
+    np.testing.assert_allclose(load_audio(pcm), jfk, atol=1 / 32767)
+    loud = (jfk * (1.5 / np.abs(jfk).max())).astype(np.float32)
+    assert np.abs(load_audio(loud)).max() == pytest.approx(1.5)
 
 
 def test_cut_off_recording_keeps_what_it_holds(jfk: np.ndarray) -> None:

@@ -123,15 +123,28 @@ def read_pcm_wav(source: str | Path | BinaryIO, name: str = "<audio>") -> np.nda
             f"{name}: a {rate} Hz {8 * width}-bit WAV; without PyAV only 16 kHz PCM WAV of 8, 16 "
             "or 32 bits can be read: install PyAV (pip install av), or convert it first"
         )
-    samples = _to_float32(np.frombuffer(data, dtype=dtype).reshape(-1, channels))
+    samples = to_float32(np.frombuffer(data, dtype=dtype).reshape(-1, channels))
     return samples.mean(axis=1, dtype=np.float32)  # mono: each sample as it is
 
 
-def _to_float32(audio: np.ndarray) -> np.ndarray:
+# Float samples past this peak are integer PCM cast to float (a 16-bit recording's run to
+# 32767): their log-mel lies far outside what the model was trained on, and the transcript is
+# garbage. Real float audio stays within [-1, 1], give or take a clipped overshoot.
+MAX_FLOAT_PEAK = 32.0
+
+
+def to_float32(audio: np.ndarray) -> np.ndarray:
     """Float arrays as they are; integer PCM (as wave/scipy read it) scaled to [-1, 1)."""
     kind = audio.dtype.kind
     if kind == "f":
-        return audio.astype(np.float32, copy=False)
+        samples = audio.astype(np.float32, copy=False)
+        peak = float(np.abs(samples).max(initial=0.0))  # NaN and inf: load_audio's check
+        if np.isfinite(peak) and peak > MAX_FLOAT_PEAK:
+            raise AudioError(
+                f"float audio samples lie in [-1, 1], but these peak at {peak:.0f}, as integer "
+                "PCM cast to float does; pass the integer array as it is, or divide it by 32768"
+            )
+        return samples
     if kind in "iu":
         half = float(2 ** (8 * audio.dtype.itemsize - 1))
         offset = half if kind == "u" else 0.0  # unsigned PCM (8-bit wav) is centred on 128
@@ -153,7 +166,7 @@ def load_audio(audio: AudioInput) -> np.ndarray:
                 f"audio arrays must be 1-D mono at {SAMPLE_RATE} Hz, got shape {audio.shape}; "
                 "average the channel axis first (e.g. audio.mean(axis=1) for [samples, channels])"
             )
-        samples = _to_float32(audio)
+        samples = to_float32(audio)
     else:
         samples = decode_audio(audio)
     if samples.size == 0:

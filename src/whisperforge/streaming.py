@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .audio import SAMPLE_RATE
+from .audio import SAMPLE_RATE, to_float32
 from .errors import InvalidOptionError
 from .results import Segment, Word
 
@@ -305,9 +305,7 @@ class StreamingTranscriber:
             raise InvalidOptionError(
                 f"feed 1-D mono audio at {SAMPLE_RATE} Hz, got shape {samples.shape}"
             )
-        if samples.dtype.kind in "iu":
-            return samples.astype(np.float32) / float(2 ** (8 * samples.dtype.itemsize - 1))
-        return samples.astype(np.float32, copy=False)
+        return to_float32(samples)
 
     def _update(self, final: bool) -> StreamingEvent | None:
         new_audio = np.concatenate(self._pending) if self._pending else np.zeros(0, np.float32)
