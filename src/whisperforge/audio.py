@@ -134,7 +134,8 @@ MAX_FLOAT_PEAK = 32.0
 
 
 def to_float32(audio: np.ndarray) -> np.ndarray:
-    """Float arrays as they are; integer PCM (as wave/scipy read it) scaled to [-1, 1)."""
+    """Float arrays as they are (refused past MAX_FLOAT_PEAK); integer PCM (as wave/scipy read
+    it) scaled to [-1, 1)."""
     kind = audio.dtype.kind
     if kind == "f":
         samples = audio.astype(np.float32, copy=False)
