@@ -73,11 +73,7 @@ def main() -> None:
     parser.add_argument(
         "--modes", nargs="*", default=["greedy", "beam5"], choices=["greedy", "beam5"]
     )
-    parser.add_argument(
-        "--engines",
-        nargs="*",
-        default=ENGINES,
-    )
+    parser.add_argument("--engines", nargs="*", default=ENGINES, choices=ENGINES)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -103,12 +99,14 @@ def main() -> None:
             process.transcribe(beam, first=1)
         # Runs go round the engines, so a change in the machine's load hits all of them alike.
         times: dict[str, list[float]] = {name: [] for name in built}
+        last_texts: dict[str, list[str]] = {}
         for _ in range(args.runs):
             for name, process in built.items():
-                seconds_taken, texts = process.transcribe(beam)
+                seconds_taken, last_texts[name] = process.transcribe(beam)
                 times[name].append(seconds_taken)
-                hypotheses = [texts[i] for i in scored]
-                word_errors[(mode, name)] = wer([exact[files[i]] for i in scored], hypotheses)
+        references = [exact[files[i]] for i in scored]
+        for name, texts in last_texts.items():
+            word_errors[(mode, name)] = wer(references, [texts[i] for i in scored])
         for name in built:
             results[(mode, name)] = median = statistics.median(times[name])
             print(f"  {mode:6} {name:24} {median:7.2f} s  RTFx {seconds / median:6.1f}", flush=True)

@@ -60,7 +60,9 @@ def whisper_cpp(threads: int, weights: str = "f16") -> tuple[Transcribe, dict]:
         return loaded[beam_size]
 
     def transcribe(audio: np.ndarray, beam_size: int) -> str:
-        return " ".join(s.text for s in model(beam_size).transcribe(audio.astype(np.float32)))
+        return " ".join(
+            s.text for s in model(beam_size).transcribe(audio.astype(np.float32, copy=False))
+        )
 
     model(1)  # loaded here, so that its memory counts as the engine's
     return transcribe, {"weights_MB": path.stat().st_size / 1e6}
