@@ -12,16 +12,12 @@ The first mode's wall time is the one the others are divided into ("x sequential
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
-
-DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
-LONGFORM = "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"
+from devset import DEV_DIR, LONG_FILE, manifest, wer
 
 
 def main() -> None:
@@ -37,28 +33,22 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
 
-    import jiwer
-    from whisper.normalizers import EnglishTextNormalizer
-
     from whisperforge import BatchedInferencePipeline, WhisperModel, load_audio
 
     torch.set_num_threads(2)
-    normalize = EnglishTextNormalizer()
     model = WhisperModel("tiny.en", device="cpu", compute_type="float32")
     pipeline = BatchedInferencePipeline(model)
-    rows = [
-        json.loads(line) for line in (DEV_DIR / "manifest.jsonl").read_text().splitlines() if line
-    ]
+    rows = manifest()
     clips = [
         r
         for r in rows
         if r["language"] == "en" and r["ref_kind"] == "exact" and r["duration_s"] <= 30
     ]
     joined = np.concatenate([load_audio(DEV_DIR / r["audio"]) for r in clips])
-    longform = next(r for r in rows if r["audio"] == LONGFORM)
+    longform = next(r for r in rows if r["audio"] == LONG_FILE)
     inputs = {
         "dev English exact clips joined": (joined, " ".join(r["text"] for r in clips)),
-        "19-minute long-form file": (load_audio(DEV_DIR / LONGFORM), longform["text"]),
+        "19-minute long-form file": (load_audio(DEV_DIR / LONG_FILE), longform["text"]),
     }
 
     modes = {
@@ -96,8 +86,8 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
             seconds = statistics.median(times)
             first = first or seconds
-            wer = 100 * jiwer.wer(normalize(reference), normalize(text))
-            print(f"| {mode} | {wer:.2f} | {seconds:.1f} | {first / seconds:.2f}x |", flush=True)
+            error = 100 * wer([reference], [text])
+            print(f"| {mode} | {error:.2f} | {seconds:.1f} | {first / seconds:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

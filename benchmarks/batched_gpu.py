@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from devset import wer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu.py's HF helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -86,15 +87,15 @@ def real_weights(
 
 
 def wer_against(reference: str | None):
+    """The text's WER against `reference`, as a table cell: "-" where there is no reference or
+    no jiwer and openai-whisper (the GPU machine: score the saved texts elsewhere)."""
     if reference is None:
         return lambda text: "-"
     try:
-        import jiwer
-        from whisper.normalizers import EnglishTextNormalizer
+        wer([reference], [reference])
     except ImportError:
         return lambda text: "-"
-    normalize = EnglishTextNormalizer()
-    return lambda text: f"{100 * jiwer.wer(normalize(reference), normalize(text)):.2f}"
+    return lambda text: f"{100 * wer([reference], [text]):.2f}"
 
 
 def turbo_model(device: str = "cuda", name: str = "large-v3-turbo"):

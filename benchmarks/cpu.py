@@ -25,16 +25,12 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+from devset import DEV_DIR, manifest, short_english_clips, wer
 from engine_process import EngineProcess, Transcribe, faster_whisper, transcript, whisper_cpp
-from quantize_cpu import DEV_DIR, manifest, wer
 
 ENGINES = [
     "whisperforge", "openai-whisper", "faster-whisper-float32", "faster-whisper-int8", "whisper.cpp"
 ]  # fmt: skip
-
-
-def short_english_clips() -> list[str]:
-    return [r["audio"] for r in manifest() if r["language"] == "en" and r["duration_s"] <= 30]
 
 
 def engine(name: str, threads: int) -> tuple[Transcribe, dict]:

@@ -22,19 +22,12 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
+from devset import DEV_DIR, short_english_clips
 
 if TYPE_CHECKING:
     from whisperforge import WhisperModel
 
 T = TypeVar("T")
-
-DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
-
-
-def short_english_clips() -> list[str]:
-    lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines if line.strip()]
-    return [r["audio"] for r in rows if r["language"] == "en" and r["duration_s"] <= 30]
 
 
 def median_times(runs: dict[str, Callable[[], T]], repeats: int) -> dict[str, tuple[float, T]]:

@@ -424,13 +424,14 @@ def compare(results_path: str, reference_path: str, longform_text: str | None) -
     manifest's exact English references (and the long file, with its reference text); with
     several seeds, each type's mean WER over them."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from quantize_cpu import DEV_DIR, wer
+    from devset import manifest, wer
 
     results = json.loads(Path(results_path).read_text())
     reference = json.loads(Path(reference_path).read_text())
-    rows = [json.loads(line) for line in (DEV_DIR / "manifest.jsonl").read_text().splitlines()]
     exact = {
-        r["audio"]: r["text"] for r in rows if r["ref_kind"] == "exact" and r["language"] == "en"
+        r["audio"]: r["text"]
+        for r in manifest()
+        if r["ref_kind"] == "exact" and r["language"] == "en"
     }
     short = [name for name in results if name != "longform"]
     ref_type = next(iter(reference[short[0]]))

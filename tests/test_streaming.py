@@ -8,10 +8,9 @@ import io
 import sys
 from dataclasses import dataclass, replace
 
-import jiwer
 import numpy as np
 import pytest
-from conftest import DEV_DIR
+from conftest import DEV_DIR, plain_wer, plain_words
 
 from whisperforge import Segment, Word, cli, load_audio
 from whisperforge.streaming import (
@@ -194,17 +193,13 @@ def test_options_are_checked():
 # --- real model -----------------------------------------------------------------------------
 
 
-def normalized(text: str) -> str:
-    return " ".join("".join(c for c in text.lower() if c.isalnum() or c in " '").split())
-
-
 def test_replay_of_a_dev_clip_matches_offline(tiny_en):
     audio = load_audio(DEV_DIR / "mfa__acoustic_corpus.wav")  # 26.7 s, spontaneous speech
     assert audio.size / SR >= 20
     offline = "".join(s.text for s in tiny_en.transcribe(audio, language="en", beam_size=1,
                                                          temperature=0.0)[0])  # fmt: skip
     run = replay(tiny_en, audio, chunk_s=0.5, options=StreamingOptions(language="en"))
-    assert jiwer.wer(normalized(offline), normalized(run.text)) < 0.06
+    assert plain_wer(offline, run.text) < 0.06
     # Committed text only grows: each event adds words after the last, in time order.
     ends = [w.end for w in run.words]
     assert ends == sorted(ends) and ends[-1] <= audio.size / SR + 0.05
@@ -227,8 +222,8 @@ def test_no_text_invented_after_the_last_word(tiny_en):
     offline = "".join(s.text for s in tiny_en.transcribe(audio, language="en", beam_size=1,
                                                          temperature=0.0)[0])  # fmt: skip
     run = replay(tiny_en, audio, chunk_s=0.5, options=StreamingOptions(language="en"))
-    assert len(normalized(run.text).split()) <= len(normalized(offline).split())
-    assert jiwer.wer(normalized(offline), normalized(run.text)) < 0.15
+    assert len(plain_words(run.text).split()) <= len(plain_words(offline).split())
+    assert plain_wer(offline, run.text) < 0.15
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -245,7 +240,7 @@ def model(tiny_en, monkeypatch):
 def test_stream_command_on_a_file(model, capsys):
     assert cli.main(["stream", str(SHORT), "--language", "en"]) == 0
     out = capsys.readouterr().out
-    assert normalized(out) == "in being comparatively modern"
+    assert plain_words(out) == "in being comparatively modern"
 
 
 def test_stream_command_on_raw_pcm_from_stdin_in_real_time(model, capsys, monkeypatch):
@@ -255,7 +250,7 @@ def test_stream_command_on_raw_pcm_from_stdin_in_real_time(model, capsys, monkey
     out = capsys.readouterr().out
     lines = out.strip().splitlines()
     assert lines and all(line.startswith("[00:0") for line in lines)
-    assert normalized(" ".join(line.split("] ", 1)[1] for line in lines)) == (
+    assert plain_words(" ".join(line.split("] ", 1)[1] for line in lines)) == (
         "in being comparatively modern"
     )
 
