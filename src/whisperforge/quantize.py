@@ -384,7 +384,13 @@ class Int8Linear(nn.Module):
             self.register_buffer("columns", q.t().contiguous())
             self.register_buffer("scale", scale.float())
         zero = torch.zeros(q.shape[0], dtype=torch.long)
-        weight = torch._make_per_channel_quantized_tensor(q.cpu(), scale.cpu().double(), zero, 0)
+        with warnings.catch_warnings():
+            # torch 2.13 deprecates quantized tensors, which fbgemm's packed linear still takes;
+            # its warning names torch internals that no user of this package can act on.
+            warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)
+            weight = torch._make_per_channel_quantized_tensor(
+                q.cpu(), scale.cpu().double(), zero, 0
+            )
         self.packed = torch.ops.quantized.linear_prepack(weight, None)  # bias: added after scaling
         bias = None if bias is None else bias.detach().float()
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
