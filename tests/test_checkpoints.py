@@ -263,6 +263,20 @@ def test_openai_pt_round_trip(openai_pt: Path, tiny_ckpt: Checkpoint) -> None:
     assert ckpt.tokenizer_file is None  # a lone .pt uses openai-whisper's vocabulary
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc")
+def test_a_pt_file_is_mapped_while_loading_only(openai_pt: Path, tmp_path: Path) -> None:
+    """A .pt is memory-mapped, not read into private memory; once the model holds copies of
+    the weights nothing of the file may stay mapped (a kept alignment-heads tensor did)."""
+    path = tmp_path / "mapped.pt"
+    shutil.copy(openai_pt, path)
+    checkpoint = load_openai(path)
+    assert str(path) in Path("/proc/self/maps").read_text()
+    model = WhisperModel(checkpoint, device="cpu", compute_type="float32")
+    del checkpoint
+    assert str(path) not in Path("/proc/self/maps").read_text()
+    assert model.alignment_heads.shape[1] == 2
+
+
 def test_openai_whisper_loads_our_pt(openai_pt: Path, tiny_ckpt: Checkpoint) -> None:
     whisper = pytest.importorskip("whisper")
     reference = whisper.load_model(str(openai_pt), device="cpu")  # strict load_state_dict

@@ -23,6 +23,7 @@ import struct
 import threading
 import urllib.error
 import urllib.request
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -445,7 +446,11 @@ def load_openai(path: Path) -> Checkpoint:
     """An openai-whisper `.pt` file: {"dims": ..., "model_state_dict": ...}."""
     hint = "pass a .pt saved by openai-whisper or whisperforge"
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        # Mapped, not read: the weights are copied out once as the model is built, and the
+        # file's pages are the OS's to drop (files saved before torch 1.6 are not zip archives
+        # and cannot be mapped).
+        mapped = zipfile.is_zipfile(path)
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
     except Exception as error:  # noqa: BLE001 - pickle, zip and torch errors all mean "not this"
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise ModelFormatError(f"{path}: not a loadable checkpoint ({reason}); {hint}") from None
@@ -646,7 +651,8 @@ def _heads(heads: object) -> Tensor | None:
     """Alignment heads as a [n, 2] long tensor, or None when there are none."""
     if heads is None or (isinstance(heads, (list, tuple)) and not heads):
         return None
-    tensor = torch.as_tensor(heads, dtype=torch.long)
+    # A copy: a tensor read from a memory-mapped file would keep the whole file mapped.
+    tensor = torch.as_tensor(heads, dtype=torch.long).clone()
     return tensor.reshape(-1, 2) if tensor.numel() else None
 
 
