@@ -91,6 +91,18 @@ def test_runtime_keeps_the_model_dtype_unless_told():
     assert Runtime(model, "float32").dtype == torch.float32 and model.dtype == torch.bfloat16
 
 
+def test_norms_through_the_matmuls_keep_no_float32_weights(tiny_en):
+    """The folded step's vectors (w g, w b) come from float32 copies of the weights; a result
+    tied to autograd would keep each copy alive (large-v3: 1.7 GB of GPU memory)."""
+    from whisperforge.runtime import norm_through
+
+    block = random_model(CONFIG).decoder.blocks[0]  # parameters that require gradients
+    assert block.mlp[0].weight.requires_grad
+    w_g, w_b, _ = norm_through(block.mlp[0].weight, block.mlp_ln)
+    assert w_g.grad_fn is None and w_b.grad_fn is None
+    assert not any(p.requires_grad for p in tiny_en.model.parameters())  # loaded for inference
+
+
 def test_encoder_and_cross_match_plain(setup):
     model, features = setup
     runtime = Runtime(model, "float32", max_windows=2)

@@ -1509,6 +1509,7 @@ def stream_config(x: Tensor, w: Tensor | QuantizedWeight) -> StreamConfig:
     return config
 
 
+@torch.no_grad()  # else autograd keeps each float32 weight for a backward (large-v3: 1.7 GB)
 def norm_through(w: Tensor, ln: nn.LayerNorm) -> tuple[Tensor, Tensor, float]:
     """(w g, w b, eps) in float32 for a layer norm (weight g, bias b) before the matmul by w
     [N, K] (or a quantize.QuantizedWeight): what `folded_linear` computes it with."""

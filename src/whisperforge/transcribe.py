@@ -180,7 +180,7 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     if device.type == "cpu":
         model = Whisper(checkpoint.config)
         model.load_state_dict(fuse_state_dict(checkpoint.state_dict), strict=True)
-        return model.to(dtype).eval()
+        return model.to(dtype).eval().requires_grad_(False)
     with torch.device("meta"):
         model = Whisper(checkpoint.config)
     state = {  # copies, so that the model never shares memory with the checkpoint
@@ -188,7 +188,7 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
         for name, tensor in checkpoint.state_dict.items()
     }
     model.load_state_dict(fuse_state_dict(state), strict=True, assign=True)
-    return model.eval()
+    return model.eval().requires_grad_(False)
 
 
 def release_freed_memory() -> None:
