@@ -175,7 +175,7 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     On the CPU it is built there and the weights are converted as they are copied in. Elsewhere
     it is built on the meta device and takes each weight converted where it will live, so the
     host holds only the loaded weights: built on the host in float32 first and then moved, it
-    peaked at 15 GB for large-v3. (Not so on the CPU: the meta device's random init is Python
+    peaked at 17 GB for large-v3. (Not so on the CPU: the meta device's random init is Python
     code whose first use imports some 800 modules, 70 MB for good.)"""
     if device.type == "cpu":
         model = Whisper(checkpoint.config)
