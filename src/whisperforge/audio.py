@@ -139,7 +139,9 @@ def to_float32(audio: np.ndarray) -> np.ndarray:
     kind = audio.dtype.kind
     if kind == "f":
         samples = audio.astype(np.float32, copy=False)
-        peak = float(np.abs(samples).max(initial=0.0))  # NaN and inf: load_audio's check
+        # max and -min, not abs: no second array the size of the audio. NaN and inf are
+        # load_audio's to report.
+        peak = max(float(samples.max(initial=0.0)), -float(samples.min(initial=0.0)))
         if np.isfinite(peak) and peak > MAX_FLOAT_PEAK:
             raise AudioError(
                 f"float audio samples lie in [-1, 1], but these peak at {peak:.0f}, as integer "
