@@ -46,13 +46,14 @@ def wer(references: list[str], hypotheses: list[str]) -> float:
     return jiwer.wer([normalize(r) for r in references], [normalize(h) for h in hypotheses])
 
 
-def plain_words(text: str) -> list[str]:
-    return "".join(c for c in text.lower() if c.isalnum() or c in " '").split()
+def plain_words(text: str) -> str:
+    """Lower-case words of letters, digits and apostrophes, one space apart."""
+    return " ".join("".join(c for c in text.lower() if c.isalnum() or c in " '").split())
 
 
 def plain_wer(reference: str, text: str) -> float:
     """Word error rate over plain words, with no package beyond Python (the GPU machine)."""
-    ref, hyp = plain_words(reference), plain_words(text)
+    ref, hyp = plain_words(reference).split(), plain_words(text).split()
     row = list(range(len(hyp) + 1))  # edit distances of ref[:i] to each prefix of hyp
     for i, r in enumerate(ref, 1):
         diagonal, row[0] = row[0], i

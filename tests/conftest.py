@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -10,35 +9,15 @@ from pathlib import Path
 
 import pytest
 
-DEV_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
+# The dev set and its scoring are the benchmarks' (benchmarks/devset.py), so that a test and a
+# benchmark read the manifest and count word errors alike.
+sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))  # after the packages
+import devset
+from devset import DEV_DIR, manifest, plain_wer, plain_words  # noqa: F401
+from devset import wer as english_wer  # noqa: F401
+
 JFK = DEV_DIR / "openai-whisper__jfk.flac"
-LONG_FILE = DEV_DIR / "derived__longform_en_amateur_LJ001-LJ003_prompts.flac"  # 19 minutes
-
-
-def manifest() -> list[dict]:
-    with open(DEV_DIR / "manifest.jsonl") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def plain_words(text: str) -> str:
-    """Lower-case words of letters, digits and apostrophes, one space apart."""
-    return " ".join("".join(c for c in text.lower() if c.isalnum() or c in " '").split())
-
-
-def plain_wer(reference: str, text: str) -> float:
-    import jiwer
-
-    return jiwer.wer(plain_words(reference), plain_words(text))
-
-
-def english_wer(references: list[str], hypotheses: list[str]) -> float:
-    """Word errors over all the references' words after openai-whisper's English normalizer,
-    as the benchmarks score (benchmarks/devset.py)."""
-    import jiwer
-    from whisper.normalizers import EnglishTextNormalizer
-
-    normalize = EnglishTextNormalizer()
-    return jiwer.wer([normalize(r) for r in references], [normalize(h) for h in hypotheses])
+LONG_FILE = DEV_DIR / devset.LONG_FILE  # 19 minutes
 
 
 def run_script(script: str, timeout: float = 300, **env: str) -> None:
