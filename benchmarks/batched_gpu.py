@@ -124,9 +124,11 @@ def turbo(audio: np.ndarray, minutes: float, batches: list[int], runs: int) -> N
     from gpu import hf_model
 
     from whisperforge import BatchedInferencePipeline
+    from whisperforge.presets import unfuse_state_dict
 
     model = turbo_model()
-    config, canonical = model.checkpoint.config, model.checkpoint.state_dict
+    # The model's own weights for HF: a loaded WhisperModel keeps no second copy of them.
+    config, canonical = model.checkpoint.config, unfuse_state_dict(model.model.state_dict())
     pipeline = BatchedInferencePipeline(model)
     total = int(minutes * 60 * SR)
     long = np.resize(audio, total)  # the recording repeated

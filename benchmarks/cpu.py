@@ -20,27 +20,33 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 from devset import DEV_DIR, manifest, short_english_clips, wer
-from engine_process import EngineProcess, Transcribe, faster_whisper, transcript, whisper_cpp
+from engine_process import (
+    EngineProcess,
+    Transcribe,
+    faster_whisper,
+    peer_weights,
+    transcript,
+    whisper_cpp,
+)
 
 ENGINES = [
     "whisperforge", "openai-whisper", "faster-whisper-float32", "faster-whisper-int8", "whisper.cpp"
 ]  # fmt: skip
 
 
-def engine(name: str, threads: int) -> tuple[Transcribe, dict]:
-    """The engine `name` as a function (audio array, beam_size) -> text, built in the process
-    that runs it (`EngineProcess`)."""
+def engine(name: str, threads: int, weights: str | None) -> tuple[Transcribe, dict]:
+    """The engine `name` as a function (audio array, beam_size) -> text, built on `weights`
+    (`peer_weights`) in the process that runs it (`EngineProcess`)."""
     if name.startswith("faster-whisper-"):
-        model = faster_whisper(name.removeprefix("faster-whisper-"), threads)
+        model = faster_whisper(name.removeprefix("faster-whisper-"), threads, weights)
         return partial(transcript, model), {}
     if name == "whisper.cpp":
-        return whisper_cpp(threads)
+        return whisper_cpp(threads, weights)
     if name == "whisperforge":
         from whisperforge import WhisperModel
 
@@ -48,11 +54,7 @@ def engine(name: str, threads: int) -> tuple[Transcribe, dict]:
         return partial(transcript, ours), {}
     import whisper  # openai-whisper, on the .pt our converter writes
 
-    from whisperforge.checkpoints import resolve_checkpoint, save_openai
-
-    path = Path(tempfile.mkdtemp()) / "tiny.en.pt"
-    save_openai(resolve_checkpoint("tiny.en"), path)
-    reference = whisper.load_model(str(path), device="cpu")
+    reference = whisper.load_model(weights, device="cpu")
 
     def transcribe(audio: np.ndarray, beam: int) -> str:
         options = {"beam_size": beam if beam > 1 else None, "best_of": 5}
@@ -80,8 +82,12 @@ def main() -> None:
     files = args.files or short_english_clips()
     audios = [load_audio(DEV_DIR / f) for f in files]
     seconds = sum(len(a) for a in audios) / 16000
-    built = {name: EngineProcess(partial(engine, name, args.threads), audios, args.threads)
-             for name in args.engines}  # fmt: skip
+    built = {
+        name: EngineProcess(
+            partial(engine, name, args.threads, peer_weights(name)), audios, args.threads
+        )
+        for name in args.engines
+    }
     print(
         f"{len(files)} files, {seconds:.1f} s of audio, {args.threads} threads, median of {args.runs}"
     )

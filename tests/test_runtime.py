@@ -103,6 +103,23 @@ def test_norms_through_the_matmuls_keep_no_float32_weights(tiny_en):
     assert not any(p.requires_grad for p in tiny_en.model.parameters())  # loaded for inference
 
 
+def test_a_cpu_transcription_does_not_import_triton():
+    """Triton serves a GPU (or its interpreter) only. PyTorch's CUDA wheels install it for CPU
+    users too, where importing it would hold ~50 MB for nothing."""
+    pytest.importorskip("triton")  # else there is nothing to keep out (CI)
+    if torch.cuda.device_count():
+        pytest.skip("a GPU is here: the runtime imports Triton for it")
+    run_script(f"""
+import sys
+from whisperforge import WhisperModel
+model = WhisperModel("tiny.en", device="cpu", compute_type="int8")
+text = "".join(s.text for s in model.transcribe({str(JFK)!r}, beam_size=1)[0])
+assert "country" in text, text
+assert "triton" not in sys.modules, "Triton was imported"
+print("ok")
+""")
+
+
 def test_encoder_and_cross_match_plain(setup):
     model, features = setup
     runtime = Runtime(model, "float32", max_windows=2)

@@ -65,13 +65,7 @@ from torch import Tensor, nn
 
 from .errors import InvalidOptionError
 from .model import Whisper
-from .runtime import StreamConfig, skinny_linear, tuned_config
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs: the torch kernels below serve
-    triton = None
+from .runtime import StreamConfig, skinny_linear, tl, triton, tuned_config  # triton: None on CPUs
 
 # name -> (activation dtype, None for the device's default; quantized weights, None for float)
 COMPUTE_TYPES: dict[str, tuple[torch.dtype | None, str | None]] = {

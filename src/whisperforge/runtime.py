@@ -62,15 +62,22 @@ from .model import AudioEncoder, CrossAttention, SelfAttention, Whisper, merge_h
 if TYPE_CHECKING:
     from .quantize import QuantizedWeight
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs: the runtime runs its plain torch path
-    triton = None
-try:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # no Triton, or one without grid dependency control: no PDL
-    gdc_wait = gdc_launch_dependents = None
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter, for tests
+
+# Triton runs only on a CUDA GPU or in its interpreter. Elsewhere it is not even imported:
+# PyTorch's CUDA wheels install it for CPU users too, and importing it holds ~50 MB of memory.
+# `device_count` asks NVML, so a process that forks workers has not initialized CUDA here.
+triton = tl = gdc_wait = gdc_launch_dependents = None
+if _INTERPRETED or torch.cuda.device_count() > 0:
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:  # no Triton: the runtime runs its plain torch path
+        pass
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:  # no Triton, or one without grid dependency control: no PDL
+        pass
 
 COMPUTE_TYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 BUCKETS = (64, 128, 256)  # past lengths a step graph covers; n_text_ctx is always the last
@@ -109,8 +116,6 @@ def encoder_blocks(
 
 
 # --- Triton kernels for the decode step (CUDA only; the torch path is their reference) ---------
-
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter, for tests
 
 # Programmatic dependent launch (Hopper and later): each step kernel is launched while the one
 # before it still runs, streams its weights into L2, and only then waits for its inputs. A
