@@ -36,7 +36,7 @@ from .audio import (
     log_mel_spectrogram,
     pad_or_trim,
 )
-from .decoding import DecodingResult, decode, detect_language
+from .decoding import DecodingResult, decode
 from .errors import InvalidOptionError, WhisperforgeError
 from .results import Segment, TranscriptionInfo
 from .timing import add_word_timestamps
@@ -50,6 +50,8 @@ from .transcribe import (
     good_enough,
     is_no_speech,
     split_segments,
+    window_tokenizer,
+    with_progress,
 )
 from .vad import VadOptions, Window, detect_speech_many, pack_windows
 
@@ -112,6 +114,7 @@ class BatchedInferencePipeline:
         batch_size: int | None = None,
         temperature: float | Iterable[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
         vad_parameters: VadOptions | dict | None = None,
+        log_progress: bool = False,
         **options,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         """Options as `WhisperModel.transcribe` (beam_size, word_timestamps, thresholds, ...).
@@ -120,8 +123,10 @@ class BatchedInferencePipeline:
         vad = self._vad(vad_parameters)
         size = batch_size or self.auto_batch_size()
         file = self._open(0, *self._read(audio, vad), language, task, options, vad, size)
-        assert file.result.info is not None
-        return self._in_order(file, options, size), file.result.info
+        info = file.result.info
+        assert info is not None
+        segments = self._in_order(file, options, size)
+        return (with_progress(segments, info.duration) if log_progress else segments), info
 
     def _in_order(self, file: _File, options: TranscriptionOptions, size: int) -> Iterator[Segment]:
         """One file's segments in time order, each packed window's as soon as it and the ones
@@ -291,9 +296,10 @@ class BatchedInferencePipeline:
         if language is None:
             language = "en"
             if model.is_multilingual and windows:
-                features = model.encode(self._mels(samples, windows[:1]))
-                languages, probs = detect_language(model.model, model.tokenizer, features)
-                language, language_probability = languages[0], probs[0][languages[0]]
+                mels = self._mels(samples, windows[: options.language_detection_segments])
+                language, language_probability, _ = model.language_of(
+                    mels, options.language_detection_threshold
+                )
         else:
             language = normalize_language(language, model.supported_languages)
         duration = len(samples) / SAMPLE_RATE
@@ -554,8 +560,9 @@ class BatchedInferencePipeline:
             regions = tuple(r for r in window.regions if r.end > start)
             rest = Window(start, window.end, regions)
         if options.word_timestamps:
+            tokenizer = window_tokenizer(file.tokenizer, result)
             add_word_timestamps(
-                segments, self.model.model, file.tokenizer, features, size,
+                segments, self.model.model, tokenizer, features, size,
                 self.model.alignment_heads, options.prepend_punctuations,
                 options.append_punctuations,
             )  # fmt: skip

@@ -451,6 +451,8 @@ def _transcribe_one(
     """Transcribe one file, showing progress and (when asked) the text as it arrives."""
     from tqdm import tqdm
 
+    from .transcribe import with_progress
+
     options: dict[str, Any] = {
         "language": args.language,
         "task": args.task,
@@ -479,27 +481,19 @@ def _transcribe_one(
             vad_filter=args.vad_filter,
             **options,
         )
-    total = round(info.duration, 2)
+    if header and (stdout_text or args.verbose):
+        print(f"==> {path} <==", flush=True)
     segments = []
-    with tqdm(
-        total=total,
-        desc=Path(path).name,
-        file=sys.stderr,
-        disable=not sys.stderr.isatty(),  # a bar in a log file is noise
-        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s [{elapsed}<{remaining}]",
-        leave=True,
-    ) as bar:
-        if header and (stdout_text or args.verbose):
-            tqdm.write(f"==> {path} <==", file=sys.stdout)
-        for segment in segments_iter:
-            segments.append(segment)
-            if args.verbose:
-                start, end = format_timestamp(segment.start), format_timestamp(segment.end)
-                tqdm.write(f"[{start} --> {end}] {segment.text.strip()}", file=sys.stdout)
-            elif stdout_text:
-                tqdm.write(segment.text.strip(), file=sys.stdout)  # the txt layout, streamed
-            bar.update(max(0.0, min(segment.end, total) - bar.n))
-        bar.update(total - bar.n)
+    # A bar in a log file is noise: shown only on a terminal.
+    for segment in with_progress(
+        segments_iter, info.duration, Path(path).name, sys.stderr.isatty()
+    ):
+        segments.append(segment)
+        if args.verbose:
+            start, end = format_timestamp(segment.start), format_timestamp(segment.end)
+            tqdm.write(f"[{start} --> {end}] {segment.text.strip()}", file=sys.stdout)
+        elif stdout_text:
+            tqdm.write(segment.text.strip(), file=sys.stdout)  # the txt layout, streamed
     sys.stdout.flush()
     return segments, {"language": info.language, "duration": info.duration}
 

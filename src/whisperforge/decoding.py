@@ -41,6 +41,11 @@ class DecodingOptions:
     suppress_blank: bool = True  # no blank or EOT as the first sampled token
     without_timestamps: bool = False
     max_initial_timestamp: float | None = 1.0
+    # faster-whisper's (CTranslate2's) additions. hotwords: words to favour, put in the prompt
+    # (where there is no prefix); the other two act on the tokens this window has sampled.
+    hotwords: str | None = None
+    repetition_penalty: float = 1.0  # > 1: each sampled token's score / penalty (CTRL's)
+    no_repeat_ngram_size: int = 0  # > 0: no n-gram of this size sampled twice
 
 
 @dataclass
@@ -125,6 +130,42 @@ class SuppressTokens(LogitFilter):
         if self._index is None or self._index.device != logits.device:  # not a copy a step
             self._index = torch.tensor(self.suppress, dtype=torch.long, device=logits.device)
         logits.index_fill_(1, self._index, -np.inf)
+
+
+@dataclass
+class RepetitionPenalty(LogitFilter):
+    """The repetition penalty of CTRL (arXiv:1909.05858), as faster-whisper applies it: the
+    score of every token sampled so far in this window is divided by `penalty` where it is
+    positive and multiplied by it where it is negative, once per distinct token."""
+
+    penalty: float
+    sample_begin: int
+
+    def apply(self, logits: Tensor, tokens: Tensor) -> None:
+        sampled = tokens[:, self.sample_begin :]
+        if sampled.shape[1]:
+            scores = logits.gather(1, sampled)
+            penalized = torch.where(scores < 0, scores * self.penalty, scores / self.penalty)
+            logits.scatter_(1, sampled, penalized)
+
+
+@dataclass
+class NoRepeatNgram(LogitFilter):
+    """No n-gram of `size` tokens sampled twice in this window: each token that would complete
+    an n-gram already sampled is ruled out."""
+
+    size: int
+    sample_begin: int
+
+    def apply(self, logits: Tensor, tokens: Tensor) -> None:
+        sampled = tokens[:, self.sample_begin :]
+        if sampled.shape[1] < self.size:
+            return
+        grams = sampled.unfold(1, self.size, 1)  # [B, n-grams, size]
+        current = sampled[:, sampled.shape[1] - self.size + 1 :]  # the last size - 1 tokens
+        repeats = (grams[:, :, :-1] == current[:, None, :]).all(dim=-1)
+        rows, starts = repeats.nonzero(as_tuple=True)
+        logits[rows, grams[rows, starts, -1]] = -np.inf
 
 
 @dataclass
@@ -407,7 +448,7 @@ def suppress_token_list(
 def initial_tokens(
     tokenizer: Tokenizer, options: DecodingOptions, n_text_ctx: int, sample_len: int
 ) -> list[int]:
-    """[<|startofprev|> prompt...] <|startoftranscript|> [lang task] [<|notimestamps|>] [prefix...]"""
+    """[<|startofprev|> hotwords... prompt...] <|startoftranscript|> [lang task] [<|notimestamps|>] [prefix...]"""
     sot_sequence = (
         tokenizer.sot_sequence_including_notimestamps
         if options.without_timestamps
@@ -421,12 +462,20 @@ def initial_tokens(
         )
         max_prefix_len = n_text_ctx // 2 - sample_len
         tokens += prefix_tokens[-max_prefix_len:] if max_prefix_len > 0 else prefix_tokens
-    if options.prompt:
+    # The context before <|startoftranscript|>: hotwords (unless a prefix is given, as in
+    # faster-whisper), then as much of the prompt's end as fits in half the text context.
+    room = n_text_ctx // 2 - 1
+    context = []
+    if options.hotwords and not options.prefix:
+        context = tokenizer.encode(" " + options.hotwords.strip())[:room]
+    if options.prompt and len(context) < room:
         prompt = options.prompt
         prompt_tokens = (
             tokenizer.encode(" " + prompt.strip()) if isinstance(prompt, str) else list(prompt)
         )
-        tokens = [tokenizer.sot_prev] + prompt_tokens[-(n_text_ctx // 2 - 1) :] + tokens
+        context += prompt_tokens[-(room - len(context)) :]
+    if context:
+        tokens = [tokenizer.sot_prev] + context + tokens
     return tokens
 
 
@@ -439,6 +488,10 @@ def validate_options(options: DecodingOptions) -> None:
         raise InvalidOptionError("patience requires beam_size to be given")
     if options.length_penalty is not None and not 0 <= options.length_penalty <= 1:
         raise InvalidOptionError("length_penalty (alpha) should be a value between 0 and 1")
+    if options.repetition_penalty <= 0:
+        raise InvalidOptionError("repetition_penalty must be above 0 (1 leaves scores as they are)")
+    if options.no_repeat_ngram_size < 0:
+        raise InvalidOptionError("no_repeat_ngram_size must be 0 (off) or more")
 
 
 @torch.inference_mode()
@@ -524,6 +577,10 @@ def _decode(
         padding = torch.tensor(pad, device=audio_features.device).repeat_interleave(n_group)
 
     filters: list[LogitFilter] = []
+    if options.repetition_penalty != 1:  # first, as CTranslate2 does: on the model's scores
+        filters.append(RepetitionPenalty(options.repetition_penalty, sample_begin))
+    if options.no_repeat_ngram_size > 0:
+        filters.append(NoRepeatNgram(options.no_repeat_ngram_size, sample_begin))
     if options.suppress_blank:
         filters.append(SuppressBlank(tokenizer, sample_begin))
     if options.suppress_tokens:

@@ -31,7 +31,13 @@ from .audio import (
     pad_or_trim,
 )
 from .checkpoints import Checkpoint, resolve_checkpoint
-from .decoding import DecodingOptions, DecodingResult, decode, detect_language
+from .decoding import (
+    DecodingOptions,
+    DecodingResult,
+    decode,
+    detect_language,
+    validate_options,
+)
 from .errors import InvalidOptionError
 from .export import is_export_folder, load_onnx_export
 from .model import Whisper, fuse_state_dict
@@ -71,6 +77,14 @@ class TranscriptionOptions:
     clip_timestamps: tuple[float, ...] = ()
     hallucination_silence_threshold: float | None = None
     max_new_tokens: int | None = None  # tokens per window; default half the text context
+    # faster-whisper's additions: words to favour, repetition controls (`DecodingOptions`),
+    # each window's own language, and how the file's language is found (`language_of`).
+    hotwords: str | None = None
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    multilingual: bool = False
+    language_detection_threshold: float = 0.5
+    language_detection_segments: int = 1
 
     @classmethod
     def from_arguments(
@@ -108,15 +122,21 @@ class TranscriptionOptions:
         )
         if options.beam_size < 1 or options.best_of < 1:
             raise InvalidOptionError("beam_size and best_of must be at least 1")
+        if options.language_detection_segments < 1:
+            raise InvalidOptionError("language_detection_segments must be at least 1")
+        if not 0 <= options.language_detection_threshold <= 1:
+            raise InvalidOptionError("language_detection_threshold is a probability, 0 to 1")
+        validate_options(options.decoding_options(0.0, "en", "transcribe", []))  # now, not lazily
         return options
 
     def decoding_options(
         self, temperature: float, language: str, task: str, prompt: list[int]
     ) -> DecodingOptions:
-        """One window's decode at one temperature: beams at 0, best-of sampling above."""
+        """One window's decode at one temperature: beams at 0, best-of sampling above.
+        `multilingual`: no language, so that the decode detects the window's own."""
         return DecodingOptions(
             task=task,
-            language=language,
+            language=None if self.multilingual else language,
             temperature=temperature,
             beam_size=self.beam_size if temperature == 0 and self.beam_size > 1 else None,
             patience=self.patience if temperature == 0 and self.beam_size > 1 else None,
@@ -129,6 +149,9 @@ class TranscriptionOptions:
             without_timestamps=self.without_timestamps,
             max_initial_timestamp=self.max_initial_timestamp,
             sample_len=self.max_new_tokens,
+            hotwords=self.hotwords,
+            repetition_penalty=self.repetition_penalty,
+            no_repeat_ngram_size=self.no_repeat_ngram_size,
         )
 
 
@@ -308,15 +331,41 @@ class WhisperModel:
                 return self.runtime.encoder(mel).clone()
             return self.model.encoder(mel.to(device=self.device, dtype=self.dtype))
 
-    def detect_language(self, audio: AudioInput) -> tuple[str, float, list[tuple[str, float]]]:
-        """Language of the first 30 s: (code, probability, all (code, probability) best first)."""
+    def detect_language(
+        self,
+        audio: AudioInput,
+        language_detection_segments: int = 1,
+        language_detection_threshold: float = 0.5,
+    ) -> tuple[str, float, list[tuple[str, float]]]:
+        """The audio's language: (code, probability, all (code, probability) best first), from
+        its first 30 s, or from up to `language_detection_segments` windows (`language_of`)."""
         mel = log_mel_spectrogram(
             load_audio(audio), self.checkpoint.config.n_mels, N_SAMPLES, self.device
         )
-        features = self.encode(pad_or_trim(mel, N_FRAMES)[None])
-        _, all_probs = detect_language(self.model, self.tokenizer, features)
-        ranked = sorted(all_probs[0].items(), key=lambda item: item[1], reverse=True)
-        return ranked[0][0], ranked[0][1], ranked
+        return self.language_of(
+            leading_windows(mel, language_detection_segments), language_detection_threshold
+        )
+
+    def language_of(
+        self, windows: Iterable[Tensor], threshold: float = 0.5
+    ) -> tuple[str, float, list[tuple[str, float]]]:
+        """faster-whisper's rule over 30 s windows of mel [n_mels, N_FRAMES], in order: the first
+        window whose likeliest language has a probability above `threshold` decides; if none
+        does, the language most windows put first, with its highest probability there.
+        Returns (code, probability, the deciding or last window's (code, probability) list)."""
+        if not self.is_multilingual:
+            return "en", 1.0, [("en", 1.0)]
+        votes: dict[str, list[float]] = {}
+        ranked: list[tuple[str, float]] = []
+        for mel in windows:
+            _, probs = detect_language(self.model, self.tokenizer, self.encode(mel[None]))
+            ranked = sorted(probs[0].items(), key=lambda item: item[1], reverse=True)
+            language, probability = ranked[0]
+            if probability > threshold:
+                return language, probability, ranked
+            votes.setdefault(language, []).append(probability)
+        language = max(votes, key=lambda code: len(votes[code]))  # ties: the earliest window's
+        return language, max(votes[language]), ranked
 
     def transcribe(
         self,
@@ -348,11 +397,23 @@ class WhisperModel:
         max_new_tokens: int | None = None,
         vad_filter: bool = False,
         vad_parameters: VadOptions | dict | None = None,
+        hotwords: str | None = None,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+        multilingual: bool = False,
+        language_detection_threshold: float = 0.5,
+        language_detection_segments: int = 1,
+        log_progress: bool = False,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         """Transcribe audio (a path, bytes, a file object or a 16 kHz mono float array).
 
         Returns a lazy generator of segments and the `TranscriptionInfo` (language, duration).
-        Long-form semantics are openai-whisper's; `beam_size=1` is greedy decoding.
+        Long-form semantics are openai-whisper's; `beam_size=1` is greedy decoding. The options
+        faster-whisper adds: `hotwords` (words to favour, in the prompt unless a `prefix` is
+        given), `repetition_penalty` and `no_repeat_ngram_size` (on each window's sampled
+        tokens; on a GPU they run the step loop on the host), `multilingual` (each window in
+        its own language), the language found over `language_detection_segments` windows (see
+        `language_of`), and `log_progress` (a bar of the audio done, on stderr).
         """
         options = TranscriptionOptions.from_arguments(
             beam_size=beam_size,
@@ -378,9 +439,16 @@ class WhisperModel:
             clip_timestamps=clip_timestamps,
             hallucination_silence_threshold=hallucination_silence_threshold,
             max_new_tokens=max_new_tokens,
+            hotwords=hotwords,
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            multilingual=multilingual,
+            language_detection_threshold=language_detection_threshold,
+            language_detection_segments=language_detection_segments,
         )
         steps, info = self.long_form(audio, language, task, options, vad_filter, vad_parameters)
-        return self.decode_sequentially(steps), info
+        segments = self.decode_sequentially(steps)
+        return (with_progress(segments, info.duration) if log_progress else segments), info
 
     def long_form(
         self,
@@ -427,16 +495,11 @@ class WhisperModel:
         all_language_probs = None
         language_probability = 1.0
         if language is None:
-            if self.is_multilingual:
-                features = self.encode(pad_or_trim(mel, N_FRAMES)[None])
-                languages, probs = detect_language(self.model, self.tokenizer, features)
-                language = languages[0]
-                all_language_probs = sorted(
-                    probs[0].items(), key=lambda item: item[1], reverse=True
-                )
-                language_probability = probs[0][language]
-            else:
-                language = "en"
+            windows = leading_windows(mel, options.language_detection_segments)
+            language, language_probability, ranked = self.language_of(
+                windows, options.language_detection_threshold
+            )
+            all_language_probs = ranked if self.is_multilingual else None
         info = TranscriptionInfo(
             language=language,
             language_probability=language_probability,
@@ -580,7 +643,7 @@ class WhisperModel:
                 add_word_timestamps(
                     current,
                     self.model,
-                    tokenizer,
+                    window_tokenizer(tokenizer, result),
                     audio_features,
                     segment_size,
                     self.alignment_heads,
@@ -621,6 +684,41 @@ class WhisperModel:
                     segment.id = segment_id
                     segment_id += 1
                     yield segment if timeline is None else restore_times(segment, timeline)
+
+
+def with_progress(
+    segments: Iterable[Segment], duration: float, name: str | None = None, shown: bool = True
+) -> Iterator[Segment]:
+    """`segments` as they come, with a bar on stderr of the seconds of audio done so far."""
+    from tqdm import tqdm
+
+    total = round(duration, 2)
+    with tqdm(
+        total=total,
+        desc=name,
+        file=sys.stderr,
+        disable=not shown,
+        bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s [{elapsed}<{remaining}]",
+    ) as bar:
+        for segment in segments:
+            bar.update(max(0.0, min(segment.end, total) - bar.n))
+            yield segment
+        bar.update(total - bar.n)
+
+
+def leading_windows(mel: Tensor, count: int) -> Iterator[Tensor]:
+    """The first `count` 30 s windows of a long-form mel (the audio's, then 30 s of zeros), each
+    padded to N_FRAMES; at least one, however short the audio."""
+    content_frames = max(mel.shape[-1] - N_FRAMES, 1)
+    for seek in range(0, content_frames, N_FRAMES)[:count]:
+        yield pad_or_trim(mel[:, seek : seek + N_FRAMES], N_FRAMES)
+
+
+def window_tokenizer(tokenizer: Tokenizer, result: DecodingResult) -> Tokenizer:
+    """The tokenizer of the language a window was decoded in (`multilingual`: its own)."""
+    if result.language is None or result.language == tokenizer.language:
+        return tokenizer
+    return tokenizer.with_options(result.language, tokenizer.task)
 
 
 def good_enough(result: DecodingResult, options: TranscriptionOptions) -> bool:

