@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import srt
-from conftest import JFK
+from conftest import DEV_DIR, JFK
 
 from whisperforge import Segment, TranscriptionInfo, WhisperModel, cli
 from whisperforge.writers import FORMATS
@@ -96,6 +96,14 @@ def test_verbose_prints_timed_segments(model, capsys):
 def test_batched_and_vad_modes(model, mode, capsys):
     assert cli.main(["transcribe", str(JFK), *FAST, *mode, "--verbose"]) == 0
     assert JFK_WORDS in capsys.readouterr().out.lower()
+
+
+@pytest.mark.parametrize("mode", [[], ["--batch-size", "4"]])
+def test_hotwords_spell_the_names(model, mode, capsys):
+    clip = DEV_DIR / "coqui-tts-ljspeech__LJ001-0031.wav"  # tiny.en alone: "Subiakal"
+    args = ["transcribe", str(clip), *FAST, *mode, "--hotwords", "Sweynheim, Pannartz, Subiaco"]
+    assert cli.main(args) == 0
+    assert "Sweynheim and Pannartz" in capsys.readouterr().out
 
 
 def test_batched_mode_refuses_sequential_only_options(model, capsys):

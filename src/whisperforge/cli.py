@@ -123,6 +123,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="text that conditions the first window (names, spelling, style)",
     )
     decode.add_argument(
+        "--hotwords",
+        metavar="TEXT",
+        default=None,
+        help="words to favour, e.g. names to spell right (put in every window's prompt)",
+    )
+    decode.add_argument(
+        "--repetition-penalty",
+        metavar="P",
+        type=float,
+        default=1.0,
+        help="above 1: each token a window has sampled scores lower (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--no-repeat-ngram-size",
+        metavar="N",
+        type=int,
+        default=0,
+        help="no N tokens in a row twice within a window; 0: off (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--multilingual",
+        action="store_true",
+        help="detect each 30 s window's language, for speech that changes language",
+    )
+    decode.add_argument(
         "--condition-on-previous-text",
         default=None,
         action=argparse.BooleanOptionalAction,
@@ -461,6 +486,10 @@ def _transcribe_one(
         "temperature": temperature_ladder(args.temperature, args.temperature_increment_on_fallback),
         "initial_prompt": args.initial_prompt,
         "word_timestamps": args.word_timestamps,
+        "hotwords": args.hotwords,
+        "repetition_penalty": args.repetition_penalty,
+        "no_repeat_ngram_size": args.no_repeat_ngram_size,
+        "multilingual": args.multilingual,
     }
     if args.batch_size is not None:
         from .batched import BatchedInferencePipeline
