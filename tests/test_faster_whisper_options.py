@@ -174,3 +174,13 @@ def test_log_progress_draws_a_bar_and_changes_nothing(tiny_en, capfd):
     shown = [s.text for s in tiny_en.transcribe(JFK, beam_size=1, log_progress=True)[0]]
     assert shown == plain
     assert "100%" in capfd.readouterr().err
+
+
+def test_the_names_faster_whisper_exports():
+    from whisperforge import available_models, decode_audio, format_timestamp
+
+    assert {"tiny.en", "base", "large-v3", "large-v3-turbo", "distil-large-v3"} <= set(
+        available_models()
+    )
+    assert format_timestamp(3661.5, always_include_hours=True, decimal_marker=",") == "01:01:01,500"
+    assert decode_audio(JFK).shape == (176000,)

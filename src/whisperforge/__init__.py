@@ -2,6 +2,7 @@
 
 from .audio import decode_audio, load_audio
 from .batched import BatchedInferencePipeline
+from .checkpoints import available_models
 from .errors import (
     AudioError,
     InvalidOptionError,
@@ -11,6 +12,7 @@ from .errors import (
 )
 from .results import Segment, TranscriptionInfo, Word
 from .transcribe import TranscriptionOptions, WhisperModel
+from .writers import format_timestamp
 
 __version__ = "0.1.0"
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "WhisperModel",
     "WhisperforgeError",
     "Word",
+    "available_models",
     "decode_audio",
+    "format_timestamp",
     "load_audio",
 ]

