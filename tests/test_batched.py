@@ -79,6 +79,41 @@ def test_bad_options_are_refused(pipeline):
         pipeline.transcribe(load_audio(JFK), batch_size=0)
     with pytest.raises(InvalidOptionError):
         pipeline.transcribe(load_audio(JFK), no_such_option=1)
+    with pytest.raises(InvalidOptionError, match="repetition_penalty"):  # checked as transcribe's
+        pipeline.transcribe(load_audio(JFK), repetition_penalty=0)
+    with pytest.raises(InvalidOptionError, match="clip_timestamps"):  # one file's, not many's
+        list(pipeline.transcribe_many([JFK], clip_timestamps="0,5"))
+    for clips in (
+        "5,2",
+        [{"start": 0}],
+        [{"start": 0, "end": 9 * SR}, {"start": 5 * SR, "end": 6 * SR}],
+    ):
+        with pytest.raises(InvalidOptionError, match="clip_timestamps"):
+            pipeline.transcribe(load_audio(JFK), clip_timestamps=clips)
+
+
+@pytest.mark.parametrize(
+    "clips",
+    ["0,3.5", [0.0, 3.5], [{"start": 0, "end": int(3.5 * SR)}]],
+    ids=["str", "seconds", "dicts"],
+)
+def test_clip_timestamps_choose_the_windows(pipeline, clips):
+    """faster-whisper's batched form (samples) and transcribe's (seconds): the first 3.5 s of
+    JFK ("And so my fellow Americans"), not what follows."""
+    segments, _ = pipeline.transcribe(JFK, clip_timestamps=clips, beam_size=1)
+    text = " ".join(s.text for s in segments).lower()
+    assert "fellow americans" in text and "country" not in text
+    assert all(s.end <= 3.6 for s in segments)
+
+
+def test_without_vad_the_audio_is_cut_into_30_s_windows(pipeline):
+    jfk = load_audio(JFK)
+    audio = np.concatenate([jfk, np.zeros(25 * SR, np.float32), jfk])  # JFK at 0 and at 36 s
+    segments, _ = pipeline.transcribe(audio, vad_filter=False, beam_size=1)
+    segments = list(segments)
+    text = " ".join(s.text for s in segments).lower()
+    assert text.count("fellow americans") == 2, text
+    assert segments[0].start < 1 and segments[-1].end <= 48
 
 
 def test_many_files_share_batches_and_keep_their_order(pipeline):

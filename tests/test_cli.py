@@ -106,10 +106,17 @@ def test_hotwords_spell_the_names(model, mode, capsys):
     assert "Sweynheim and Pannartz" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("mode", [[], ["--batch-size", "4"]])
+def test_clip_timestamps_in_both_modes(model, mode, capsys):
+    assert cli.main(["transcribe", str(JFK), *FAST, *mode, "--clip-timestamps", "0,3.5"]) == 0
+    out = capsys.readouterr().out.lower()
+    assert "fellow americans" in out and "country" not in out
+
+
 def test_batched_mode_refuses_sequential_only_options(model, capsys):
-    args = ["transcribe", str(JFK), "--batch-size", "4", "--clip-timestamps", "0,5"]
+    args = ["transcribe", str(JFK), "--batch-size", "4", "--hallucination-silence-threshold", "2"]
     assert cli.main(args) != 0
-    assert "--clip-timestamps" in capsys.readouterr().err
+    assert "--hallucination-silence-threshold" in capsys.readouterr().err
 
 
 def test_output_dir_writes_all_formats(model, tmp_path, capsys):

@@ -49,11 +49,12 @@ from .transcribe import (
     WindowResult,
     good_enough,
     is_no_speech,
+    parse_clip_timestamps,
     split_segments,
     window_tokenizer,
     with_progress,
 )
-from .vad import VadOptions, Window, detect_speech_many, pack_windows
+from .vad import SpeechRegion, VadOptions, Window, detect_speech_many, pack_windows
 
 # Batched mode's VAD: short pauses split regions, regions never exceed a window.
 BATCHED_VAD = VadOptions(max_speech_duration_s=30, min_silence_duration_ms=160)
@@ -114,15 +115,28 @@ class BatchedInferencePipeline:
         batch_size: int | None = None,
         temperature: float | Iterable[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
         vad_parameters: VadOptions | dict | None = None,
+        vad_filter: bool = True,
+        clip_timestamps: str | Iterable[float] | Iterable[dict] | None = None,
         log_progress: bool = False,
         **options,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         """Options as `WhisperModel.transcribe` (beam_size, word_timestamps, thresholds, ...).
-        `batch_size=None` picks the largest batch that fits the device's free memory."""
+        `batch_size=None` picks the largest batch that fits the device's free memory.
+
+        The windows come from the VAD, or from `clip_timestamps` where given: faster-whisper's
+        list of {"start": sample, "end": sample}, or `transcribe`'s seconds "start,end,...".
+        With `vad_filter=False` and no clips, the audio is cut into 30 s windows as it is."""
         options = self._options(language, task, batch_size, temperature, options)
         vad = self._vad(vad_parameters)
         size = batch_size or self.auto_batch_size()
-        file = self._open(0, *self._read(audio, vad), language, task, options, vad, size)
+        samples = load_audio(audio)
+        if clip_timestamps is not None:
+            windows = pack_windows(clip_regions(clip_timestamps, len(samples)))
+        elif vad_filter:
+            windows = self._windows([samples], vad)[0]
+        else:
+            windows = pack_windows([SpeechRegion(0, len(samples))] if len(samples) else [])
+        file = self._open(0, samples, windows, language, task, options, vad, size)
         info = file.result.info
         assert info is not None
         segments = self._in_order(file, options, size)
@@ -211,7 +225,12 @@ class BatchedInferencePipeline:
     ) -> TranscriptionOptions:
         if batch_size is not None and batch_size < 1:
             raise InvalidOptionError("batch_size must be at least 1 (or None to pick one)")
-        unknown = set(options) - {f.name for f in fields(TranscriptionOptions)}
+        # clip_timestamps: `transcribe`'s own argument (windows), not one for many files.
+        accepted = {f.name for f in fields(TranscriptionOptions)} - {
+            "temperatures",
+            "clip_timestamps",
+        }
+        unknown = set(options) - accepted
         if unknown:
             raise InvalidOptionError(
                 f"unknown option(s) for batched transcription: {sorted(unknown)}"
@@ -220,23 +239,14 @@ class BatchedInferencePipeline:
             raise InvalidOptionError("this model is English-only and cannot translate")
         if language is not None:
             normalize_language(language, self.model.supported_languages)
-        temperatures = (
-            (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
-        )
-        if not temperatures:
-            raise InvalidOptionError("temperature needs at least one value")
         options.setdefault("condition_on_previous_text", False)  # the throughput mode
-        return TranscriptionOptions(temperatures=temperatures, **options)
+        return TranscriptionOptions.from_arguments(temperature=temperature, **options)
 
     @staticmethod
     def _vad(parameters: VadOptions | dict | None) -> VadOptions:
         if isinstance(parameters, dict):
             return VadOptions(**{**BATCHED_VAD.__dict__, **parameters})
         return parameters or BATCHED_VAD
-
-    def _read(self, audio: AudioInput, vad: VadOptions) -> tuple[np.ndarray, list[Window]]:
-        samples = load_audio(audio)
-        return samples, self._windows([samples], vad)[0]
 
     def _windows(self, audios: list[np.ndarray], vad: VadOptions) -> list[list[Window]]:
         """Each file's speech packed into windows. The VAD runs on the model's device: on a GPU
@@ -600,6 +610,31 @@ class _Chain:
             yield self.file, self.index, segments, False
         elif segments:
             yield self.file, self.index, segments, True
+
+
+def clip_regions(
+    clips: str | Iterable[float] | Iterable[dict], n_samples: int
+) -> list[SpeechRegion]:
+    """The stretches of audio `clip_timestamps` names, in samples, within the audio: from
+    faster-whisper's batched form ({"start": sample, "end": sample} each) or from `transcribe`'s
+    seconds "start,end,start,..." (an odd last start runs to the end)."""
+    clips = list(clips) if not isinstance(clips, str) else clips
+    if clips and all(isinstance(c, dict) for c in clips):
+        try:
+            spans = [(int(c["start"]), int(c["end"])) for c in clips]
+        except (KeyError, TypeError, ValueError):
+            raise InvalidOptionError(
+                'clip_timestamps as dicts need "start" and "end" sample numbers'
+            ) from None
+    else:
+        seconds = [round(t * SAMPLE_RATE) for t in parse_clip_timestamps(clips)]
+        spans = list(zip(seconds[::2], [*seconds[1::2], n_samples]))
+    regions = [SpeechRegion(max(start, 0), min(end, n_samples)) for start, end in spans]
+    if any(r.start >= r.end for r in regions) or any(b.start < a.end for a, b in pairwise(regions)):
+        raise InvalidOptionError(
+            "clip_timestamps must be stretches of the audio in order, each ending after it starts"
+        )
+    return regions
 
 
 def chains(windows: list[Window], count: int) -> list[Window]:

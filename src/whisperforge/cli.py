@@ -499,6 +499,7 @@ def _transcribe_one(
             path,
             batch_size=args.batch_size,
             condition_on_previous_text=bool(args.condition_on_previous_text),
+            clip_timestamps=None if args.clip_timestamps == "0" else args.clip_timestamps,
             **options,
         )
     else:
@@ -538,7 +539,6 @@ def run_transcribe(args: argparse.Namespace) -> int:
     if any(word_options):
         args.word_timestamps = True  # these work on word timings; openai-whisper makes you ask
     sequential_only = {
-        "--clip-timestamps": args.clip_timestamps != "0",
         "--hallucination-silence-threshold": args.hallucination_silence_threshold is not None,
         "--vad-filter": args.vad_filter,  # batched mode always uses VAD
     }

@@ -102,18 +102,9 @@ class TranscriptionOptions:
         )
         if not temperatures:
             raise InvalidOptionError("temperature needs at least one value")
-        if isinstance(clip_timestamps, str):
-            try:
-                clips = tuple(float(t) for t in clip_timestamps.split(",") if t.strip())
-            except ValueError:
-                raise InvalidOptionError(
-                    f"clip_timestamps {clip_timestamps!r} must be comma-separated seconds, e.g. '0,10,20'"
-                ) from None
-        else:
-            clips = tuple(clip_timestamps)
         options = cls(
             temperatures=temperatures,
-            clip_timestamps=clips,
+            clip_timestamps=parse_clip_timestamps(clip_timestamps),
             initial_prompt=initial_prompt
             if isinstance(initial_prompt, (str, type(None)))
             else list(initial_prompt),
@@ -153,6 +144,18 @@ class TranscriptionOptions:
             repetition_penalty=self.repetition_penalty,
             no_repeat_ngram_size=self.no_repeat_ngram_size,
         )
+
+
+def parse_clip_timestamps(clips: str | Iterable[float]) -> tuple[float, ...]:
+    """openai-whisper's clip_timestamps, "start,end,start,..." seconds (or the numbers)."""
+    try:
+        if isinstance(clips, str):
+            return tuple(float(t) for t in clips.split(",") if t.strip())
+        return tuple(float(t) for t in clips)
+    except (TypeError, ValueError):
+        raise InvalidOptionError(
+            f"clip_timestamps {clips!r} must be seconds, start,end,start,... e.g. '0,10,20'"
+        ) from None
 
 
 @dataclass
