@@ -89,6 +89,15 @@ def assert_openai_error(response, status: int, param: str | None) -> dict:
 # --- formats ----------------------------------------------------------------------------------
 
 
+def test_hotwords_field_spells_the_names(client):
+    """An extension to OpenAI's fields (as faster-whisper servers take it)."""
+    clip = DEV_DIR / "coqui-tts-ljspeech__LJ001-0031.wav"  # tiny.en alone: "Subiakal"
+    files = {"file": (clip.name, clip.read_bytes(), "audio/wav")}
+    plain = post(client, {"model": "tiny.en"}, files).json()["text"]
+    hinted = post(client, {"model": "tiny.en", "hotwords": "Sweynheim, Pannartz, Subiaco"}, files)
+    assert "Subiaco" not in plain and "Sweynheim and Pannartz" in hinted.json()["text"]
+
+
 def test_response_formats(client):
     body = post(client, {"model": "tiny.en"}, jfk_file()).json()
     assert plain_wer(JFK_TEXT, body["text"]) < 0.1

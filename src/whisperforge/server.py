@@ -493,6 +493,8 @@ class App:
                            "translate; serve a multilingual model (e.g. --model base)",
                            "model")  # fmt: skip
         prompt = _text_field(form, "prompt") or None
+        # Beyond OpenAI's fields, as faster-whisper-based servers take it: words to favour.
+        hotwords = _text_field(form, "hotwords") or None
 
         data = await upload.read()
         if not data:
@@ -513,7 +515,7 @@ class App:
         options = {
             "language": language, "task": task, "beam_size": self.config.beam_size,
             "temperature": temperature_ladder(temperature), "initial_prompt": prompt,
-            "word_timestamps": words,
+            "hotwords": hotwords, "word_timestamps": words,
         }  # fmt: skip
         return ParsedRequest(audio, response_format, stream, words, options)
 
