@@ -184,3 +184,22 @@ def test_the_names_faster_whisper_exports():
     )
     assert format_timestamp(3661.5, always_include_hours=True, decimal_marker=",") == "01:01:01,500"
     assert decode_audio(JFK).shape == (176000,)
+
+
+def test_split_stereo_gives_each_talker_alone(tiny_en):
+    """faster-whisper's stereo file: one talker a channel. Mixed, tiny.en garbles both."""
+    from whisperforge import decode_audio
+    from whisperforge.audio import read_pcm_wav
+
+    path = DEV_DIR / "faster-whisper__stereo_diarization.wav"
+    left, right = decode_audio(path, split_stereo=True)
+    assert left.shape == right.shape and not np.array_equal(left, right)
+    texts = [
+        plain_words("".join(s.text for s in tiny_en.transcribe(channel, beam_size=1)[0]))
+        for channel in (left, right)
+    ]
+    assert "confused complaint against the wizard" in texts[0], texts[0]
+    assert "horizon seems extremely distant" in texts[1], texts[1]
+    assert decode_audio(path, sampling_rate=8000).shape[0] == len(left) // 2
+    without_pyav = read_pcm_wav(path, split_stereo=True)  # a 16 kHz PCM file: the same samples
+    assert all(np.array_equal(a, b) for a, b in zip(without_pyav, (left, right)))

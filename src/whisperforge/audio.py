@@ -30,11 +30,16 @@ FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100
 AudioInput = str | Path | bytes | bytearray | memoryview | BinaryIO | np.ndarray | torch.Tensor
 
 
-def decode_audio(source: str | Path | bytes | bytearray | memoryview | BinaryIO) -> np.ndarray:
-    """Decode a file, bytes or file object (any container FFmpeg reads, video included) to 16 kHz
-    mono float32. Packets that fail to decode are skipped with a warning, as the ffmpeg command
-    line does, so a damaged or cut-off recording still gives the audio it holds. Without PyAV,
-    only 16 kHz PCM WAV is read (`read_pcm_wav`)."""
+def decode_audio(
+    source: str | Path | bytes | bytearray | memoryview | BinaryIO,
+    sampling_rate: int = SAMPLE_RATE,
+    split_stereo: bool = False,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Decode a file, bytes or file object (any container FFmpeg reads, video included) to mono
+    float32 at `sampling_rate` (16 kHz, Whisper's), or with `split_stereo` to its (left, right)
+    channels, as faster-whisper's `decode_audio`. Packets that fail to decode are skipped with
+    a warning, as the ffmpeg command line does, so a damaged or cut-off recording still gives
+    the audio it holds. Without PyAV, only PCM WAV at `sampling_rate` is read (`read_pcm_wav`)."""
     name = str(source) if isinstance(source, (str, Path)) else "<audio bytes>"
     if isinstance(source, (str, Path)):
         path = Path(source)
@@ -61,10 +66,11 @@ def decode_audio(source: str | Path | bytes | bytearray | memoryview | BinaryIO)
     try:
         import av  # imported here: PyAV is optional where audio comes in as arrays
     except ImportError:  # a slim install, e.g. a GPU box without FFmpeg's libraries
-        return read_pcm_wav(source, name)
+        return read_pcm_wav(source, name, sampling_rate, split_stereo)
 
     # s16 like the ffmpeg command line that openai-whisper runs, so the samples agree with it.
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+    layout = "stereo" if split_stereo else "mono"
+    resampler = av.AudioResampler(format="s16", layout=layout, rate=sampling_rate)
     chunks: list[np.ndarray] = []  # one small array per frame: appending is O(1), joined once
     n_packets = n_bad = 0
     try:
@@ -102,12 +108,20 @@ def decode_audio(source: str | Path | bytes | bytearray | memoryview | BinaryIO)
         )
     samples = np.concatenate(chunks, dtype=np.float32)  # straight to float32: no int16 copy
     samples *= 1.0 / 32768.0
+    if split_stereo:  # s16 stereo comes interleaved: left, right, left, ...
+        return samples[0::2], samples[1::2]
     return samples
 
 
-def read_pcm_wav(source: str | Path | BinaryIO, name: str = "<audio>") -> np.ndarray:
-    """16 kHz PCM WAV (8, 16 or 32-bit, channels averaged) to mono float32 with the standard
-    library's `wave`, for installs without PyAV. Anything else needs PyAV."""
+def read_pcm_wav(
+    source: str | Path | BinaryIO,
+    name: str = "<audio>",
+    sampling_rate: int = SAMPLE_RATE,
+    split_stereo: bool = False,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """PCM WAV at `sampling_rate` (8, 16 or 32-bit, channels averaged; or its first two as
+    (left, right), a mono file's twice) to float32 with the standard library's `wave`, for
+    installs without PyAV. Anything else needs PyAV."""
     try:
         with wave.open(str(source) if isinstance(source, Path) else source, "rb") as wav:
             rate, channels, width = wav.getframerate(), wav.getnchannels(), wav.getsampwidth()
@@ -118,12 +132,14 @@ def read_pcm_wav(source: str | Path | BinaryIO, name: str = "<audio>") -> np.nda
             "read: install PyAV (pip install av) for other formats"
         ) from None
     dtype = {1: np.uint8, 2: np.dtype("<i2"), 4: np.dtype("<i4")}.get(width)
-    if rate != SAMPLE_RATE or dtype is None:
+    if rate != sampling_rate or dtype is None:
         raise AudioError(
-            f"{name}: a {rate} Hz {8 * width}-bit WAV; without PyAV only 16 kHz PCM WAV of 8, 16 "
-            "or 32 bits can be read: install PyAV (pip install av), or convert it first"
+            f"{name}: a {rate} Hz {8 * width}-bit WAV; without PyAV only {sampling_rate} Hz PCM "
+            "WAV of 8, 16 or 32 bits can be read: install PyAV (pip install av), or convert it first"
         )
     samples = to_float32(np.frombuffer(data, dtype=dtype).reshape(-1, channels))
+    if split_stereo:
+        return samples[:, 0].copy(), samples[:, min(1, channels - 1)].copy()
     return samples.mean(axis=1, dtype=np.float32)  # mono: each sample as it is
 
 
