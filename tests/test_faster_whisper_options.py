@@ -203,3 +203,16 @@ def test_split_stereo_gives_each_talker_alone(tiny_en):
     assert decode_audio(path, sampling_rate=8000).shape[0] == len(left) // 2
     without_pyav = read_pcm_wav(path, split_stereo=True)  # a 16 kHz PCM file: the same samples
     assert all(np.array_equal(a, b) for a, b in zip(without_pyav, (left, right)))
+
+
+def test_language_of_the_speech_alone(base):
+    """29 s of noise, then German: the first window holds 1 s of speech, and base calls it
+    English; with `vad_filter` (as faster-whisper's detect_language) it hears the speech."""
+    german = load_audio(DEV_DIR / "picovoice-leopard__test_de.wav")
+    noise = (np.random.default_rng(0).standard_normal(29 * 16000) * 0.01).astype(np.float32)
+    audio = np.concatenate([noise, german])
+    assert base.detect_language(audio)[0] != "de"
+    language, probability, _ = base.detect_language(audio, vad_filter=True)
+    assert language == "de" and probability > 0.99
+    with pytest.raises(InvalidOptionError, match="vad_parameters"):
+        base.detect_language(audio, vad_filter=True, vad_parameters={"threshhold": 0.5})

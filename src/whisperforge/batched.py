@@ -51,6 +51,7 @@ from .transcribe import (
     is_no_speech,
     parse_clip_timestamps,
     split_segments,
+    vad_options_of,
     window_tokenizer,
     with_progress,
 )
@@ -127,7 +128,7 @@ class BatchedInferencePipeline:
         list of {"start": sample, "end": sample}, or `transcribe`'s seconds "start,end,...".
         With `vad_filter=False` and no clips, the audio is cut into 30 s windows as it is."""
         options = self._options(language, task, batch_size, temperature, options)
-        vad = self._vad(vad_parameters)
+        vad = vad_options_of(vad_parameters, BATCHED_VAD)
         size = batch_size or self.auto_batch_size()
         samples = load_audio(audio)
         if clip_timestamps is not None:
@@ -175,7 +176,7 @@ class BatchedInferencePipeline:
         yields a result with its `error`, and the others go on. Files are read lazily, a few
         ahead of the batches, so a corpus never sits in memory at once."""
         options = self._options(language, task, batch_size, temperature, options)
-        vad = self._vad(vad_parameters)
+        vad = vad_options_of(vad_parameters, BATCHED_VAD)
         size = batch_size or self.auto_batch_size()
         opened: deque[_File] = deque()
 
@@ -241,12 +242,6 @@ class BatchedInferencePipeline:
             normalize_language(language, self.model.supported_languages)
         options.setdefault("condition_on_previous_text", False)  # the throughput mode
         return TranscriptionOptions.from_arguments(temperature=temperature, **options)
-
-    @staticmethod
-    def _vad(parameters: VadOptions | dict | None) -> VadOptions:
-        if isinstance(parameters, dict):
-            return VadOptions(**{**BATCHED_VAD.__dict__, **parameters})
-        return parameters or BATCHED_VAD
 
     def _windows(self, audios: list[np.ndarray], vad: VadOptions) -> list[list[Window]]:
         """Each file's speech packed into windows. The VAD runs on the model's device: on a GPU

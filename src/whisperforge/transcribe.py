@@ -13,7 +13,7 @@ import ctypes
 import os
 import sys
 from collections.abc import Generator, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -339,12 +339,18 @@ class WhisperModel:
         audio: AudioInput,
         language_detection_segments: int = 1,
         language_detection_threshold: float = 0.5,
+        vad_filter: bool = False,
+        vad_parameters: VadOptions | dict | None = None,
     ) -> tuple[str, float, list[tuple[str, float]]]:
         """The audio's language: (code, probability, all (code, probability) best first), from
-        its first 30 s, or from up to `language_detection_segments` windows (`language_of`)."""
-        mel = log_mel_spectrogram(
-            load_audio(audio), self.checkpoint.config.n_mels, N_SAMPLES, self.device
-        )
+        its first 30 s, or from up to `language_detection_segments` windows (`language_of`);
+        with `vad_filter`, of its speech only."""
+        samples = load_audio(audio)
+        if vad_filter:
+            samples = collect_speech(
+                samples, detect_speech(samples, vad_options_of(vad_parameters))
+            )
+        mel = log_mel_spectrogram(samples, self.checkpoint.config.n_mels, N_SAMPLES, self.device)
         return self.language_of(
             leading_windows(mel, language_detection_segments), language_detection_threshold
         )
@@ -479,11 +485,7 @@ class WhisperModel:
         timeline = None
         vad_options = None
         if vad_filter:  # transcribe only the speech, then map times back to the original
-            vad_options = (
-                vad_parameters
-                if isinstance(vad_parameters, VadOptions)
-                else VadOptions(**(vad_parameters or {}))
-            )
+            vad_options = vad_options_of(vad_parameters)
             regions = detect_speech(samples, vad_options)
             samples = collect_speech(samples, regions)
             timeline = TimelineMap(regions)
@@ -687,6 +689,23 @@ class WhisperModel:
                     segment.id = segment_id
                     segment_id += 1
                     yield segment if timeline is None else restore_times(segment, timeline)
+
+
+def vad_options_of(
+    parameters: VadOptions | dict | None, default: VadOptions | None = None
+) -> VadOptions:
+    """`vad_parameters` as faster-whisper takes them: VadOptions, or a dict of the fields to
+    change in `default` (VadOptions' own defaults where None), or None for `default`."""
+    default = default or VadOptions()
+    if isinstance(parameters, VadOptions):
+        return parameters
+    unknown = set(parameters or {}) - {f.name for f in fields(VadOptions)}
+    if unknown:
+        raise InvalidOptionError(
+            f"unknown vad_parameters {sorted(unknown)}; VadOptions has "
+            f"{', '.join(f.name for f in fields(VadOptions))}"
+        )
+    return replace(default, **(parameters or {}))
 
 
 def with_progress(
