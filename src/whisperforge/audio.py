@@ -134,8 +134,9 @@ def read_pcm_wav(
     dtype = {1: np.uint8, 2: np.dtype("<i2"), 4: np.dtype("<i4")}.get(width)
     if rate != sampling_rate or dtype is None:
         raise AudioError(
-            f"{name}: a {rate} Hz {8 * width}-bit WAV; without PyAV only {sampling_rate} Hz PCM "
-            "WAV of 8, 16 or 32 bits can be read: install PyAV (pip install av), or convert it first"
+            f"{name}: a {rate} Hz {8 * width}-bit WAV; without PyAV only "
+            f"{sampling_rate / 1000:g} kHz PCM WAV of 8, 16 or 32 bits can be read: install "
+            "PyAV (pip install av), or convert it first"
         )
     samples = to_float32(np.frombuffer(data, dtype=dtype).reshape(-1, channels))
     if split_stereo:

@@ -448,7 +448,8 @@ def suppress_token_list(
 def initial_tokens(
     tokenizer: Tokenizer, options: DecodingOptions, n_text_ctx: int, sample_len: int
 ) -> list[int]:
-    """[<|startofprev|> hotwords... prompt...] <|startoftranscript|> [lang task] [<|notimestamps|>] [prefix...]"""
+    """The tokens a window's decode starts from: [<|startofprev|> hotwords... prompt...]
+    <|startoftranscript|> [lang task] [<|notimestamps|>] [prefix...]"""
     sot_sequence = (
         tokenizer.sot_sequence_including_notimestamps
         if options.without_timestamps
