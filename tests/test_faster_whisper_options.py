@@ -108,6 +108,9 @@ def test_repetition_penalty_repeats_fewer_tokens(tiny_en, lecture_window):
     assert repeated_share(1.5) < repeated_share(1.0)
     with pytest.raises(InvalidOptionError, match="repetition_penalty"):
         tiny_en.transcribe(JFK, repetition_penalty=0)
+    for bad in ({"no_repeat_ngram_size": 2.5}, {"no_repeat_ngram_size": -1}, {"hotwords": ["a"]}):
+        with pytest.raises(InvalidOptionError, match=next(iter(bad))):
+            tiny_en.transcribe(JFK, **bad)
 
 
 def window_texts(segments) -> list[str]:

@@ -10,6 +10,7 @@ conditioning on previous text, clip timestamps and hallucination-silence skippin
 from __future__ import annotations
 
 import ctypes
+import numbers
 import os
 import sys
 from collections.abc import Generator, Iterable, Iterator
@@ -113,6 +114,11 @@ class TranscriptionOptions:
         )
         if options.beam_size < 1 or options.best_of < 1:
             raise InvalidOptionError("beam_size and best_of must be at least 1")
+        for name in ("language_detection_segments", "no_repeat_ngram_size"):
+            if not isinstance(getattr(options, name), numbers.Integral):
+                raise InvalidOptionError(f"{name} must be a whole number")
+        if options.hotwords is not None and not isinstance(options.hotwords, str):
+            raise InvalidOptionError("hotwords must be text, e.g. 'Subiaco, Pannartz'")
         if options.language_detection_segments < 1:
             raise InvalidOptionError("language_detection_segments must be at least 1")
         if not 0 <= options.language_detection_threshold <= 1:
