@@ -23,16 +23,8 @@ import statistics
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 from devset import DEV_DIR, manifest, short_english_clips, wer
-from engine_process import (
-    EngineProcess,
-    Transcribe,
-    faster_whisper,
-    peer_weights,
-    transcript,
-    whisper_cpp,
-)
+from engine_process import EngineProcess, Transcribe, peer, peer_weights, transcript
 
 ENGINES = [
     "whisperforge", "openai-whisper", "faster-whisper-float32", "faster-whisper-int8", "whisper.cpp"
@@ -42,25 +34,12 @@ ENGINES = [
 def engine(name: str, threads: int, weights: str | None) -> tuple[Transcribe, dict]:
     """The engine `name` as a function (audio array, beam_size) -> text, built on `weights`
     (`peer_weights`) in the process that runs it (`EngineProcess`)."""
-    if name.startswith("faster-whisper-"):
-        model = faster_whisper(name.removeprefix("faster-whisper-"), threads, weights)
-        return partial(transcript, model), {}
-    if name == "whisper.cpp":
-        return whisper_cpp(threads, weights)
-    if name == "whisperforge":
-        from whisperforge import WhisperModel
+    if name != "whisperforge":
+        return peer(name, threads, weights)
+    from whisperforge import WhisperModel
 
-        ours = WhisperModel("tiny.en", device="cpu", compute_type="float32", cpu_threads=threads)
-        return partial(transcript, ours), {}
-    import whisper  # openai-whisper, on the .pt our converter writes
-
-    reference = whisper.load_model(weights, device="cpu")
-
-    def transcribe(audio: np.ndarray, beam: int) -> str:
-        options = {"beam_size": beam if beam > 1 else None, "best_of": 5}
-        return whisper.transcribe(reference, audio, fp16=False, **options)["text"]
-
-    return transcribe, {}
+    ours = WhisperModel("tiny.en", device="cpu", compute_type="float32", cpu_threads=threads)
+    return partial(transcript, ours), {}
 
 
 def main() -> None:

@@ -80,11 +80,38 @@ def peer_weights(engine: str) -> str | None:
     return None
 
 
+def peer(engine: str, threads: int, weights: str) -> tuple[Transcribe, dict]:
+    """The peer named `engine` ("faster-whisper-TYPE", "whisper.cpp[-f16|-q8_0]",
+    "openai-whisper") as (audio, beam_size) -> text on `weights` (`peer_weights`), built in the
+    process that runs it, and its figures (whisper.cpp: its file's size as `weights_MB`)."""
+    if engine.startswith("faster-whisper-"):
+        model = faster_whisper(engine.removeprefix("faster-whisper-"), threads, weights)
+        return functools.partial(transcript, model), {}
+    if engine.startswith("whisper.cpp"):
+        return whisper_cpp(threads, weights)
+    if engine == "openai-whisper":
+        return openai_whisper(weights), {}
+    raise ValueError(f"no peer named {engine!r}")
+
+
 def faster_whisper(compute_type: str, threads: int, folder: str):
     """faster-whisper on a CTranslate2 folder (`ctranslate2_folder`)."""
     from faster_whisper import WhisperModel
 
     return WhisperModel(folder, device="cpu", compute_type=compute_type, cpu_threads=threads)
+
+
+def openai_whisper(path: str) -> Transcribe:
+    """openai-whisper's `transcribe` (its defaults: fallback, best of 5) on a .pt (`openai_pt`)."""
+    import whisper
+
+    reference = whisper.load_model(path, device="cpu")
+
+    def transcribe(audio: np.ndarray, beam: int) -> str:
+        options = {"beam_size": beam if beam > 1 else None, "best_of": 5}
+        return whisper.transcribe(reference, audio, fp16=False, **options)["text"]
+
+    return transcribe
 
 
 def whisper_cpp(threads: int, path: str) -> tuple[Transcribe, dict]:

@@ -34,14 +34,7 @@ from pathlib import Path
 
 import torch
 from devset import DEV_DIR, LONG_FILE, manifest, wer
-from engine_process import (
-    EngineProcess,
-    Transcribe,
-    faster_whisper,
-    peer_weights,
-    transcript,
-    whisper_cpp,
-)
+from engine_process import EngineProcess, Transcribe, peer, peer_weights, transcript
 
 ENGINES = [
     "whisperforge-float32",
@@ -109,13 +102,11 @@ def engine(name: str, threads: int, weights: str | None) -> tuple[Transcribe, di
     """The engine `name` as (audio, beam_size) -> text, built in the process that runs it on
     `weights` (`peer_weights`), and its weights' bytes as stored (whisperforge's and
     whisper.cpp's; None for faster-whisper)."""
-    kind, compute_type = name.rsplit("-", 1)
-    if kind == "whisper.cpp":
-        return whisper_cpp(threads, weights)
-    if kind == "whisperforge":
-        model = whisperforge("tiny.en", compute_type, threads)
+    if name.startswith("whisperforge-"):
+        model = whisperforge("tiny.en", name.removeprefix("whisperforge-"), threads)
         return partial(transcript, model), {"weights_MB": weight_bytes(model.model) / 1e6}
-    return partial(transcript, faster_whisper(compute_type, threads, weights)), {"weights_MB": None}
+    transcribe, figures = peer(name, threads, weights)
+    return transcribe, {"weights_MB": None, **figures}
 
 
 def main() -> None:

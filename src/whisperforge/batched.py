@@ -47,6 +47,7 @@ from .transcribe import (
     WhisperModel,
     WindowRequest,
     WindowResult,
+    clip_spans,
     good_enough,
     is_no_speech,
     parse_clip_timestamps,
@@ -136,7 +137,7 @@ class BatchedInferencePipeline:
         elif vad_filter:
             windows = self._windows([samples], vad)[0]
         else:
-            windows = pack_windows([SpeechRegion(0, len(samples))] if len(samples) else [])
+            windows = pack_windows([SpeechRegion(0, len(samples))])  # load_audio: never empty
         file = self._open(0, samples, windows, language, task, options, vad, size)
         info = file.result.info
         assert info is not None
@@ -622,8 +623,7 @@ def clip_regions(
                 'clip_timestamps as dicts need "start" and "end" sample numbers'
             ) from None
     else:
-        seconds = [round(t * SAMPLE_RATE) for t in parse_clip_timestamps(clips)]
-        spans = list(zip(seconds[::2], [*seconds[1::2], n_samples]))
+        spans = clip_spans(parse_clip_timestamps(clips), SAMPLE_RATE, n_samples)
     regions = [SpeechRegion(max(start, 0), min(end, n_samples)) for start, end in spans]
     if any(r.start >= r.end for r in regions) or any(b.start < a.end for a, b in pairwise(regions)):
         raise InvalidOptionError(

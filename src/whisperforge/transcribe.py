@@ -164,6 +164,13 @@ def parse_clip_timestamps(clips: str | Iterable[float]) -> tuple[float, ...]:
         ) from None
 
 
+def clip_spans(clips: Iterable[float], per_second: int, end: int) -> list[tuple[int, int]]:
+    """clip_timestamps' (start, end) pairs, counted `per_second` (mel frames or samples); none
+    is all the audio, and an odd last start runs to `end`."""
+    points = [round(t * per_second) for t in clips] or [0]
+    return list(zip(points[::2], [*points[1::2], end]))
+
+
 @dataclass
 class WindowRequest:
     """A long-form loop's request: decode this 30 s window after `prompt` (see `long_form`)."""
@@ -591,10 +598,7 @@ class WhisperModel:
         content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
         input_stride = N_FRAMES // self.checkpoint.config.n_audio_ctx  # mel frames per token: 2
 
-        seek_points = [round(t * FRAMES_PER_SECOND) for t in options.clip_timestamps] or [0]
-        if len(seek_points) % 2 == 1:
-            seek_points.append(content_frames)
-        seek_clips = list(zip(seek_points[::2], seek_points[1::2]))
+        seek_clips = clip_spans(options.clip_timestamps, FRAMES_PER_SECOND, content_frames)
 
         all_tokens: list[int] = []
         prompt_reset_since = 0
