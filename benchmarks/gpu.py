@@ -529,6 +529,10 @@ def main() -> None:
         "--fold", choices=["on", "off", "both"], default="on",
         help="layer norms and residual adds folded into the step's matmuls (both: off, then on)",
     )  # fmt: skip
+    parser.add_argument(
+        "--self-out", choices=["on", "off", "both"], default="on",
+        help="one row: self-attention and its output projection in one kernel (both: off, then on)",
+    )  # fmt: skip
     parser.add_argument("--window", action="store_true", help="time a whole 30 s window at batch 1")
     parser.add_argument("--profile", action="store_true", help="kernel table of an eager step")
     parser.add_argument("--check", metavar="MODEL_DIR")
@@ -583,17 +587,19 @@ def main() -> None:
         rows = []
         pdls = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}[args.pdl]
         folds = {"on": [True], "off": [False], "both": [False, True]}[args.fold]
-        for pdl, fold in itertools.product(pdls, folds):
-            runtime.USE_PDL, runtime.FOLD = pdl, fold
+        self_outs = {"on": [True], "off": [False], "both": [False, True]}[args.self_out]
+        for pdl, fold, self_out in itertools.product(pdls, folds, self_outs):
+            runtime.USE_PDL, runtime.FOLD, runtime.SELF_OUT = pdl, fold, self_out
             rt = Runtime(model, args.dtype, max_windows=max(args.batch))
             for batch in args.batch:
                 t0 = time.perf_counter()
                 row = bench_runtime(rt, c, batch, args.tokens, bw, tflops)
                 row["bench_s"] = time.perf_counter() - t0
                 row["pdl"], row["fold"] = runtime.step_pdl(), rt._folds(batch)
+                row["self_out"] = row["fold"] and batch == 1 and self_out
                 rows.append(row)
                 print(
-                    f"{preset_name} b{batch} pdl={row['pdl']} fold={row['fold']}: encode {row['encode_ms']:.2f} ms (floor {row['encode_floor_ms']:.2f})"
+                    f"{preset_name} b{batch} pdl={row['pdl']} fold={row['fold']} self_out={row['self_out']}: encode {row['encode_ms']:.2f} ms (floor {row['encode_floor_ms']:.2f})"
                     f" | cross {row['cross_ms']:.2f} (floor {row['cross_floor_ms']:.2f})"
                     f" | prefill {row['prefill_ms']:.2f} | decode {row['decode_ms']:.1f} ms / {row['decode_steps']}"
                     f" steps = {row['step_ms']:.3f} ms/step (floor {row['step_floor_ms']:.3f})"

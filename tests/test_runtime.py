@@ -413,20 +413,25 @@ config = ModelConfig(
 torch.set_grad_enabled(False)
 g = torch.Generator().manual_seed(0)
 mel = torch.randn(2, 80, 16, generator=g)
-tokens = torch.randint(0, 1000, (4, 5), generator=g)  # 2 windows x 2 rows
+tokens = torch.randint(0, 1000, (4, 6), generator=g)  # 2 windows x 2 rows
 for weights in (None, "int8"):
     model = random_model(config, seed=0)
     if weights:
         model = quantize_model(model, weights, dynamic=False)
     features = model.encoder(mel)
     hidden = model.decoder(tokens, audio_features=features.repeat_interleave(2, 0))
-    expected = model.decoder.logits(hidden[:, -1])
+    expected = model.decoder.logits(hidden)  # every step's logits [rows, tokens, vocab]
     runtime = R.Runtime(model, "float16", max_windows=2, max_rows=4, graphs=False)
     assert runtime._folds(4)
-    batch = runtime.prefill(runtime.cross(features.half()), tokens[:, :4], group=2)
-    logits = runtime.step(batch, tokens[:, 4])
-    error = float((logits - expected).norm() / expected.norm())
-    assert error < 2e-3, (weights, error)
+    for windows, group in ((2, 2), (1, 1)):  # one row: `self_attention_out`
+        rows = windows * group
+        cross = runtime.cross(features[:windows].half())
+        batch = runtime.prefill(cross, tokens[:rows, :4], group=group)
+        for t in range(4, 6):  # two steps: the second attends to the K,V the first wrote
+            logits = runtime.step(batch, tokens[:rows, t])
+            want = expected[:rows, t]
+            error = float((logits - want).norm() / want.norm())
+            assert error < 2e-3, (weights, rows, t, error)
 print("ok")
 """
 

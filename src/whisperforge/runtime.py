@@ -126,6 +126,9 @@ USE_PDL: bool | None = None
 # Layer norms and residual adds folded into the step's matmuls (`Runtime._layer_folded`) where
 # they can be; the benchmarks set False to compare.
 FOLD = True
+# At one row, the self-attention's output projection in the attention's kernel
+# (`self_attention_out`); the benchmarks set False to compare.
+SELF_OUT = True
 
 
 def current_device(device: torch.device) -> contextlib.AbstractContextManager:
@@ -367,10 +370,25 @@ if triton is not None:
         T: tl.constexpr, DH: tl.constexpr, BLOCK_T: tl.constexpr, BY_LENGTH: tl.constexpr,
         first, PRELOADED: tl.constexpr,
     ):  # fmt: skip
-        """Row r, head h: write this token's K,V at the row's position p, then attend over
-        positions [0, p] of the row's cache. The length comes from memory, so one kernel (and
-        one graph) serves every length: no buckets, no mask. PRELOADED: `first` holds the
-        past's first BLOCK_T positions (`_past_tile`), loaded already."""
+        """`_self_attention_row`, its output stored in out [rows, D]."""
+        out = _self_attention_row(
+            qkv_ptr, bias_ptr, cache_ptr, pos_ptr, r, h, n_head, scale, T, DH, BLOCK_T,
+            BY_LENGTH, first, PRELOADED, True,
+        )  # fmt: skip
+        d = tl.arange(0, DH)
+        tl.store(out_ptr + r * n_head * DH + h * DH + d, out.to(out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _self_attention_row(
+        qkv_ptr, bias_ptr, cache_ptr, pos_ptr, r, h, n_head, scale,
+        T: tl.constexpr, DH: tl.constexpr, BLOCK_T: tl.constexpr, BY_LENGTH: tl.constexpr,
+        first, PRELOADED: tl.constexpr, WRITE,
+    ):  # fmt: skip
+        """Row r, head h: write this token's K,V at the row's position p (where WRITE), then
+        attend over positions [0, p] of the row's cache; returns the output [DH] in float32.
+        The length comes from memory, so one kernel (and one graph) serves every length: no
+        buckets, no mask. PRELOADED: `first` holds the past's first BLOCK_T positions
+        (`_past_tile`), loaded already."""
         p = tl.load(pos_ptr + r)
         D = n_head * DH
         d = tl.arange(0, DH)
@@ -381,8 +399,8 @@ if triton is not None:
         k_new = _biased(row, bias_ptr, D + h * DH + d, dtype)
         v_new = _biased(row, bias_ptr, 2 * D + h * DH + d, dtype)
         k_base, v_base = _past_keys(cache_ptr, r, h, n_head, T, DH)
-        tl.store(k_base + p * DH + d, k_new)
-        tl.store(v_base + p * DH + d, v_new)
+        tl.store(k_base + p * DH + d, k_new, mask=(d < DH) & WRITE)
+        tl.store(v_base + p * DH + d, v_new, mask=(d < DH) & WRITE)
         # Online softmax, seeded with the new token from registers (its stores may not be
         # visible to this program's loads yet).
         m = tl.sum(q * k_new.to(tl.float32), axis=0)
@@ -397,7 +415,7 @@ if triton is not None:
             s = _scores_one(q, _past_rows(k_base, t, p, DH), t < p)
             # V after the scores (loaded beside K: +2 % a large-v3 step, H100).
             m, l, acc = _accumulate_one(s, _past_rows(v_base, t, p, DH), m, l, acc)
-        tl.store(out_ptr + r * D + h * DH + d, (acc / l).to(out_ptr.dtype.element_ty))
+        return acc / l
 
     @triton.jit
     def _scores_one(q, k, valid):
@@ -569,6 +587,55 @@ if triton is not None:
         )  # fmt: skip
         out = tl.sum(acc * weight[:, None], axis=0) / l
         tl.store(out_ptr + (r * n_head + h) * DH + d, out.to(out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _self_attention_out_kernel(
+        qkv_ptr, qkv_bias_ptr, cache_ptr, pos_ptr, w_ptr, s_ptr, b_ptr, x_ptr, part_ptr,
+        stats_ptr, count_ptr, z_ptr, g_ptr, scale, H: tl.constexpr, T: tl.constexpr,
+        DH: tl.constexpr, BLOCK_T: tl.constexpr, BY_LENGTH: tl.constexpr, SCALE: tl.constexpr,
+        BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """One row's self-attention through its output projection w [D, D] into the residual
+        stream x (`self_attention_out`). Program (band, h) attends head h as
+        `_decode_attention_kernel` does (band 0 writes the K,V), takes the head's output
+        through its columns of the band's rows of w, and leaves that partial sum in part
+        [H, D] (float32); the band's last program to finish adds the heads' partials, the bias
+        and x, as `_skinny_linear_kernel`'s RESIDUAL does for a split matmul. Before the wait
+        (all static): the columns of w, the band's scales, bias and next norm weight, and the
+        past's first BLOCK_T K,V."""
+        band, h = tl.program_id(0), tl.program_id(1)
+        D: tl.constexpr = H * DH
+        dtype = x_ptr.dtype.element_ty
+        n = band * BLOCK_N + tl.arange(0, BLOCK_N)
+        w = _widen(tl.load(w_ptr + n[:, None] * D + h * DH + tl.arange(0, DH)[None, :]), dtype)
+        w_scale = _columns(s_ptr, n, D, SCALE)
+        bias, g = _columns(b_ptr, n, D, True), _columns(g_ptr, n, D, True)
+        p = tl.load(pos_ptr)
+        k_base, v_base = _past_keys(cache_ptr, 0, h, H, T, DH)
+        first = _past_tile(k_base, v_base, tl.arange(0, BLOCK_T), p, DH)
+        if PDL and band == 0:  # the rest into L2, once for the head's programs
+            for start in range(BLOCK_T, p, BLOCK_T):
+                t = tl.minimum(start + tl.arange(0, BLOCK_T), p - 1)
+                _prefetch_l2(k_base + t * DH)
+                _prefetch_l2(v_base + t * DH)
+        _wait_for_inputs(PDL)
+        at = n[None, :]
+        stream = tl.load(x_ptr + at, cache_modifier=".cg")  # overlaps the attention
+        a = _self_attention_row(
+            qkv_ptr, qkv_bias_ptr, cache_ptr, pos_ptr, 0, h, H, scale, T, DH, BLOCK_T,
+            BY_LENGTH, first, True, band == 0,
+        )  # fmt: skip
+        a = a.to(dtype).to(tl.float32)  # the output as the attention kernel stores it
+        acc = tl.sum(w.to(tl.float32) * a[None, :], axis=1)[None, :]
+        if SCALE:
+            acc *= w_scale
+        tl.store(part_ptr + h * D + at, acc)
+        if _last_to_arrive(count_ptr + band, H):
+            acc = _sum_partials(part_ptr, at, at < D, H, D, dtype) + bias
+            row = tl.zeros([1], tl.int32)
+            acc = _residual_epilogue(acc, stream, stats_ptr, row, band, 1, dtype)
+            tl.store(x_ptr + at, acc.to(dtype))
+            _scaled_stream(acc, z_ptr, g, at, at < D)
 
     @triton.jit
     def _copy_blocks_kernel(
@@ -1619,6 +1686,37 @@ def cross_attention(
     return out
 
 
+# Output columns a program of `self_attention_out` takes its head through (fewer where D is
+# not a multiple: tiny's 384), and its warps (at 8: +1.5 % a large-v3 step).
+SELF_OUT_BLOCK = 128
+SELF_OUT_WARPS = 4
+
+
+def self_attention_out(
+    qkv: Tensor, bias: Tensor, cache: Tensor, pos: Tensor, n_head: int,
+    w: Tensor | QuantizedWeight, b: Tensor, *, residual: tuple[Tensor, Tensor], stats: StreamStats,
+) -> None:  # fmt: skip
+    """One row's `decode_attention` through its output projection w, b into the residual
+    stream, as `folded_linear`'s `residual` (x, g) adds it and leaves `stats`, in one kernel
+    (`_self_attention_out_kernel`): each band of the projection's programs attends its head
+    itself, instead of a stage waiting for an attention kernel's output (H200, large-v3 at
+    one row: -1.4 % a step; RESULTS, session 39)."""
+    data, scale = weight_and_scale(w)
+    x, g = residual
+    D, dh = x.shape[1], x.shape[1] // n_head
+    block_n = SELF_OUT_BLOCK
+    while D % block_n:
+        block_n //= 2
+    stats.band = block_n  # the bands the next norm reads the statistics of
+    part = torch.empty(n_head, D, device=x.device, dtype=torch.float32)
+    _self_attention_out_kernel[(D // block_n, n_head)](
+        qkv, bias, cache, pos, data, scale if scale is not None else data, b, x, part,
+        stats.stats, stats.counters, stats.scaled, g, dh**-0.5, H=n_head, T=cache.shape[2],
+        DH=dh, BLOCK_T=128, BY_LENGTH=not _INTERPRETED, SCALE=scale is not None,
+        BLOCK_N=block_n, num_warps=SELF_OUT_WARPS, **_launch(x),
+    )  # fmt: skip
+
+
 def cross_keys(heads: int, A: int, device: torch.device) -> int:
     """Keys per program of `cross_attention` over `heads` (windows x heads) of A keys: 256
     where that still makes two programs per multiprocessor, else 128. With many windows the
@@ -2232,9 +2330,10 @@ class Runtime:
         self, block: nn.Module, i: int, x: Tensor, h: Tensor, windows: int,
         next_ln: nn.LayerNorm, last: bool,
     ) -> Tensor | None:  # fmt: skip
-        """`_layer_fused` in 9 kernels instead of 12: each residual add is the epilogue of the
-        matmul before it, and each layer norm the epilogue of the matmul after it, from what
-        the first leaves in self.stream_stats (`_skinny_linear_kernel`). h is used by the
+        """`_layer_fused` in 9 kernels instead of 12 (8 at one row: `self_attention_out`):
+        each residual add is the epilogue of the matmul before it, and each layer norm the
+        epilogue of the matmul after it, from what the first leaves in self.stream_stats
+        (`_skinny_linear_kernel`). h is used by the
         first layer only (the embedding kernel's norm); returns next_ln(x) in self.hidden if
         last."""
         rows, stats = x.shape[0], self.stream_stats
@@ -2243,8 +2342,16 @@ class Runtime:
         qkv_norm, query_norm, fc1_norm = self._norms_through[i]
         qkv, out = block.attn.qkv, block.attn.out
         q = stream(h, qkv.weight) if i == 0 else stream(scaled, qkv.weight, norm=qkv_norm)
-        a = decode_attention(q, qkv.bias, self.self_kv[i], self.pos[:rows], self.n_head)
-        stream(a, out.weight, out.bias, residual=(x, block.cross_attn_ln.weight))
+        residual = (x, block.cross_attn_ln.weight)
+        if rows == 1 and SELF_OUT:  # one stage: see `self_attention_out`
+            cache, pos = self.self_kv[i], self.pos[:1]
+            self_attention_out(
+                q, qkv.bias, cache, pos, self.n_head, out.weight, out.bias, residual=residual,
+                stats=stats,
+            )  # fmt: skip
+        else:
+            a = decode_attention(q, qkv.bias, self.self_kv[i], self.pos[:rows], self.n_head)
+            stream(a, out.weight, out.bias, residual=residual)
         query, out = block.cross_attn.query, block.cross_attn.out
         q = stream(scaled, query.weight, partial=True, norm=query_norm)
         c = cross_attention(q, query.bias, self.cross_kv[i], windows, self.n_head)
