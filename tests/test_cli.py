@@ -113,6 +113,31 @@ def test_clip_timestamps_in_both_modes(model, mode, capsys):
     assert "fellow americans" in out and "country" not in out
 
 
+def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
+    seen: list[dict] = []
+    transcribe = model.transcribe
+    monkeypatch.setattr(
+        model, "transcribe", lambda audio, **o: seen.append(o) or transcribe(audio, **o)
+    )
+    args = [
+        "transcribe", str(JFK), "--beam_size", "1", "--no_speech_threshold", "none",
+        "--logprob_threshold=-0.8", "--compression_ratio_threshold", "2.0", "--patience", "2",
+        "--suppress_tokens=-1,50362", "--chunk_length", "20", "--log-prob-low-threshold", "-3",
+        "--carry_initial_prompt", "--initial_prompt", "A speech.", "--max-new-tokens", "100",
+    ]  # fmt: skip
+    assert cli.main(args) == 0
+    assert JFK_WORDS in capsys.readouterr().out.lower()
+    assert {
+        "beam_size": 1, "no_speech_threshold": None, "log_prob_threshold": -0.8,
+        "compression_ratio_threshold": 2.0, "patience": 2.0, "suppress_tokens": [-1, 50362],
+        "chunk_length": 20.0, "log_prob_low_threshold": -3.0, "carry_initial_prompt": True,
+        "initial_prompt": "A speech.", "max_new_tokens": 100,
+    }.items() <= seen[0].items()  # fmt: skip
+    assert cli.main(["transcribe", str(JFK), "--suppress-tokens", "ids"]) == 2
+    assert cli.main(["transcribe", str(JFK), *FAST, "--chunk-length", "45"]) == 1
+    assert "chunk_length" in error_lines(capsys.readouterr().err)[-1]
+
+
 def test_batched_mode_refuses_sequential_only_options(model, capsys):
     args = ["transcribe", str(JFK), "--batch-size", "4", "--hallucination-silence-threshold", "2"]
     assert cli.main(args) != 0

@@ -1,6 +1,7 @@
 """The transcription options faster-whisper has beyond openai-whisper's, on the real models and
 dev audio: hotwords, the repetition controls, each window's own language (`multilingual`), the
-language found over several windows, and the progress bar."""
+language found over several windows, the progress bar, the window length (`chunk_length`) and
+the low log-probability skip."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from conftest import DEV_DIR, JFK, plain_words
+from conftest import DEV_DIR, JFK, english_wer, plain_words
 
 from whisperforge import BatchedInferencePipeline, InvalidOptionError, load_audio
 from whisperforge.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
@@ -177,6 +178,52 @@ def test_log_progress_draws_a_bar_and_changes_nothing(tiny_en, capfd):
     shown = [s.text for s in tiny_en.transcribe(JFK, beam_size=1, log_progress=True)[0]]
     assert shown == plain
     assert "100%" in capfd.readouterr().err
+
+
+SPOKEN_FAST_AND_SLOW = str(DEV_DIR / "mfa__acoustic_corpus.wav")  # 27 s: one window
+
+
+def transcribed(model, audio: str, **options) -> tuple[str, list]:
+    """The text and segments of one transcription."""
+    segments = list(model.transcribe(audio, beam_size=1, **options)[0])
+    return "".join(s.text for s in segments), segments
+
+
+def test_chunk_length_decodes_shorter_windows(tiny_en, monkeypatch):
+    windows = []
+    decode = tiny_en.decode_with_fallback
+    monkeypatch.setattr(
+        tiny_en, "decode_with_fallback", lambda *a: windows.append(a[0]) or decode(*a)
+    )
+    whole, _ = transcribed(tiny_en, SPOKEN_FAST_AND_SLOW)
+    assert len(windows) == 1
+    windows.clear()
+    chunked, segments = transcribed(tiny_en, SPOKEN_FAST_AND_SLOW, chunk_length=10)
+    assert len(windows) >= 3 and all(s.end - s.start <= 10 for s in segments)
+    assert english_wer([whole], [chunked]) < 0.25  # the same speech, cut differently
+    for bad in (0.5, 31):
+        with pytest.raises(InvalidOptionError, match="chunk_length"):
+            tiny_en.transcribe(JFK, chunk_length=bad)
+
+
+def test_chunk_length_in_the_batched_pipeline(tiny_en):
+    pipeline = BatchedInferencePipeline(tiny_en)
+    segments, info = pipeline.transcribe(SPOKEN_FAST_AND_SLOW, beam_size=1, chunk_length=8)
+    segments = list(segments)
+    assert info.vad_options.max_speech_duration_s == 8  # the speech is cut to fit the windows
+    assert segments and all(s.end - s.start <= 8 for s in segments)
+    clips = pipeline.transcribe(SPOKEN_FAST_AND_SLOW, beam_size=1, vad_filter=False, chunk_length=8)
+    assert max(s.end - s.start for s in clips[0]) <= 8
+
+
+def test_log_prob_low_threshold_drops_improbable_windows(tiny_en):
+    text, segments = transcribed(tiny_en, SPOKEN_FAST_AND_SLOW)
+    assert -1 < min(s.avg_logprob for s in segments)  # a confident decode
+    assert transcribed(tiny_en, SPOKEN_FAST_AND_SLOW, log_prob_low_threshold=-5)[0] == text
+    assert transcribed(tiny_en, SPOKEN_FAST_AND_SLOW, log_prob_low_threshold=-0.05)[0] == ""
+    pipeline = BatchedInferencePipeline(tiny_en)
+    batched = pipeline.transcribe(SPOKEN_FAST_AND_SLOW, beam_size=1, log_prob_low_threshold=-0.05)
+    assert list(batched[0]) == []
 
 
 def test_the_names_faster_whisper_exports():

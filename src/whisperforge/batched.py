@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .audio import (
+    FRAMES_PER_SECOND,
     HOP_LENGTH,
     N_FRAMES,
     SAMPLE_RATE,
@@ -102,6 +103,13 @@ class _File:
         return len(self.windows) - 1
 
 
+def window_vad(vad: VadOptions, options: TranscriptionOptions) -> VadOptions:
+    """The VAD options a batched transcription cuts windows with: speech no longer than a
+    window (`chunk_length`, 30 s by default), as faster-whisper's batched `chunk_length` sets."""
+    seconds = options.window_frames / FRAMES_PER_SECOND
+    return replace(vad, max_speech_duration_s=min(vad.max_speech_duration_s, seconds))
+
+
 class BatchedInferencePipeline:
     """`BatchedInferencePipeline(model).transcribe(audio, batch_size=16)` like faster-whisper's."""
 
@@ -127,17 +135,19 @@ class BatchedInferencePipeline:
 
         The windows come from the VAD, or from `clip_timestamps` where given: faster-whisper's
         list of {"start": sample, "end": sample}, or `transcribe`'s seconds "start,end,...".
-        With `vad_filter=False` and no clips, the audio is cut into 30 s windows as it is."""
+        With `vad_filter=False` and no clips, the audio is cut into 30 s windows as it is.
+        `chunk_length`: windows (and the VAD's speech) of at most that many seconds."""
         options = self._options(language, task, batch_size, temperature, options)
-        vad = vad_options_of(vad_parameters, BATCHED_VAD)
+        vad = window_vad(vad_options_of(vad_parameters, BATCHED_VAD), options)
         size = batch_size or self.auto_batch_size()
         samples = load_audio(audio)
+        seconds = options.window_frames / FRAMES_PER_SECOND
         if clip_timestamps is not None:
-            windows = pack_windows(clip_regions(clip_timestamps, len(samples)))
+            windows = pack_windows(clip_regions(clip_timestamps, len(samples)), seconds)
         elif vad_filter:
-            windows = self._windows([samples], vad)[0]
-        else:
-            windows = pack_windows([SpeechRegion(0, len(samples))])  # load_audio: never empty
+            windows = self._windows([samples], vad, seconds)[0]
+        else:  # load_audio: never empty
+            windows = pack_windows([SpeechRegion(0, len(samples))], seconds)
         file = self._open(0, samples, windows, language, task, options, vad, size)
         info = file.result.info
         assert info is not None
@@ -177,7 +187,7 @@ class BatchedInferencePipeline:
         yields a result with its `error`, and the others go on. Files are read lazily, a few
         ahead of the batches, so a corpus never sits in memory at once."""
         options = self._options(language, task, batch_size, temperature, options)
-        vad = vad_options_of(vad_parameters, BATCHED_VAD)
+        vad = window_vad(vad_options_of(vad_parameters, BATCHED_VAD), options)
         size = batch_size or self.auto_batch_size()
         opened: deque[_File] = deque()
 
@@ -244,11 +254,14 @@ class BatchedInferencePipeline:
         options.setdefault("condition_on_previous_text", False)  # the throughput mode
         return TranscriptionOptions.from_arguments(temperature=temperature, **options)
 
-    def _windows(self, audios: list[np.ndarray], vad: VadOptions) -> list[list[Window]]:
-        """Each file's speech packed into windows. The VAD runs on the model's device: on a GPU
-        its LSTM over whole files is one cuDNN call, ten times cheaper than on CPU threads."""
+    def _windows(
+        self, audios: list[np.ndarray], vad: VadOptions, seconds: float
+    ) -> list[list[Window]]:
+        """Each file's speech packed into windows of up to `seconds`. The VAD runs on the
+        model's device: on a GPU its LSTM over whole files is one cuDNN call, ten times cheaper
+        than on CPU threads."""
         speech = detect_speech_many(audios, vad, str(self.model.device))
-        return [pack_windows(regions) for regions in speech]
+        return [pack_windows(regions, seconds) for regions in speech]
 
     def _open_group(
         self,
@@ -268,7 +281,8 @@ class BatchedInferencePipeline:
                 read.append((index, reading.result()))
             except (WhisperforgeError, OSError, ValueError) as error:
                 done[index] = self._failed(index, error)
-        speech = self._windows([samples for _, samples in read], vad)
+        seconds = options.window_frames / FRAMES_PER_SECOND
+        speech = self._windows([samples for _, samples in read], vad, seconds)
         for (index, samples), windows in zip(read, speech):
             try:
                 done[index] = self._open(

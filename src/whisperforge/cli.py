@@ -50,6 +50,18 @@ def _optional_float(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"expected a number or none, got {text!r}") from None
 
 
+def _token_ids(text: str) -> list[int] | None:
+    """--suppress-tokens: comma-separated ids (-1: the symbols), or none."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()] or None
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected token ids like -1,50364, got {text!r}"
+        ) from None
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -187,6 +199,80 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="skip silences longer than this around likely hallucinations",
+    )
+
+    search = t.add_argument_group("search and fallback (openai-whisper's and faster-whisper's)")
+    search.add_argument(
+        "--patience",
+        metavar="P",
+        type=float,
+        default=1.0,
+        help="beam search: finish after P x beam-size candidates (default: %(default)s)",
+    )
+    search.add_argument(
+        "--length-penalty",
+        metavar="ALPHA",
+        type=float,
+        default=None,
+        help="rank beams by log-prob / length^ALPHA; default: by log-prob / length",
+    )
+    search.add_argument(
+        "--compression-ratio-threshold",
+        metavar="R",
+        type=_optional_float,
+        default=2.4,
+        help="fall back when the text's gzip ratio is above R; none: off (default: %(default)s)",
+    )
+    search.add_argument(
+        "--log-prob-threshold",
+        "--logprob-threshold",
+        metavar="L",
+        type=_optional_float,
+        default=-1.0,
+        help="fall back when the average log-probability is below L; none: off "
+        "(default: %(default)s)",
+    )
+    search.add_argument(
+        "--no-speech-threshold",
+        metavar="P",
+        type=_optional_float,
+        default=0.6,
+        help="skip a window as silence when its no-speech probability is above P and it "
+        "decoded below --log-prob-threshold; none: off (default: %(default)s)",
+    )
+    search.add_argument(
+        "--log-prob-low-threshold",
+        metavar="L",
+        type=_optional_float,
+        default=None,
+        help="skip a window whose average log-probability is below L, however likely speech",
+    )
+    search.add_argument(
+        "--suppress-tokens",
+        metavar="IDS",
+        type=_token_ids,
+        default="-1",
+        help="token ids never to sample, as --suppress-tokens=-1,50362; -1: the symbols "
+        "(default: %(default)s)",
+    )
+    search.add_argument(
+        "--carry-initial-prompt",
+        action="store_true",
+        help="put --initial-prompt before every window's prompt, not only the first",
+    )
+    search.add_argument(
+        "--chunk-length",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="seconds of audio a window holds, up to 30 (default: 30)",
+    )
+    search.add_argument(
+        "--max-new-tokens",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="tokens a window may sample (default: half the text context)",
     )
 
     out = t.add_argument_group("output")
@@ -490,6 +576,16 @@ def _transcribe_one(
         "repetition_penalty": args.repetition_penalty,
         "no_repeat_ngram_size": args.no_repeat_ngram_size,
         "multilingual": args.multilingual,
+        "patience": args.patience,
+        "length_penalty": args.length_penalty,
+        "compression_ratio_threshold": args.compression_ratio_threshold,
+        "log_prob_threshold": args.log_prob_threshold,
+        "no_speech_threshold": args.no_speech_threshold,
+        "log_prob_low_threshold": args.log_prob_low_threshold,
+        "suppress_tokens": args.suppress_tokens,
+        "carry_initial_prompt": args.carry_initial_prompt,
+        "chunk_length": args.chunk_length,
+        "max_new_tokens": args.max_new_tokens,
     }
     if args.batch_size is not None:
         from .batched import BatchedInferencePipeline
@@ -849,8 +945,18 @@ def run_quantize(args: argparse.Namespace) -> int:
 # --- entry point -----------------------------------------------------------------------------
 
 
+def _dashed(arg: str) -> str:
+    """A --flag_name as --flag-name (its =value as it is)."""
+    if not arg.startswith("--"):
+        return arg
+    name, equals, value = arg.partition("=")
+    return name.replace("_", "-") + equals + value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    # openai-whisper's spelling of the flags (--no_speech_threshold) works too.
+    argv = [_dashed(arg) for arg in (sys.argv[1:] if argv is None else argv)]
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # usage errors (2) and --help (0) as a return value

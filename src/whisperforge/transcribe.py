@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .audio import (
+    CHUNK_LENGTH,
     FRAMES_PER_SECOND,
     HOP_LENGTH,
     N_FRAMES,
@@ -63,6 +64,9 @@ class TranscriptionOptions:
     compression_ratio_threshold: float | None = 2.4
     log_prob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
+    # faster-whisper's: a window decoded below this average log-probability is skipped as
+    # if it were silence, whatever its no-speech probability (with no_speech_threshold set).
+    log_prob_low_threshold: float | None = None
     condition_on_previous_text: bool = True
     prompt_reset_on_temperature: float = 0.5
     initial_prompt: str | list[int] | None = None
@@ -86,6 +90,9 @@ class TranscriptionOptions:
     multilingual: bool = False
     language_detection_threshold: float = 0.5
     language_detection_segments: int = 1
+    # Seconds of audio a window holds, at most 30 (the encoder's input stays 30 s, zero-padded
+    # past them); None: 30.
+    chunk_length: float | None = None
 
     @classmethod
     def from_arguments(
@@ -123,8 +130,19 @@ class TranscriptionOptions:
             raise InvalidOptionError("language_detection_segments must be at least 1")
         if not 0 <= options.language_detection_threshold <= 1:
             raise InvalidOptionError("language_detection_threshold is a probability, 0 to 1")
+        if options.chunk_length is not None and not 1 <= options.chunk_length <= CHUNK_LENGTH:
+            raise InvalidOptionError(
+                f"chunk_length is the seconds of audio a window holds, 1 to {CHUNK_LENGTH}"
+            )
         validate_options(options.decoding_options(0.0, "en", "transcribe", []))  # now, not lazily
         return options
+
+    @property
+    def window_frames(self) -> int:
+        """Mel frames of audio a window holds (`chunk_length`)."""
+        return (
+            N_FRAMES if self.chunk_length is None else round(self.chunk_length * FRAMES_PER_SECOND)
+        )
 
     def decoding_options(
         self, temperature: float, language: str, task: str, prompt: list[int]
@@ -426,6 +444,8 @@ class WhisperModel:
         language_detection_threshold: float = 0.5,
         language_detection_segments: int = 1,
         log_progress: bool = False,
+        log_prob_low_threshold: float | None = None,
+        chunk_length: float | None = None,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         """Transcribe audio (a path, bytes, a file object or a 16 kHz mono float array).
 
@@ -435,7 +455,9 @@ class WhisperModel:
         given), `repetition_penalty` and `no_repeat_ngram_size` (on each window's sampled
         tokens; on a GPU they run the step loop on the host), `multilingual` (each window in
         its own language), the language found over `language_detection_segments` windows (see
-        `language_of`), and `log_progress` (a bar of the audio done, on stderr).
+        `language_of`), `log_progress` (a bar of the audio done, on stderr),
+        `log_prob_low_threshold` (a window decoded below this average log-probability is
+        dropped as silence) and `chunk_length` (seconds of audio a window holds, up to 30).
         """
         options = TranscriptionOptions.from_arguments(
             beam_size=beam_size,
@@ -467,6 +489,8 @@ class WhisperModel:
             multilingual=multilingual,
             language_detection_threshold=language_detection_threshold,
             language_detection_segments=language_detection_segments,
+            log_prob_low_threshold=log_prob_low_threshold,
+            chunk_length=chunk_length,
         )
         steps, info = self.long_form(audio, language, task, options, vad_filter, vad_parameters)
         segments = self.decode_sequentially(steps)
@@ -625,8 +649,8 @@ class WhisperModel:
                     seek = seek_clips[clip_index][0]
                 continue
             time_offset = seek * HOP_LENGTH / SAMPLE_RATE
-            window_end_time = (seek + N_FRAMES) * HOP_LENGTH / SAMPLE_RATE
-            segment_size = min(N_FRAMES, content_frames - seek, clip_end - seek)
+            window_end_time = (seek + options.window_frames) * HOP_LENGTH / SAMPLE_RATE
+            segment_size = min(options.window_frames, content_frames - seek, clip_end - seek)
             segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
             if (
                 peaks is not None
@@ -771,7 +795,8 @@ def good_enough(result: DecodingResult, options: TranscriptionOptions) -> bool:
 
 
 def is_no_speech(result: DecodingResult, options: TranscriptionOptions) -> bool:
-    """The no-speech skip: likely silence and not confidently decoded.
+    """The no-speech skip: likely silence and not confidently decoded, or (faster-whisper's
+    `log_prob_low_threshold`) decoded too improbably to keep, however likely speech.
 
     openai-whisper skips only when the final decode is improbable. We also skip when every
     temperature failed the thresholds (the result is not `good_enough`): what is left then is
@@ -779,7 +804,12 @@ def is_no_speech(result: DecodingResult, options: TranscriptionOptions) -> bool:
     chant ("No, No, No, ...") which the reference would print. Speech windows are unaffected:
     their no-speech probability is low.
     """
-    if options.no_speech_threshold is None or result.no_speech_prob <= options.no_speech_threshold:
+    if options.no_speech_threshold is None:
+        return False
+    low = options.log_prob_low_threshold
+    if low is not None and result.avg_logprob < low:
+        return True
+    if result.no_speech_prob <= options.no_speech_threshold:
         return False
     improbable = (
         options.log_prob_threshold is None or result.avg_logprob <= options.log_prob_threshold
