@@ -5,6 +5,7 @@ the low log-probability skip."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
@@ -12,9 +13,10 @@ import pytest
 import torch
 from conftest import DEV_DIR, JFK, english_wer, plain_words
 
-from whisperforge import BatchedInferencePipeline, InvalidOptionError, load_audio
+from whisperforge import BatchedInferencePipeline, InvalidOptionError, WhisperModel, load_audio
 from whisperforge.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 from whisperforge.decoding import DecodingOptions, RepetitionPenalty, decode, initial_tokens
+from whisperforge.runtime import Runtime, RuntimeWhisper
 
 MULTILINGUAL = DEV_DIR / "faster-whisper__multilingual.mp3"  # the MIT licence: English, German
 GERMAN = {"der", "die", "und", "jeden", "wird", "mit", "zu", "oder"}
@@ -224,6 +226,26 @@ def test_log_prob_low_threshold_drops_improbable_windows(tiny_en):
     pipeline = BatchedInferencePipeline(tiny_en)
     batched = pipeline.transcribe(SPOKEN_FAST_AND_SLOW, beam_size=1, log_prob_low_threshold=-0.05)
     assert list(batched[0]) == []
+
+
+def test_threads_share_one_model_and_its_runtime(tiny_en, monkeypatch):
+    """faster-whisper's `num_workers`: threads transcribing at once on one model each get what
+    they get alone. The model drives the runtime here, as on a GPU (it serves one decode at a
+    time), so without the model's lock the threads' decodes would overwrite each other's."""
+    runtime = Runtime(tiny_en.model, "float32", max_windows=1, max_rows=5)
+    monkeypatch.setattr(tiny_en, "runtime", runtime)
+    monkeypatch.setattr(tiny_en, "decode_model", RuntimeWhisper(runtime))
+    clips = [str(JFK), ljspeech("LJ001-0024"), ljspeech("LJ001-0031")]
+
+    def text(clip: str) -> str:
+        return "".join(s.text for s in tiny_en.transcribe(clip, beam_size=1)[0])
+
+    alone = [text(clip) for clip in clips]
+    with ThreadPoolExecutor(len(clips)) as pool:
+        together = list(pool.map(text, clips * 2))
+    assert together == alone * 2
+    with pytest.raises(InvalidOptionError, match="num_workers"):
+        WhisperModel("tiny.en", num_workers=0)
 
 
 def test_the_names_faster_whisper_exports():

@@ -51,6 +51,7 @@ from .transcribe import (
     clip_spans,
     good_enough,
     is_no_speech,
+    locked,
     parse_clip_timestamps,
     split_segments,
     vad_options_of,
@@ -142,16 +143,17 @@ class BatchedInferencePipeline:
         size = batch_size or self.auto_batch_size()
         samples = load_audio(audio)
         seconds = options.window_frames / FRAMES_PER_SECOND
-        if clip_timestamps is not None:
-            windows = pack_windows(clip_regions(clip_timestamps, len(samples)), seconds)
-        elif vad_filter:
-            windows = self._windows([samples], vad, seconds)[0]
-        else:  # load_audio: never empty
-            windows = pack_windows([SpeechRegion(0, len(samples))], seconds)
-        file = self._open(0, samples, windows, language, task, options, vad, size)
+        with self.model.lock:  # the VAD and the mel run on the model's device
+            if clip_timestamps is not None:
+                windows = pack_windows(clip_regions(clip_timestamps, len(samples)), seconds)
+            elif vad_filter:
+                windows = self._windows([samples], vad, seconds)[0]
+            else:  # load_audio: never empty
+                windows = pack_windows([SpeechRegion(0, len(samples))], seconds)
+            file = self._open(0, samples, windows, language, task, options, vad, size)
         info = file.result.info
         assert info is not None
-        segments = self._in_order(file, options, size)
+        segments = locked(self._in_order(file, options, size), self.model.lock)
         return (with_progress(segments, info.duration) if log_progress else segments), info
 
     def _in_order(self, file: _File, options: TranscriptionOptions, size: int) -> Iterator[Segment]:
@@ -219,7 +221,9 @@ class BatchedInferencePipeline:
                     segment.id = number
                 yield result
 
-        for file, _, window_segments, _ in self._decode(files(), options, size):
+        for file, _, window_segments, _ in locked(
+            self._decode(files(), options, size), self.model.lock
+        ):
             if file is not None:
                 file.result.segments.extend(window_segments)
             yield from finished()

@@ -13,8 +13,10 @@ import ctypes
 import numbers
 import os
 import sys
+import threading
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, fields, replace
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -49,6 +51,8 @@ from .runtime import Runtime, RuntimeWhisper, current_device
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
 from .tokenizer import HuggingFaceCodec, TiktokenCodec, Tokenizer, normalize_language
 from .vad import SpeechRegion, TimelineMap, VadOptions, collect_speech, detect_speech
+
+T = TypeVar("T")
 
 # Windows whose samples never exceed this (-60 dBFS) are silence: skipped without decoding.
 SILENCE_PEAK = 10 ** (-60 / 20)
@@ -289,6 +293,10 @@ class WhisperModel:
     token embedding and tied logits projection are int8 too, with a scale per 64 columns.
     The weights live in `model` (and `runtime` on a GPU) only: `checkpoint` keeps the
     description (config, tokenizer, alignment heads), not a second copy of them.
+    num_workers: faster-whisper's, whose CTranslate2 runs that many decodes at once. Here
+    threads may share one model however many there are: they take turns a window at a time
+    (`lock`), since a GPU runtime's buffers serve one decode at a time and a decode already
+    fills the device; `BatchedInferencePipeline` is what decodes many windows together.
     """
 
     def __init__(
@@ -300,7 +308,13 @@ class WhisperModel:
         cpu_threads: int = 0,
         download_root: str | None = None,
         local_files_only: bool = False,
+        num_workers: int = 1,
     ):
+        if not isinstance(num_workers, numbers.Integral) or num_workers < 1:
+            raise InvalidOptionError("num_workers must be a whole number of at least 1")
+        # Held while a thread's transcription runs the model (`locked`): the runtime's static
+        # buffers and CUDA graphs serve one decode at a time.
+        self.lock = threading.RLock()
         self.device = resolve_device(device)
         if self.device.type == "cuda":
             index = device_index if self.device.index is None else self.device.index
@@ -381,7 +395,10 @@ class WhisperModel:
             samples = collect_speech(
                 samples, detect_speech(samples, vad_options_of(vad_parameters))
             )
-        mel = log_mel_spectrogram(samples, self.checkpoint.config.n_mels, N_SAMPLES, self.device)
+        with self.lock:  # the model's device
+            mel = log_mel_spectrogram(
+                samples, self.checkpoint.config.n_mels, N_SAMPLES, self.device
+            )
         return self.language_of(
             leading_windows(mel, language_detection_segments), language_detection_threshold
         )
@@ -398,7 +415,8 @@ class WhisperModel:
         votes: dict[str, list[float]] = {}
         ranked: list[tuple[str, float]] = []
         for mel in windows:
-            _, probs = detect_language(self.model, self.tokenizer, self.encode(mel[None]))
+            with self.lock:
+                _, probs = detect_language(self.model, self.tokenizer, self.encode(mel[None]))
             ranked = sorted(probs[0].items(), key=lambda item: item[1], reverse=True)
             language, probability = ranked[0]
             if probability > threshold:
@@ -493,7 +511,7 @@ class WhisperModel:
             chunk_length=chunk_length,
         )
         steps, info = self.long_form(audio, language, task, options, vad_filter, vad_parameters)
-        segments = self.decode_sequentially(steps)
+        segments = locked(self.decode_sequentially(steps), self.lock)
         return (with_progress(segments, info.duration) if log_progress else segments), info
 
     def long_form(
@@ -531,8 +549,12 @@ class WhisperModel:
                 language or "en", 0.0, duration, 0.0, None, options, vad_options
             )
             return _no_windows(), info
-        # The whole file's mel with 30 s of zeros after it, sliced per window like the reference.
-        mel = log_mel_spectrogram(samples, self.checkpoint.config.n_mels, N_SAMPLES, self.device)
+        with self.lock:  # the model's device (a CUDA graph may be being captured)
+            # The whole file's mel with 30 s of zeros after it, sliced per window like the
+            # reference.
+            mel = log_mel_spectrogram(
+                samples, self.checkpoint.config.n_mels, N_SAMPLES, self.device
+            )
 
         all_language_probs = None
         language_probability = 1.0
@@ -740,6 +762,17 @@ def vad_options_of(
             f"{', '.join(f.name for f in fields(VadOptions))}"
         )
     return replace(default, **(parameters or {}))
+
+
+def locked(items: Iterator[T], lock: threading.RLock) -> Iterator[T]:
+    """`items`, each one made while holding `lock`: a lazy transcription keeps other threads
+    off the model while it runs, and not while its caller handles what it yielded."""
+    while True:
+        with lock:
+            item = next(items, None)
+        if item is None:
+            return
+        yield item
 
 
 def with_progress(
