@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from .audio import (
-    FRAMES_PER_SECOND,
     HOP_LENGTH,
     N_FRAMES,
     SAMPLE_RATE,
@@ -107,8 +106,9 @@ class _File:
 def window_vad(vad: VadOptions, options: TranscriptionOptions) -> VadOptions:
     """The VAD options a batched transcription cuts windows with: speech no longer than a
     window (`chunk_length`, 30 s by default), as faster-whisper's batched `chunk_length` sets."""
-    seconds = options.window_frames / FRAMES_PER_SECOND
-    return replace(vad, max_speech_duration_s=min(vad.max_speech_duration_s, seconds))
+    return replace(
+        vad, max_speech_duration_s=min(vad.max_speech_duration_s, options.window_seconds)
+    )
 
 
 class BatchedInferencePipeline:
@@ -142,7 +142,7 @@ class BatchedInferencePipeline:
         vad = window_vad(vad_options_of(vad_parameters, BATCHED_VAD), options)
         size = batch_size or self.auto_batch_size()
         samples = load_audio(audio)
-        seconds = options.window_frames / FRAMES_PER_SECOND
+        seconds = options.window_seconds
         with self.model.lock:  # the VAD and the mel run on the model's device
             if clip_timestamps is not None:
                 windows = pack_windows(clip_regions(clip_timestamps, len(samples)), seconds)
@@ -285,8 +285,7 @@ class BatchedInferencePipeline:
                 read.append((index, reading.result()))
             except (WhisperforgeError, OSError, ValueError) as error:
                 done[index] = self._failed(index, error)
-        seconds = options.window_frames / FRAMES_PER_SECOND
-        speech = self._windows([samples for _, samples in read], vad, seconds)
+        speech = self._windows([samples for _, samples in read], vad, options.window_seconds)
         for (index, samples), windows in zip(read, speech):
             try:
                 done[index] = self._open(

@@ -142,11 +142,14 @@ class TranscriptionOptions:
         return options
 
     @property
+    def window_seconds(self) -> float:
+        """Seconds of audio a window holds (`chunk_length`)."""
+        return CHUNK_LENGTH if self.chunk_length is None else self.chunk_length
+
+    @property
     def window_frames(self) -> int:
-        """Mel frames of audio a window holds (`chunk_length`)."""
-        return (
-            N_FRAMES if self.chunk_length is None else round(self.chunk_length * FRAMES_PER_SECOND)
-        )
+        """Mel frames of audio a window holds."""
+        return min(N_FRAMES, round(self.window_seconds * FRAMES_PER_SECOND))
 
     def decoding_options(
         self, temperature: float, language: str, task: str, prompt: list[int]
