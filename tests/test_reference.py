@@ -87,3 +87,45 @@ def test_language_detection_matches_openai_whisper(base, base_reference, languag
     _, reference_probs = base_reference.detect_language(mel)
     assert code == language == max(reference_probs, key=reference_probs.get)
     assert probability == pytest.approx(reference_probs[language], abs=0.01)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"word_timestamps": True}, {"beam_size": 5, "temperature": 0.0}]
+)
+def test_openai_whisper_api_gives_openai_whispers_result(
+    tiny_en_checkpoint, tmp_path, capsys, options
+):
+    """`whisperforge.load_model(...).transcribe` in place of openai-whisper's, on its defaults
+    (greedy, the fallback ladder) and options: the same result dict, word times included."""
+    import whisperforge
+
+    path = tmp_path / "tiny.en.pt"
+    save_openai(tiny_en_checkpoint, path)
+    reference = whisper.load_model(str(path), device="cpu")
+    # openai-whisper knows tiny.en's alignment heads by its name only; from a path it takes
+    # every head of the upper layers. These are the heads the package's model comes with.
+    config, heads = tiny_en_checkpoint.config, tiny_en_checkpoint.alignment_heads
+    mask = torch.zeros(config.n_text_layer, config.n_text_head, dtype=torch.bool)
+    mask[heads[:, 0], heads[:, 1]] = True
+    reference.register_buffer("alignment_heads", mask.to_sparse(), persistent=False)
+    audio = load_audio(DEV_DIR / "openai-whisper__jfk.flac")
+    expected = whisper.transcribe(reference, audio, fp16=False, **options)
+    result = whisperforge.load_model(str(path), device="cpu").transcribe(
+        audio, verbose=True, fp16=False, **options
+    )
+    assert (result["text"], result["language"]) == (expected["text"], expected["language"])
+    assert len(result["segments"]) == len(expected["segments"])
+    for ours, theirs in zip(result["segments"], expected["segments"]):
+        assert set(theirs) <= set(ours)
+        assert ours["tokens"] == theirs["tokens"]
+        assert (ours["start"], ours["end"]) == pytest.approx((theirs["start"], theirs["end"]))
+        assert len(ours.get("words", [])) == len(theirs.get("words", []))
+        for our_word, their_word in zip(ours.get("words", []), theirs.get("words", [])):
+            assert our_word["word"] == their_word["word"]
+            assert (our_word["start"], our_word["end"]) == pytest.approx(
+                (their_word["start"], their_word["end"]), abs=0.005
+            )
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "Detected language: English" and printed[1].startswith("[00:00.000 --> ")
+    with pytest.raises(TypeError, match="beam_width"):
+        whisperforge.load_model(str(path), device="cpu").transcribe(audio, beam_width=5)

@@ -10,6 +10,7 @@ from .errors import (
     ModelNotFoundError,
     WhisperforgeError,
 )
+from .openai_api import load_model
 from .results import Segment, TranscriptionInfo, Word
 from .transcribe import TranscriptionOptions, WhisperModel
 from .writers import format_timestamp
@@ -32,4 +33,5 @@ __all__ = [
     "download_model",
     "format_timestamp",
     "load_audio",
+    "load_model",
 ]

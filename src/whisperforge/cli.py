@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidOptionError, WhisperforgeError
-from .writers import FORMATS, WriterOptions, format_timestamp, output_paths, write_result
+from .writers import (
+    FORMATS,
+    WriterOptions,
+    format_timestamp,
+    output_paths,
+    timed_line,
+    write_result,
+)
 
 if TYPE_CHECKING:
     from .results import Segment
@@ -616,8 +623,7 @@ def _transcribe_one(
     ):
         segments.append(segment)
         if args.verbose:
-            start, end = format_timestamp(segment.start), format_timestamp(segment.end)
-            tqdm.write(f"[{start} --> {end}] {segment.text.strip()}", file=sys.stdout)
+            tqdm.write(timed_line(segment), file=sys.stdout)
         elif stdout_text:
             tqdm.write(segment.text.strip(), file=sys.stdout)  # the txt layout, streamed
     sys.stdout.flush()

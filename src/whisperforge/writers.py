@@ -50,6 +50,12 @@ def format_timestamp(
     return f"{hours_part}{minutes:02d}:{secs:02d}{decimal_marker}{milliseconds:03d}"
 
 
+def timed_line(segment: Segment) -> str:
+    """A segment as `--verbose` prints it: `[00:00.000 --> 00:07.740] text`."""
+    start, end = format_timestamp(segment.start), format_timestamp(segment.end)
+    return f"[{start} --> {end}] {segment.text.strip()}"
+
+
 def _info_dict(info: Mapping[str, Any] | object) -> dict[str, Any]:
     """Accept the dict the writers document, or a `TranscriptionInfo` as a convenience."""
     if isinstance(info, Mapping):
@@ -106,7 +112,14 @@ def write_json(
     file: TextIO,
     options: WriterOptions | None = None,
 ) -> None:
-    """openai-whisper's result dict: text, segments (words when present), language."""
+    """`openai_result` as JSON."""
+    json.dump(openai_result(segments, info), file, ensure_ascii=False)
+    file.write("\n")
+
+
+def openai_result(segments: Sequence[Segment], info: Mapping[str, Any] | object) -> dict[str, Any]:
+    """openai-whisper's result dict: text, segments (words when present), language; and the
+    audio's duration where known."""
     info = _info_dict(info)
     rows = []
     for segment in segments:
@@ -121,8 +134,7 @@ def write_json(
     }
     if info.get("duration") is not None:
         result["duration"] = info["duration"]
-    json.dump(result, file, ensure_ascii=False)
-    file.write("\n")
+    return result
 
 
 # --- subtitles -------------------------------------------------------------------------------

@@ -1,0 +1,125 @@
+"""openai-whisper's Python API over `WhisperModel`, for code written against it:
+
+    import whisperforge as whisper
+    model = whisper.load_model("base")
+    result = model.transcribe("audio.mp3")   # {"text", "segments", "language"}
+
+Its option names (`logprob_threshold`, `sample_len`, `suppress_tokens="-1"`, `fp16`) and its
+defaults (greedy decoding, one sample a temperature) are kept; the work is `WhisperModel`'s.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from .results import Segment
+from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
+from .tokenizer import LANGUAGES
+from .transcribe import WhisperModel, with_progress
+from .writers import openai_result, timed_line
+
+# openai-whisper's decode options that `WhisperModel.transcribe` names the same way.
+SAME_NAMES = {
+    "task", "language", "best_of", "beam_size", "patience", "length_penalty", "prefix",
+    "suppress_blank", "without_timestamps", "max_initial_timestamp",
+}  # fmt: skip
+
+
+def load_model(
+    name: str | os.PathLike,
+    device: str | torch.device | None = None,
+    download_root: str | None = None,
+    in_memory: bool = False,
+) -> OpenAIWhisper:
+    """openai-whisper's `load_model`: a model name ("tiny.en", "base", "large-v3", ...), a
+    model folder or an OpenAI `.pt` file, on `device` (CUDA when present). The weights are
+    float16 on a GPU and float32 on the CPU, as openai-whisper's `fp16` default gives;
+    `in_memory` is accepted (the weights are always read into memory)."""
+    del in_memory
+    model = WhisperModel(name, device=str(device or "auto"), download_root=download_root)
+    return OpenAIWhisper(model)
+
+
+class OpenAIWhisper:
+    """A `WhisperModel` with openai-whisper's `transcribe` (see the module docstring); the
+    `WhisperModel` is `model`."""
+
+    def __init__(self, model: WhisperModel):
+        self.model = model
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def is_multilingual(self) -> bool:
+        return self.model.is_multilingual
+
+    def transcribe(
+        self,
+        audio: str | os.PathLike | np.ndarray | torch.Tensor,
+        *,
+        verbose: bool | None = None,
+        temperature: float | Iterable[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        compression_ratio_threshold: float | None = 2.4,
+        logprob_threshold: float | None = -1.0,
+        no_speech_threshold: float | None = 0.6,
+        condition_on_previous_text: bool = True,
+        initial_prompt: str | None = None,
+        carry_initial_prompt: bool = False,
+        word_timestamps: bool = False,
+        prepend_punctuations: str = PREPEND_PUNCTUATIONS,
+        append_punctuations: str = APPEND_PUNCTUATIONS,
+        clip_timestamps: str | list[float] = "0",
+        hallucination_silence_threshold: float | None = None,
+        **decode_options: Any,
+    ) -> dict[str, Any]:
+        """openai-whisper's `transcribe`: its result dict. `verbose`: True prints each segment
+        as it is decoded, False shows a progress bar, None neither. `decode_options` are its
+        `DecodingOptions`: task, language, best_of, beam_size, patience, length_penalty,
+        prefix, suppress_tokens (a "-1,..." string or ids), suppress_blank,
+        without_timestamps, max_initial_timestamp, sample_len (tokens a window may sample),
+        and fp16, which has no effect: the compute type was chosen when the model loaded."""
+        unknown = set(decode_options) - SAME_NAMES - {"suppress_tokens", "sample_len", "fp16"}
+        if unknown:
+            raise TypeError(f"unknown decoding option(s): {', '.join(sorted(unknown))}")
+        options = {name: decode_options[name] for name in SAME_NAMES & set(decode_options)}
+        options.setdefault("beam_size", 1)  # openai-whisper: greedy unless a beam is asked for
+        options.setdefault("best_of", 1)
+        suppress = decode_options.get("suppress_tokens", "-1")
+        if isinstance(suppress, str):
+            suppress = [int(t) for t in suppress.split(",") if t.strip()]
+        if isinstance(audio, torch.Tensor):
+            audio = audio.detach().cpu().numpy()
+        segments, info = self.model.transcribe(
+            audio,
+            temperature=temperature,
+            compression_ratio_threshold=compression_ratio_threshold,
+            log_prob_threshold=logprob_threshold,
+            no_speech_threshold=no_speech_threshold,
+            condition_on_previous_text=condition_on_previous_text,
+            initial_prompt=initial_prompt,
+            carry_initial_prompt=carry_initial_prompt,
+            word_timestamps=word_timestamps,
+            prepend_punctuations=prepend_punctuations,
+            append_punctuations=append_punctuations,
+            clip_timestamps=clip_timestamps,
+            hallucination_silence_threshold=hallucination_silence_threshold,
+            suppress_tokens=suppress or None,
+            max_new_tokens=decode_options.get("sample_len"),
+            **options,
+        )
+        if verbose is not None and options.get("language") is None:
+            print(f"Detected language: {LANGUAGES[info.language].title()}")
+        done: list[Segment] = []
+        for segment in with_progress(segments, info.duration, shown=verbose is False):
+            done.append(segment)
+            if verbose:
+                print(timed_line(segment), file=sys.stdout, flush=True)
+        return openai_result(done, info)
