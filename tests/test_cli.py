@@ -134,6 +134,13 @@ def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
         "initial_prompt": "A speech.", "max_new_tokens": 100,
     }.items() <= seen[0].items()  # fmt: skip
     assert cli.main(["transcribe", str(JFK), "--suppress-tokens", "ids"]) == 2
+    assert cli.main(["transcribe", str(JFK), *FAST, "--verbose", "False", "--fp16", "False"]) == 0
+    assert "-->" not in capsys.readouterr().out  # openai-whisper's spelling of "not verbose"
+    assert cli.main(["transcribe", "--verbose", "True", str(JFK), *FAST]) == 0
+    assert "-->" in capsys.readouterr().out
+    parsed = cli.build_parser().parse_args(["transcribe", "x.wav", "--fp16", "False"])
+    assert cli._compute_type(parsed) == "float32"
+    assert cli.main(["transcribe", str(JFK), "--fp16", "maybe"]) == 2
     assert cli.main(["transcribe", str(JFK), *FAST, "--chunk-length", "45"]) == 1
     assert "chunk_length" in error_lines(capsys.readouterr().err)[-1]
 

@@ -57,6 +57,14 @@ def _optional_float(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"expected a number or none, got {text!r}") from None
 
 
+def _bool(text: str) -> bool:
+    """openai-whisper's boolean flag values: True / False (yes / no, 1 / 0)."""
+    value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+    if text.strip().lower() not in value:
+        raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
+    return value[text.strip().lower()]
+
+
 def _token_ids(text: str) -> list[int] | None:
     """--suppress-tokens: comma-separated ids (-1: the symbols), or none."""
     if text.strip().lower() == "none":
@@ -369,6 +377,13 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int = 0) -> Non
         help="default: float16 on CUDA, float32 on CPU (a quantized model: its own type)",
     )
     group.add_argument(
+        "--fp16",
+        type=_bool,
+        default=None,
+        metavar="BOOL",
+        help="openai-whisper's: False means --compute-type float32 (default: the compute type's)",
+    )
+    group.add_argument(
         "--threads",
         metavar="N",
         type=int,
@@ -529,8 +544,13 @@ def load_model(args: argparse.Namespace) -> WhisperModel:
     """The model for this run (a seam: tests swap in an already loaded one)."""
     from .transcribe import WhisperModel  # torch is slow to import: only when needed
 
-    return WhisperModel(args.model, device=args.device, compute_type=args.compute_type,
+    return WhisperModel(args.model, device=args.device, compute_type=_compute_type(args),
                         cpu_threads=args.threads)  # fmt: skip
+
+
+def _compute_type(args: argparse.Namespace) -> str:
+    """--compute-type, or float32 where openai-whisper's --fp16 False asks for it."""
+    return "float32" if args.fp16 is False and args.compute_type == "default" else args.compute_type
 
 
 def _writer_options(args: argparse.Namespace) -> WriterOptions:
@@ -868,7 +888,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as error:
         raise WhisperforgeError(str(error)) from None
     config = ServerConfig(
-        model=args.model, device=args.device, compute_type=args.compute_type,
+        model=args.model, device=args.device, compute_type=_compute_type(args),
         threads=args.threads, beam_size=args.beam_size, max_upload_mb=args.max_upload_mb,
         request_timeout_s=args.request_timeout, max_queue=args.max_queue,
         api_key=args.api_key or None, batch_size=args.batch_size,
@@ -951,18 +971,25 @@ def run_quantize(args: argparse.Namespace) -> int:
 # --- entry point -----------------------------------------------------------------------------
 
 
-def _dashed(arg: str) -> str:
-    """A --flag_name as --flag-name (its =value as it is)."""
-    if not arg.startswith("--"):
-        return arg
-    name, equals, value = arg.partition("=")
-    return name.replace("_", "-") + equals + value
+def _openai_spelling(argv: Sequence[str]) -> list[str]:
+    """openai-whisper's way to write the flags, as ours: --flag_name as --flag-name (its
+    =value as it is), and --verbose True / False as --verbose or nothing."""
+    out: list[str] = []
+    for arg in argv:
+        if arg.startswith("--"):
+            name, equals, value = arg.partition("=")
+            arg = name.replace("_", "-") + equals + value
+        if out and out[-1] == "--verbose" and arg.lower() in ("true", "false"):
+            if arg.lower() == "false":
+                out.pop()
+            continue
+        out.append(arg)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    # openai-whisper's spelling of the flags (--no_speech_threshold) works too.
-    argv = [_dashed(arg) for arg in (sys.argv[1:] if argv is None else argv)]
+    argv = _openai_spelling(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # usage errors (2) and --help (0) as a return value
