@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidOptionError, WhisperforgeError
+from .tokenizer import parse_token_ids
 from .writers import (
     FORMATS,
     WriterOptions,
@@ -70,7 +71,7 @@ def _token_ids(text: str) -> list[int] | None:
     if text.strip().lower() == "none":
         return None
     try:
-        return [int(part) for part in text.split(",") if part.strip()] or None
+        return parse_token_ids(text) or None
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected token ids like -1,50364, got {text!r}"

@@ -20,7 +20,7 @@ import torch
 
 from .results import Segment
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
-from .tokenizer import LANGUAGES
+from .tokenizer import LANGUAGES, parse_token_ids
 from .transcribe import WhisperModel, with_progress
 from .writers import openai_result, timed_line
 
@@ -94,7 +94,7 @@ class OpenAIWhisper:
         options.setdefault("best_of", 1)
         suppress = decode_options.get("suppress_tokens", "-1")
         if isinstance(suppress, str):
-            suppress = [int(t) for t in suppress.split(",") if t.strip()]
+            suppress = parse_token_ids(suppress)
         if isinstance(audio, torch.Tensor):
             audio = audio.detach().cpu().numpy()
         segments, info = self.model.transcribe(

@@ -305,6 +305,12 @@ class Tokenizer:
         return words, word_tokens
 
 
+def parse_token_ids(text: str) -> list[int]:
+    """Token ids written as openai-whisper writes `suppress_tokens`: "-1,50362" (ValueError
+    where a part is not a whole number)."""
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
 def normalize_language(language: str, codes: tuple[str, ...]) -> str:
     """A language code from a code or a name; a clear error for anything else."""
     key = language.lower().strip()
