@@ -129,3 +129,32 @@ def test_openai_whisper_api_gives_openai_whispers_result(
     assert printed[0] == "Detected language: English" and printed[1].startswith("[00:00.000 --> ")
     with pytest.raises(TypeError, match="beam_width"):
         whisperforge.load_model(str(path), device="cpu").transcribe(audio, beam_width=5)
+
+
+def test_openai_whisper_readme_example_runs_on_whisperforge(
+    base_checkpoint, base_reference, tmp_path
+):
+    """openai-whisper's lower-level example (pad_or_trim, log_mel_spectrogram, detect_language,
+    decode) with `import whisperforge as whisper`: the same language and the same tokens."""
+    import numpy as np
+
+    import whisperforge
+
+    path = tmp_path / "base.pt"
+    save_openai(base_checkpoint, path)
+    model = whisperforge.load_model(str(path), device="cpu")
+    clip = next(r for r in manifest() if r["language"] == "de" and r["ref_kind"] == "exact")
+    audio = whisperforge.pad_or_trim(whisperforge.load_audio(DEV_DIR / clip["audio"]))
+    assert isinstance(audio, np.ndarray) and audio.shape == (480000,)
+    mel = whisperforge.log_mel_spectrogram(audio, n_mels=model.dims.n_mels).to(model.device)
+    reference_mel = whisper.log_mel_spectrogram(audio)
+    assert torch.allclose(mel, reference_mel, atol=1e-4)
+    token, probs = model.detect_language(mel)
+    reference_token, reference_probs = base_reference.detect_language(reference_mel)
+    assert max(probs, key=probs.get) == max(reference_probs, key=reference_probs.get) == "de"
+    assert int(token) == int(reference_token)
+    result = whisperforge.decode(model, mel, whisperforge.DecodingOptions(fp16=False))
+    expected = whisper.decode(base_reference, reference_mel, whisper.DecodingOptions(fp16=False))
+    assert (result.language, result.tokens, result.text) == (
+        expected.language, expected.tokens, expected.text
+    )  # fmt: skip

@@ -1,8 +1,9 @@
 """whisperforge: OpenAI Whisper speech recognition, reference-exact and fast."""
 
-from .audio import decode_audio, load_audio
+from .audio import decode_audio, load_audio, log_mel_spectrogram, pad_or_trim
 from .batched import BatchedInferencePipeline
 from .checkpoints import available_models, download_model
+from .decoding import DecodingOptions, DecodingResult
 from .errors import (
     AudioError,
     InvalidOptionError,
@@ -10,7 +11,7 @@ from .errors import (
     ModelNotFoundError,
     WhisperforgeError,
 )
-from .openai_api import load_model
+from .openai_api import decode, detect_language, load_model
 from .results import Segment, TranscriptionInfo, Word
 from .transcribe import TranscriptionOptions, WhisperModel
 from .writers import format_timestamp
@@ -19,6 +20,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AudioError",
     "BatchedInferencePipeline",
+    "DecodingOptions",
+    "DecodingResult",
     "InvalidOptionError",
     "ModelFormatError",
     "ModelNotFoundError",
@@ -29,9 +32,13 @@ __all__ = [
     "WhisperforgeError",
     "Word",
     "available_models",
+    "decode",
     "decode_audio",
+    "detect_language",
     "download_model",
     "format_timestamp",
     "load_audio",
     "load_model",
+    "log_mel_spectrogram",
+    "pad_or_trim",
 ]

@@ -11,7 +11,7 @@ import warnings
 import wave
 from functools import cache
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100
 
 AudioInput = str | Path | bytes | bytearray | memoryview | BinaryIO | np.ndarray | torch.Tensor
+T = TypeVar("T", np.ndarray, torch.Tensor)
 
 
 def decode_audio(
@@ -196,8 +197,11 @@ def load_audio(audio: AudioInput) -> np.ndarray:
     return samples
 
 
-def pad_or_trim(array: torch.Tensor, length: int = N_SAMPLES, *, axis: int = -1) -> torch.Tensor:
-    """Zero-pad or cut `array` along `axis` to exactly `length`, as the encoder expects."""
+def pad_or_trim(array: T, length: int = N_SAMPLES, *, axis: int = -1) -> T:
+    """Zero-pad or cut `array` (a tensor, or a numpy array as openai-whisper's takes) along
+    `axis` to exactly `length`, as the encoder expects."""
+    if isinstance(array, np.ndarray):
+        return pad_or_trim(torch.from_numpy(array), length, axis=axis).numpy()
     size = array.shape[axis]
     if size > length:
         return array.narrow(axis, 0, length)
@@ -253,12 +257,15 @@ def _hann_window(device: torch.device) -> torch.Tensor:
 
 
 def log_mel_spectrogram(
-    audio: np.ndarray | torch.Tensor,
+    audio: AudioInput,
     n_mels: int = 80,
     padding: int = 0,
     device: str | torch.device | None = None,
 ) -> torch.Tensor:
-    """Log-mel spectrogram [..., n_mels, n_frames] of 16 kHz audio, `padding` zero samples appended."""
+    """Log-mel spectrogram [..., n_mels, n_frames] of 16 kHz audio (or of a file, as
+    openai-whisper's), `padding` zero samples appended."""
+    if not isinstance(audio, (np.ndarray, torch.Tensor)):
+        audio = load_audio(audio)
     audio = torch.as_tensor(audio, dtype=torch.float32)
     if device is not None:
         audio = audio.to(device)

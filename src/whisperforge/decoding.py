@@ -46,6 +46,7 @@ class DecodingOptions:
     hotwords: str | None = None
     repetition_penalty: float = 1.0  # > 1: each sampled token's score / penalty (CTRL's)
     no_repeat_ngram_size: int = 0  # > 0: no n-gram of this size sampled twice
+    fp16: bool = True  # openai-whisper's; no effect: the model's compute type was set at load
 
 
 @dataclass

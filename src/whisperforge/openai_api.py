@@ -13,11 +13,16 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
+from .decoding import DecodingOptions, DecodingResult
+from .decoding import decode as decode_windows
+from .decoding import detect_language as languages_of
+from .model import ModelConfig
 from .results import Segment
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from .tokenizer import LANGUAGES, parse_token_ids
@@ -60,6 +65,35 @@ class OpenAIWhisper:
     @property
     def is_multilingual(self) -> bool:
         return self.model.is_multilingual
+
+    @property
+    def dims(self) -> ModelConfig:
+        """openai-whisper's `dims`: the architecture, in its field names."""
+        return self.model.checkpoint.config
+
+    def detect_language(self, mel: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """openai-whisper's: the likeliest language's token and every language's probability,
+        for a mel [n_mels, 3000] (a dict) or each of a batch [B, n_mels, 3000] (a list)."""
+        single = mel.ndim == 2
+        with self.model.lock:
+            features = self.model.encode(mel[None] if single else mel)
+            codes, probs = languages_of(self.model.model, self.model.tokenizer, features)
+        tokens = torch.tensor([self.model.tokenizer.language_token(code) for code in codes])
+        return (tokens[0], probs[0]) if single else (tokens, probs)
+
+    def decode(
+        self, mel: torch.Tensor, options: DecodingOptions | None = None, **changes: Any
+    ) -> DecodingResult | list[DecodingResult]:
+        """openai-whisper's `decode`: one 30 s window's mel [n_mels, 3000] (a result), or a
+        batch [B, n_mels, 3000] (a list), with `options` and `changes` to them."""
+        options = replace(options or DecodingOptions(), **changes)
+        single = mel.ndim == 2
+        with self.model.lock:
+            features = self.model.encode(mel[None] if single else mel)
+            results = decode_windows(
+                self.model.decode_model, self.model.tokenizer, features, options
+            )
+        return results[0] if single else results
 
     def transcribe(
         self,
@@ -123,3 +157,15 @@ class OpenAIWhisper:
             if verbose:
                 print(timed_line(segment), file=sys.stdout, flush=True)
         return openai_result(done, info)
+
+
+def decode(
+    model: OpenAIWhisper, mel: torch.Tensor, options: DecodingOptions | None = None, **changes: Any
+) -> DecodingResult | list[DecodingResult]:
+    """openai-whisper's `whisper.decode(model, mel, options)`."""
+    return model.decode(mel, options, **changes)
+
+
+def detect_language(model: OpenAIWhisper, mel: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """openai-whisper's `whisper.detect_language(model, mel)`."""
+    return model.detect_language(mel)
