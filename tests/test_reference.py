@@ -158,3 +158,5 @@ def test_openai_whisper_readme_example_runs_on_whisperforge(
     assert (result.language, result.tokens, result.text) == (
         expected.language, expected.tokens, expected.text
     )  # fmt: skip
+    with pytest.raises(whisperforge.InvalidOptionError, match="pad_or_trim"):
+        whisperforge.decode(model, whisperforge.log_mel_spectrogram(audio[:16000]))

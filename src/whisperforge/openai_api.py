@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from .audio import N_FRAMES
 from .decoding import DecodingOptions, DecodingResult
 from .decoding import decode as decode_windows
 from .decoding import detect_language as languages_of
+from .errors import InvalidOptionError
 from .model import ModelConfig
 from .results import Segment
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
@@ -76,7 +78,7 @@ class OpenAIWhisper:
         for a mel [n_mels, 3000] (a dict) or each of a batch [B, n_mels, 3000] (a list)."""
         single = mel.ndim == 2
         with self.model.lock:
-            features = self.model.encode(mel[None] if single else mel)
+            features = self.model.encode(self._windows(mel))
             codes, probs = languages_of(self.model.model, self.model.tokenizer, features)
         tokens = torch.tensor([self.model.tokenizer.language_token(code) for code in codes])
         return (tokens[0], probs[0]) if single else (tokens, probs)
@@ -89,11 +91,22 @@ class OpenAIWhisper:
         options = replace(options or DecodingOptions(), **changes)
         single = mel.ndim == 2
         with self.model.lock:
-            features = self.model.encode(mel[None] if single else mel)
+            features = self.model.encode(self._windows(mel))
             results = decode_windows(
                 self.model.decode_model, self.model.tokenizer, features, options
             )
         return results[0] if single else results
+
+    def _windows(self, mel: torch.Tensor) -> torch.Tensor:
+        """mel as a batch of 30 s windows [B, n_mels, 3000], or a clear error."""
+        windows = mel[None] if mel.ndim == 2 else mel
+        shape = (self.dims.n_mels, N_FRAMES)
+        if windows.ndim != 3 or tuple(windows.shape[1:]) != shape:
+            raise InvalidOptionError(
+                f"expected a mel of shape {shape} (or a batch of them), got {tuple(mel.shape)}; "
+                f"make it with log_mel_spectrogram(pad_or_trim(audio), n_mels={shape[0]})"
+            )
+        return windows
 
     def transcribe(
         self,
