@@ -127,6 +127,8 @@ def test_openai_whisper_api_gives_openai_whispers_result(
             )
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "Detected language: English" and printed[1].startswith("[00:00.000 --> ")
+    with pytest.raises(whisperforge.InvalidOptionError, match="token ids"):
+        whisperforge.load_model(str(path), device="cpu").transcribe(audio, suppress_tokens="x")
     with pytest.raises(TypeError, match="beam_width"):
         whisperforge.load_model(str(path), device="cpu").transcribe(audio, beam_width=5)
 

@@ -72,10 +72,8 @@ def _token_ids(text: str) -> list[int] | None:
         return None
     try:
         return parse_token_ids(text) or None
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected token ids like -1,50364, got {text!r}"
-        ) from None
+    except InvalidOptionError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _positive_int(text: str) -> int:

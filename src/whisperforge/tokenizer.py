@@ -306,9 +306,13 @@ class Tokenizer:
 
 
 def parse_token_ids(text: str) -> list[int]:
-    """Token ids written as openai-whisper writes `suppress_tokens`: "-1,50362" (ValueError
-    where a part is not a whole number)."""
-    return [int(part) for part in text.split(",") if part.strip()]
+    """Token ids written as openai-whisper writes `suppress_tokens`: "-1,50362"."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InvalidOptionError(
+            f"expected comma-separated token ids such as -1,50362, got {text!r}"
+        ) from None
 
 
 def normalize_language(language: str, codes: tuple[str, ...]) -> str:
