@@ -6,7 +6,7 @@ the low log-probability skip."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -246,6 +246,13 @@ def test_threads_share_one_model_and_its_runtime(tiny_en, monkeypatch):
     assert together == alone * 2
     with pytest.raises(InvalidOptionError, match="num_workers"):
         WhisperModel("tiny.en", num_workers=0)
+
+
+def test_segments_keep_faster_whispers_older_asdict(tiny_en):
+    segment = next(tiny_en.transcribe(JFK, beam_size=1, word_timestamps=True)[0])
+    as_dict = segment._asdict()
+    assert as_dict == asdict(segment) and as_dict["text"] == segment.text
+    assert as_dict["words"][0] == segment.words[0]._asdict()
 
 
 def test_the_names_faster_whisper_exports():

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+
+
+class _AsDict:
+    def _asdict(self) -> dict:
+        """faster-whisper's older NamedTuple method, which code written for it still calls."""
+        return asdict(self)  # type: ignore[call-overload]
 
 
 @dataclass
-class Word:
+class Word(_AsDict):
     start: float
     end: float
     word: str
@@ -14,7 +20,7 @@ class Word:
 
 
 @dataclass
-class Segment:
+class Segment(_AsDict):
     """One transcribed segment (faster-whisper's fields and order)."""
 
     id: int
