@@ -1700,7 +1700,7 @@ def self_attention_out(
     stream, as `folded_linear`'s `residual` (x, g) adds it and leaves `stats`, in one kernel
     (`_self_attention_out_kernel`): each band of the projection's programs attends its head
     itself, instead of a stage waiting for an attention kernel's output (H200, large-v3 at
-    one row: -1.4 % a step; RESULTS, session 39)."""
+    one row: -1.6 % a step; RESULTS, session 39)."""
     data, scale = weight_and_scale(w)
     x, g = residual
     D, dh = x.shape[1], x.shape[1] // n_head
