@@ -256,6 +256,14 @@ def test_keyboard_interrupt_exits_130_quietly(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_download_writes_a_ctranslate2_folder(tmp_path, capsys):
+    assert cli.main(["download", "base", "--output-dir", str(tmp_path / "base")]) == 0
+    folder = Path(capsys.readouterr().out.strip())
+    assert folder == tmp_path / "base" and (folder / "model.bin").is_file()
+    assert cli.main(["download", "no-such-model"]) == 1
+    assert "no-such-model" in error_lines(capsys.readouterr().err)[0]
+
+
 def test_usage_errors_exit_2(capsys):
     assert cli.main([]) == 2
     assert cli.main(["transcribe"]) == 2

@@ -345,6 +345,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the model names that load here and where from.",
     )
     m.set_defaults(run=run_models)
+    d = commands.add_parser(
+        "download",
+        help="a model as one CTranslate2 folder (for offline use elsewhere)",
+        description="Print the folder holding a model as CTranslate2 lays it out (model.bin, "
+        "config.json, tokenizer.json, vocabulary), found as --model finds it; with "
+        "--output-dir, its files written there.",
+    )
+    d.add_argument("model", metavar="NAME", help="a model name (see `whisperforge models`)")
+    d.add_argument("--output-dir", "-o", metavar="DIR", default=None, help="write the files here")
+    d.set_defaults(run=run_download)
     _add_stream_parser(commands)
     _add_serve_parser(commands)
     _add_quantize_parser(commands)
@@ -760,6 +770,13 @@ def run_models(args: argparse.Namespace) -> int:
         "transformers) or an OpenAI .pt file."
     )
     print(textwrap.fill(note, width=88))
+    return 0
+
+
+def run_download(args: argparse.Namespace) -> int:
+    from .checkpoints import download_model
+
+    print(download_model(args.model, args.output_dir))
     return 0
 
 
