@@ -987,13 +987,23 @@ def run_quantize(args: argparse.Namespace) -> int:
 # --- entry point -----------------------------------------------------------------------------
 
 
-def _openai_spelling(argv: Sequence[str]) -> list[str]:
-    """openai-whisper's way to write the flags, as ours: --flag_name as --flag-name (its
-    =value as it is), and --verbose True / False as --verbose or nothing."""
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every --flag of the parser and its commands."""
+    flags = set(parser._option_string_actions)
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        for command in getattr(action, "choices", {}).values():
+            flags |= _option_strings(command)
+    return flags
+
+
+def _openai_spelling(argv: Sequence[str], flags: set[str]) -> list[str]:
+    """openai-whisper's way to write the flags, as ours: a --flag_name of ours as --flag-name
+    (its =value as it is; other words, such as a prompt's, stay as they are), and --verbose
+    True / False as --verbose or nothing."""
     out: list[str] = []
     for arg in argv:
-        if arg.startswith("--"):
-            name, equals, value = arg.partition("=")
+        name, equals, value = arg.partition("=")
+        if name.startswith("--") and name.replace("_", "-") in flags:
             arg = name.replace("_", "-") + equals + value
         if out and out[-1] == "--verbose" and arg.lower() in ("true", "false"):
             if arg.lower() == "false":
@@ -1005,7 +1015,7 @@ def _openai_spelling(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    argv = _openai_spelling(sys.argv[1:] if argv is None else argv)
+    argv = _openai_spelling(sys.argv[1:] if argv is None else argv, _option_strings(parser))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # usage errors (2) and --help (0) as a return value
