@@ -58,12 +58,14 @@ def _optional_float(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"expected a number or none, got {text!r}") from None
 
 
+# openai-whisper's boolean flag values (--fp16 False, --verbose True).
+BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
 def _bool(text: str) -> bool:
-    """openai-whisper's boolean flag values: True / False (yes / no, 1 / 0)."""
-    value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-    if text.strip().lower() not in value:
+    if text.strip().lower() not in BOOLEANS:
         raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
-    return value[text.strip().lower()]
+    return BOOLEANS[text.strip().lower()]
 
 
 def _token_ids(text: str) -> list[int] | None:
@@ -1005,8 +1007,8 @@ def _openai_spelling(argv: Sequence[str], flags: set[str]) -> list[str]:
         name, equals, value = arg.partition("=")
         if name.startswith("--") and name.replace("_", "-") in flags:
             arg = name.replace("_", "-") + equals + value
-        if out and out[-1] == "--verbose" and arg.lower() in ("true", "false"):
-            if arg.lower() == "false":
+        if out and out[-1] == "--verbose" and arg.lower() in BOOLEANS:
+            if not BOOLEANS[arg.lower()]:
                 out.pop()
             continue
         out.append(arg)

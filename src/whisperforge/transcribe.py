@@ -398,13 +398,19 @@ class WhisperModel:
             samples = collect_speech(
                 samples, detect_speech(samples, vad_options_of(vad_parameters))
             )
-        with self.lock:  # the model's device
-            mel = log_mel_spectrogram(
-                samples, self.checkpoint.config.n_mels, N_SAMPLES, self.device
-            )
+        mel = self.long_form_mel(samples)
         return self.language_of(
             leading_windows(mel, language_detection_segments), language_detection_threshold
         )
+
+    def long_form_mel(self, samples: np.ndarray) -> Tensor:
+        """The whole audio's mel with 30 s of zeros after it, on the model's device, sliced
+        per window like the reference's. Under the lock: another thread's CUDA graph may be
+        being captured there."""
+        with self.lock:
+            return log_mel_spectrogram(
+                samples, self.checkpoint.config.n_mels, N_SAMPLES, self.device
+            )
 
     def language_of(
         self, windows: Iterable[Tensor], threshold: float = 0.5
@@ -552,12 +558,7 @@ class WhisperModel:
                 language or "en", 0.0, duration, 0.0, None, options, vad_options
             )
             return _no_windows(), info
-        with self.lock:  # the model's device (a CUDA graph may be being captured)
-            # The whole file's mel with 30 s of zeros after it, sliced per window like the
-            # reference.
-            mel = log_mel_spectrogram(
-                samples, self.checkpoint.config.n_mels, N_SAMPLES, self.device
-            )
+        mel = self.long_form_mel(samples)
 
         all_language_probs = None
         language_probability = 1.0
@@ -625,7 +626,7 @@ class WhisperModel:
         """The long-form loop over samples [start, end) of a file, on the file's timeline: what
         `transcribe` does to a whole file, for one stretch of it (batched.py's chains)."""
         span = samples[start:end]
-        mel = log_mel_spectrogram(span, self.checkpoint.config.n_mels, N_SAMPLES, self.device)
+        mel = self.long_form_mel(span)
         timeline = TimelineMap([SpeechRegion(start, end)])
         return self.window_steps(mel, tokenizer, options, frame_peaks(span), timeline)
 
