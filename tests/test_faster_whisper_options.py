@@ -174,6 +174,24 @@ def test_language_from_several_windows(base, german_then_english):
         base.transcribe(german_then_english, language_detection_segments=0)
 
 
+def test_the_window_a_language_was_found_in_is_encoded_once(base):
+    """Audio of 30 s or more starts its long-form loop with the window its language was found
+    in: those features are reused, and the transcript is the one of a given language."""
+    encoded = []
+    hook = base.model.encoder.register_forward_hook(lambda *_: encoded.append(1))
+    options = {"clip_timestamps": "0,30", "without_timestamps": True, "beam_size": 1}
+    base.language_window = None  # another test's
+    try:
+        given = window_texts(base.transcribe(MULTILINGUAL, language="en", **options)[0])
+        assert len(encoded) == 1
+        segments, info = base.transcribe(MULTILINGUAL, **options)
+        found = window_texts(segments)
+        assert info.language == "en" and len(encoded) == 2
+    finally:
+        hook.remove()
+    assert found == given and "permission" in " ".join(found)
+
+
 def test_log_progress_draws_a_bar_and_changes_nothing(tiny_en, capfd):
     plain = [s.text for s in tiny_en.transcribe(JFK, beam_size=1)[0]]
     capfd.readouterr()

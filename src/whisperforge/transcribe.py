@@ -330,6 +330,9 @@ class WhisperModel:
         if cpu_threads > 0:
             torch.set_num_threads(cpu_threads)
         self.runtime = None  # on a GPU: encoder and decode loop on static caches, CUDA graphs
+        # The last window `language_of` encoded, with its features: audio of 30 s or more
+        # starts its long-form loop with the same mel, which is then not encoded twice.
+        self.language_window: tuple[Tensor, Tensor] | None = None
         if not isinstance(model_size_or_path, Checkpoint) and is_export_folder(model_size_or_path):
             # `whisperforge export --format onnx`: encoder and decoder on onnxruntime.
             self.checkpoint, self.model = load_onnx_export(
@@ -377,6 +380,9 @@ class WhisperModel:
 
     def encode(self, mel: Tensor) -> Tensor:
         """Audio features [B, n_audio_ctx, D] of mel windows [B, n_mels, 3000]."""
+        known = self.language_window
+        if known is not None and identical(known[0][None], mel):
+            return known[1][None]
         with torch.inference_mode(), current_device(self.device):
             if self.runtime is not None:  # its output is a static buffer: keep a copy
                 return self.runtime.encoder(mel).clone()
@@ -425,7 +431,9 @@ class WhisperModel:
         ranked: list[tuple[str, float]] = []
         for mel in windows:
             with self.lock:
-                _, probs = detect_language(self.model, self.tokenizer, self.encode(mel[None]))
+                features = self.encode(mel[None])
+                self.language_window = (mel.clone(), features[0])  # not a view of the file's
+                _, probs = detect_language(self.model, self.tokenizer, features)
             ranked = sorted(probs[0].items(), key=lambda item: item[1], reverse=True)
             language, probability = ranked[0]
             if probability > threshold:
@@ -805,6 +813,11 @@ def leading_windows(mel: Tensor, count: int) -> Iterator[Tensor]:
     content_frames = max(mel.shape[-1] - N_FRAMES, 1)
     for seek in range(0, content_frames, N_FRAMES)[:count]:
         yield pad_or_trim(mel[:, seek : seek + N_FRAMES], N_FRAMES)
+
+
+def identical(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors hold the same values in the same shape, type and device."""
+    return (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device) and torch.equal(a, b)
 
 
 def window_tokenizer(tokenizer: Tokenizer, result: DecodingResult) -> Tokenizer:
