@@ -122,7 +122,7 @@ def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
     args = [
         "transcribe", str(JFK), "--beam_size", "1", "--no_speech_threshold", "none",
         "--logprob_threshold=-0.8", "--compression_ratio_threshold", "2.0", "--patience", "2",
-        "--suppress_tokens=-1,50362", "--chunk_length", "20", "--log-prob-low-threshold", "-3",
+        "--suppress_tokens", "-1,50362", "--chunk_length", "20", "--log-prob-low-threshold", "-3",
         "--carry_initial_prompt", "--initial_prompt", "A speech.", "--max-new-tokens", "100",
     ]  # fmt: skip
     assert cli.main(args) == 0
@@ -134,6 +134,7 @@ def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
         "initial_prompt": "A speech.", "max_new_tokens": 100,
     }.items() <= seen[0].items()  # fmt: skip
     assert cli.main(["transcribe", str(JFK), "--suppress-tokens", "ids"]) == 2
+    assert cli.main(["transcribe", str(JFK), "--suppress-tokens", "-1,x"]) == 2
     assert cli.main(["transcribe", str(JFK), *FAST, "--verbose", "False", "--fp16", "False"]) == 0
     assert "-->" not in capsys.readouterr().out  # openai-whisper's spelling of "not verbose"
     assert cli.main(["transcribe", "--verbose", "True", str(JFK), *FAST]) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import textwrap
 import traceback
@@ -268,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="IDS",
         type=_token_ids,
         default="-1",
-        help="token ids never to sample, as --suppress-tokens=-1,50362; -1: the symbols "
+        help="token ids never to sample, as -1,50362; -1: the symbols "
         "(default: %(default)s)",
     )
     search.add_argument(
@@ -1001,12 +1002,17 @@ def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
 def _openai_spelling(argv: Sequence[str], flags: set[str]) -> list[str]:
     """openai-whisper's way to write the flags, as ours: a --flag_name of ours as --flag-name
     (its =value as it is; other words, such as a prompt's, stay as they are), and --verbose
-    True / False as --verbose or nothing."""
+    True / False as --verbose or nothing. Also --suppress-tokens -1,50362 as
+    --suppress-tokens=-1,50362: argparse would take a list that starts with a minus for a
+    flag."""
     out: list[str] = []
     for arg in argv:
         name, equals, value = arg.partition("=")
         if name.startswith("--") and name.replace("_", "-") in flags:
             arg = name.replace("_", "-") + equals + value
+        if out and out[-1] == "--suppress-tokens" and re.fullmatch(r"-\d+(,\s*-?\d+)+", arg):
+            out[-1] += "=" + arg
+            continue
         if out and out[-1] == "--verbose" and arg.lower() in BOOLEANS:
             if not BOOLEANS[arg.lower()]:
                 out.pop()
