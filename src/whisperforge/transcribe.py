@@ -485,8 +485,9 @@ class WhisperModel:
         """Transcribe audio (a path, bytes, a file object or a 16 kHz mono float array).
 
         Returns a lazy generator of segments and the `TranscriptionInfo` (language, duration).
-        Long-form semantics are openai-whisper's; `beam_size=1` is greedy decoding. The options
-        faster-whisper adds: `hotwords` (words to favour, in the prompt unless a `prefix` is
+        Long-form semantics are openai-whisper's; `beam_size=1` is greedy decoding; `prefix`
+        is text the first window's transcript starts with (faster-whisper's; openai-whisper
+        puts it before every window's). The options faster-whisper adds: `hotwords` (words to favour, in the prompt unless a `prefix` is
         given), `repetition_penalty` and `no_repeat_ngram_size` (on each window's sampled
         tokens; on a GPU they run the step loop on the host), `multilingual` (each window in
         its own language), the language found over `language_detection_segments` windows (see
@@ -586,7 +587,10 @@ class WhisperModel:
             vad_options=vad_options,
         )
         tokenizer = self.tokenizer.with_options(language, task)
-        return self.window_steps(mel, tokenizer, options, frame_peaks(samples), timeline), info
+        steps = self.window_steps(
+            mel, tokenizer, options, frame_peaks(samples), timeline, prefix_once=True
+        )
+        return steps, info
 
     def decode_sequentially(self, steps: LongForm) -> Iterator[Segment]:
         """Run a long-form loop, decoding each window when it asks: `transcribe`'s segments."""
@@ -645,12 +649,15 @@ class WhisperModel:
         options: TranscriptionOptions,
         peaks: np.ndarray | None = None,
         timeline: TimelineMap | None = None,
+        prefix_once: bool = False,
     ) -> LongForm:
         """The long-form loop over 30 s windows: yields a `WindowRequest` for each window it needs
         decoded, to be sent back its `WindowResult`, and then the window's final segments.
 
         `peaks` (see `frame_peaks`) lets windows of digital silence be skipped undecoded.
         `timeline` maps the times of VAD-collected speech back to the original audio.
+        `prefix_once`: the options' `prefix` starts the first window decoded only (a file's,
+        as faster-whisper's `transcribe`), not every window (its batched pipeline's).
         """
         content_frames = mel.shape[-1] - N_FRAMES
         content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
@@ -700,6 +707,8 @@ class WhisperModel:
             else:
                 prompt = all_tokens[prompt_reset_since:]
             result, audio_features = yield WindowRequest(window, prompt, tokenizer, options)
+            if prefix_once and options.prefix is not None:
+                options = replace(options, prefix=None)
 
             if is_no_speech(result, options):
                 seek += segment_size  # fast-forward to the next window
