@@ -131,9 +131,10 @@ class OpenAIWhisper:
         as it is decoded, False shows a progress bar, None neither. `decode_options` are its
         `DecodingOptions`: task, language, best_of, beam_size, patience, length_penalty,
         prefix (the first window's; openai-whisper repeats it before every window's text,
-        which a transcript seldom wants), suppress_tokens (a "-1,..." string or ids), suppress_blank,
-        without_timestamps, max_initial_timestamp, sample_len (tokens a window may sample),
-        and fp16, which has no effect: the compute type was chosen when the model loaded."""
+        which a transcript seldom wants), suppress_tokens (a "-1,..." string or ids),
+        suppress_blank, without_timestamps, max_initial_timestamp, sample_len (tokens a window
+        may sample), and fp16, which has no effect: the compute type was chosen when the model
+        loaded."""
         unknown = set(decode_options) - SAME_NAMES - {"suppress_tokens", "sample_len", "fp16"}
         if unknown:
             raise TypeError(f"unknown decoding option(s): {', '.join(sorted(unknown))}")

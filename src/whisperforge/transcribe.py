@@ -487,13 +487,14 @@ class WhisperModel:
         Returns a lazy generator of segments and the `TranscriptionInfo` (language, duration).
         Long-form semantics are openai-whisper's; `beam_size=1` is greedy decoding; `prefix`
         is text the first window's transcript starts with (faster-whisper's; openai-whisper
-        puts it before every window's). The options faster-whisper adds: `hotwords` (words to favour, in the prompt unless a `prefix` is
-        given), `repetition_penalty` and `no_repeat_ngram_size` (on each window's sampled
-        tokens; on a GPU they run the step loop on the host), `multilingual` (each window in
-        its own language), the language found over `language_detection_segments` windows (see
-        `language_of`), `log_progress` (a bar of the audio done, on stderr),
-        `log_prob_low_threshold` (a window decoded below this average log-probability is
-        dropped as silence) and `chunk_length` (seconds of audio a window holds, up to 30).
+        puts it before every window's). The options faster-whisper adds: `hotwords` (words to
+        favour, in the prompt unless a `prefix` is given), `repetition_penalty` and
+        `no_repeat_ngram_size` (on each window's sampled tokens; on a GPU they run the step
+        loop on the host), `multilingual` (each window in its own language), the language
+        found over `language_detection_segments` windows (see `language_of`), `log_progress`
+        (a bar of the audio done, on stderr), `log_prob_low_threshold` (a window decoded below
+        this average log-probability is dropped as silence) and `chunk_length` (seconds of
+        audio a window holds, up to 30).
         """
         options = TranscriptionOptions.from_arguments(
             beam_size=beam_size,
