@@ -27,8 +27,8 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from whisperforge import runtime
-from whisperforge.runtime import _prefetch_band, _stream_tile, _wait_for_inputs
+from whisperforge import kernels
+from whisperforge.kernels import _prefetch_band, _stream_tile, _wait_for_inputs
 
 
 def chain_us(calls: list[Callable[[], object]]) -> float:
@@ -84,15 +84,15 @@ def fold_costs(d: int, rows: list[int]) -> None:
         ]
         x = torch.randn(M, K, device="cuda", dtype=torch.float16)
         stream = torch.randn(M, N, device="cuda", dtype=torch.float16)
-        stats = runtime.StreamStats(
+        stats = kernels.StreamStats(
             torch.zeros(max(N, K) // 16 * M * 2, device="cuda"),
             torch.zeros(M, max(N, K), device="cuda", dtype=torch.float16),
             torch.zeros(1024, device="cuda", dtype=torch.int32),
         )
-        runtime.USE_PDL = True
-        config = runtime._linear_config(x, weights[0])  # the same with or without splits
+        kernels.USE_PDL = True
+        config = kernels._linear_config(x, weights[0])  # the same with or without splits
         bias = torch.zeros(N, device="cuda", dtype=torch.float16)
-        folded = functools.partial(runtime.skinny_linear, x, stats=stats)
+        folded = functools.partial(kernels.skinny_linear, x, stats=stats)
         residual = functools.partial(folded, residual=(stream, ln.weight))
         residual(weights[0], bias, False, config)  # band statistics for the norm below
         line = [f"{N}x{K} rows {M}: plain {config}"]
@@ -100,7 +100,7 @@ def fold_costs(d: int, rows: list[int]) -> None:
             f"{chain_us([functools.partial(folded, w, None, False, config) for w in weights]):.2f} us"
         )
         if K == d:  # a norm before it
-            norm = functools.partial(folded, norm=runtime.norm_through(weights[0], ln))
+            norm = functools.partial(folded, norm=kernels.norm_through(weights[0], ln))
             line.append(
                 f"norm {chain_us([functools.partial(norm, w, None, False, config) for w in weights]):.2f}"
             )
@@ -116,8 +116,8 @@ def fold_costs(d: int, rows: list[int]) -> None:
 
 
 def _partial_add_norm(x, w, config, stream, bias, ln) -> torch.Tensor:
-    parts = runtime.skinny_linear(x, w, None, False, config, partial=True)
-    return runtime.add_layer_norm(stream, parts, bias, ln)
+    parts = kernels.skinny_linear(x, w, None, False, config, partial=True)
+    return kernels.add_layer_norm(stream, parts, bias, ln)
 
 
 def copy_tbps() -> float:
@@ -147,9 +147,9 @@ def report(
         except (triton.CompilationError, triton.OutOfResources) as e:
             print(f"  {title} {label}: {type(e).__name__}: {str(e)[:80]}", flush=True)
 
-    runtime.USE_PDL = False
+    kernels.USE_PDL = False
     measure("cublas", lambda w: lambda: F.linear(x, w))
-    runtime.USE_PDL = True
+    kernels.USE_PDL = True
     for variant in variants:
         for label, make in VARIANTS[variant](x, N, K):
             measure(f"{variant} {label}", make)
@@ -166,16 +166,16 @@ def report(
 
 def _stream(x: torch.Tensor, N: int, K: int):
     """The runtime's stream kernel, its configs, whole or split into partial sums."""
-    for config in runtime.STREAM_CANDIDATES:
+    for config in kernels.STREAM_CANDIDATES:
         if K % config[1]:
             continue
         for partial in (False, True):
-            splits = runtime.stream_splits(N, K, config) if partial else 1
+            splits = kernels.stream_splits(N, K, config) if partial else 1
             if partial and splits == 1:
                 continue
 
             def make(w, config=config, partial=partial):
-                return lambda: runtime.skinny_linear(x, w, None, False, config, partial=partial)
+                return lambda: kernels.skinny_linear(x, w, None, False, config, partial=partial)
 
             yield f"{config} splits {splits}", make
 
@@ -204,7 +204,7 @@ def _rows_fma(x: torch.Tensor, N: int, K: int):
             def launch() -> torch.Tensor:
                 _gemv_fma_kernel[grid](
                     x, w, y, M, N, K=K, K_SPLIT=K // splits, ROWS=rows, BLOCK_N=block_n,
-                    BLOCK_K=block_k, LINE=64, num_warps=warps, **runtime._launch(x),
+                    BLOCK_K=block_k, LINE=64, num_warps=warps, **kernels._launch(x),
                 )  # fmt: skip
                 return y
 
@@ -311,7 +311,7 @@ def _persistent(x: torch.Tensor, N: int, K: int):
                 _persistent_kernel[(programs,)](
                     x, w, y, M, N, K=K, K_SPLIT=K // splits, TILES=tiles, PROGRAMS=programs,
                     BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, LINE=64, num_warps=warps,
-                    num_stages=stages, **runtime._launch(x),
+                    num_stages=stages, **kernels._launch(x),
                 )  # fmt: skip
                 return y
 
@@ -365,7 +365,7 @@ def _even(x: torch.Tensor, N: int, K: int):
                 _even_kernel[grid](
                     x, w, y, M, N, K=K, K_SPLIT=K // splits, ROWS=rows, BLOCK_M=16,
                     BLOCK_N=max(16, triton_next_pow2(rows)), BLOCK_K=block_k, LINE=64,
-                    num_warps=warps, num_stages=stages, **runtime._launch(x),
+                    num_warps=warps, num_stages=stages, **kernels._launch(x),
                 )  # fmt: skip
                 return y
 

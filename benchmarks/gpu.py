@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from whisperforge import runtime
+from whisperforge import kernels, runtime
 from whisperforge.checkpoints import Checkpoint, hf_name
 from whisperforge.model import ModelConfig, Whisper
 from whisperforge.presets import preset, random_model, unfuse_state_dict
@@ -340,7 +340,7 @@ def selftest(preset_name: str = "tiny", steps: int = 70) -> None:
         )
 
     print("matmul choices (M, N, K, dtype) -> Triton (block_n, block_k, warps, stages) or cuBLAS:")
-    for key, config in runtime._linear_choice.items():
+    for key, config in kernels._linear_choice.items():
         print(f"  {key[:3]} {str(key[3])[6:]}: {config or 'cuBLAS'}")
 
 
@@ -589,13 +589,13 @@ def main() -> None:
         folds = {"on": [True], "off": [False], "both": [False, True]}[args.fold]
         self_outs = {"on": [True], "off": [False], "both": [False, True]}[args.self_out]
         for pdl, fold, self_out in itertools.product(pdls, folds, self_outs):
-            runtime.USE_PDL, runtime.FOLD, runtime.SELF_OUT = pdl, fold, self_out
+            kernels.USE_PDL, runtime.FOLD, runtime.SELF_OUT = pdl, fold, self_out
             rt = Runtime(model, args.dtype, max_windows=max(args.batch))
             for batch in args.batch:
                 t0 = time.perf_counter()
                 row = bench_runtime(rt, c, batch, args.tokens, bw, tflops)
                 row["bench_s"] = time.perf_counter() - t0
-                row["pdl"], row["fold"] = runtime.step_pdl(), rt._folds(batch)
+                row["pdl"], row["fold"] = kernels.step_pdl(), rt._folds(batch)
                 row["self_out"] = row["fold"] and batch == 1 and self_out
                 rows.append(row)
                 print(
@@ -657,12 +657,12 @@ def main() -> None:
             print(
                 f"{b} (pdl={row['pdl']}, fold={row['fold']}) | {row['step_ms']:.3f} | {cells} | {row['step_floor_ms']:.3f} | {ratio}"
             )
-        chosen = {f"{k[:3]} {str(k[3])[6:]}": v for k, v in runtime._linear_choice.items()}
+        chosen = {f"{k[:3]} {str(k[3])[6:]}": v for k, v in kernels._linear_choice.items()}
         print(
             f"{preset_name}: step matmuls (M, N, K) -> Triton (block_n, block_k, warps, stages) or None = cuBLAS: {chosen}"
         )
         entry["matmul_choices"] = {k: v for k, v in chosen.items()}
-        runtime._linear_choice.clear()
+        kernels._linear_choice.clear()
         del model, rt
         torch.cuda.empty_cache()
     if args.out:

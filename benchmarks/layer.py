@@ -28,10 +28,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from whisperforge.model import Whisper
-from whisperforge.presets import preset, random_model
-from whisperforge.runtime import (
-    Runtime,
+from whisperforge.kernels import (
     _band_stats,
     _columns,
     _combine_head,
@@ -46,6 +43,9 @@ from whisperforge.runtime import (
     _stream_tile,
     _wait_for_inputs,
 )
+from whisperforge.model import Whisper
+from whisperforge.presets import preset, random_model
+from whisperforge.runtime import Runtime
 
 
 @triton.jit

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from layer import _grid_exit, _grid_sync  # benchmarks/layer.py
 
-from whisperforge import runtime
+from whisperforge import kernels
 
 
 @triton.jit
@@ -101,11 +101,11 @@ def main() -> None:
         ]
         x0 = torch.randn(rows, k, device="cuda", dtype=torch.float16)
         for pdl in (False, True, False, True):
-            runtime.USE_PDL = pdl
+            kernels.USE_PDL = pdl
 
             def chain(x: torch.Tensor = x0, weights=weights, config=config) -> None:
                 for w in weights:
-                    x = runtime.skinny_linear(x, w, None, False, config)
+                    x = kernels.skinny_linear(x, w, None, False, config)
 
             chain()
             torch.cuda.synchronize()

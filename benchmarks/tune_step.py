@@ -1,17 +1,17 @@
-"""The step matmuls' stream kernel configs, chosen in the step itself (runtime.STEP_CONFIGS).
+"""The step matmuls' stream kernel configs, chosen in the step itself (kernels.STEP_CONFIGS).
 
 Timing each matmul's config alone misses what a kernel overlaps with its neighbours under PDL,
 and such picks moved between jobs (the same step came out 1.69 and 1.85 ms on one H200). This
 times the whole graphed greedy step instead: for a preset and batch, coordinate descent over the
-step's matmul shapes, each shape's candidate configs (`runtime.STREAM_CANDIDATES`,
+step's matmul shapes, each shape's candidate configs (`kernels.STREAM_CANDIDATES`,
 `quantize.QUANTIZED_CANDIDATES`) tried with the others held, two passes, from the tables'
 configs.
 
     python benchmarks/tune_step.py --preset large-v3 --batch 1 16 [--roles logits]
     python benchmarks/tune_step.py --preset large-v3 --batch 1 16 --compute-type int8  # quantize's
 
-Prints each tuned choice under its key in `runtime.STEP_CONFIGS` /
-`quantize.STREAM_CONFIGS`, (rows, `runtime.step_role`[, weight dtype]), to copy there.
+Prints each tuned choice under its key in `kernels.STEP_CONFIGS` /
+`quantize.STREAM_CONFIGS`, (rows, `kernels.step_role`[, weight dtype]), to copy there.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gpu import eot_for, prompt_for
 
-from whisperforge import quantize, runtime
+from whisperforge import kernels, quantize
 from whisperforge.presets import preset, random_model
 from whisperforge.runtime import Runtime
 
@@ -57,7 +57,7 @@ def tune(
     c = preset(name)
     model = random_model(c, seed=0, device="cuda", dtype=torch.float16)
     if compute_type == "float16":
-        choice, candidates = runtime._linear_choice, runtime.STREAM_CANDIDATES
+        choice, candidates = kernels._linear_choice, kernels.STREAM_CANDIDATES
     else:
         quantize.quantize_model(model, quantize.COMPUTE_TYPES[compute_type][1])
         choice, candidates = quantize._quantized_choice, quantize.QUANTIZED_CANDIDATES
@@ -71,7 +71,7 @@ def tune(
     # Keys are (rows, N, K, ...); a tuple is a stream kernel config (else cuBLAS or another op).
     keys = [k for k, v in choice.items() if isinstance(v, tuple) and k[0] == batch]
     if roles:
-        keys = [k for k in keys if runtime.step_role(k[1], k[2]) in roles]
+        keys = [k for k in keys if kernels.step_role(k[1], k[2]) in roles]
     print(f"{name} {compute_type} b{batch}: {first:.4f} ms/step, runtime's configs", flush=True)
     best = first
     for _ in range(passes):
@@ -98,14 +98,14 @@ def main() -> None:
     parser.add_argument("--compute-type", default="float16", choices=["float16", "int8", "float8"])
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--passes", type=int, default=2)
-    parser.add_argument("--roles", nargs="+", help="only these `runtime.step_role`s (default all)")
+    parser.add_argument("--roles", nargs="+", help="only these `kernels.step_role`s (default all)")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), flush=True)
     for batch in args.batch:
         table = tune(args.preset, batch, args.steps, args.passes, args.compute_type, args.roles)
         for key, config in sorted(table.items(), key=str):
             # As the tables key it: (1 row or up to 16, role[, int8 / fp8 weight dtype]).
-            rows, role = 1 if key[0] == 1 else 16, runtime.step_role(key[1], key[2])
+            rows, role = 1 if key[0] == 1 else 16, kernels.step_role(key[1], key[2])
             quantized = (key[3],) if args.compute_type != "float16" else ()
             print(f"    {(rows, role, *quantized)}: {config},  # {key}")
 

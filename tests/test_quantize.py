@@ -21,6 +21,7 @@ from conftest import DEV_DIR, english_wer, manifest, run_interpreted
 from whisperforge import WhisperModel, cli, load_audio
 from whisperforge.checkpoints import packaged_model_folders, save_quantized
 from whisperforge.errors import InvalidOptionError
+from whisperforge.kernels import linear as runtime_linear
 from whisperforge.model import ModelConfig
 from whisperforge.presets import random_model
 from whisperforge.quantize import (
@@ -32,7 +33,6 @@ from whisperforge.quantize import (
     quantize_weight,
 )
 from whisperforge.runtime import Runtime
-from whisperforge.runtime import linear as runtime_linear
 
 ROUND_TRIP_CLIPS = 3  # clips transcribed again in the new process
 
@@ -216,7 +216,7 @@ def test_runtime_step_on_quantized_weights_equals_the_plain_quantized_model(weig
 INTERPRETED = """
 import torch
 from whisperforge import quantize as Q
-from whisperforge.runtime import skinny_linear
+from whisperforge.kernels import skinny_linear
 
 g = torch.Generator().manual_seed(0)
 for M, N, K in ((3, 80, 256), (20, 100, 128)):  # rows over two blocks, N past the last band

@@ -56,7 +56,7 @@ def test_presets_and_unfuse_round_trip():
 def test_pipeline_stages_fit_the_gpus_shared_memory():
     """The tables' configs (tuned on an H200) keep their pipeline where it fits and lose
     stages where a GPU's shared memory is smaller, never below one."""
-    from whisperforge.runtime import pipeline_stages
+    from whisperforge.kernels import pipeline_stages
 
     tile = 256 * (32 * 2 + 16 * 2)  # (32, 256, 4, 4) on fp16 weights: 24 KiB a stage
     assert pipeline_stages(4, tile, 227 * 1024) == 4  # H100 / H200
@@ -69,16 +69,16 @@ def test_every_model_has_a_tuned_config_for_each_step_matmul():
     """The tuned tables are keyed by a matmul's role, which every preset's step shapes map to
     (so every model's step runs the same kernels in every process, and its transcripts
     repeat)."""
-    from whisperforge import quantize, runtime
+    from whisperforge import kernels, quantize
 
     for name, c in PRESETS.items():
         d = c.n_text_state
         shapes = {"qkv": (3 * d, d), "out": (d, d), "fc1": (4 * d, d), "fc2": (d, 4 * d)}
         shapes["logits"] = (c.n_vocab, d)
         for role, (N, K) in shapes.items():
-            assert runtime.step_role(N, K) == role, (name, role)
+            assert kernels.step_role(N, K) == role, (name, role)
             for rows in (1, 16):
-                assert (rows, role) in runtime.STEP_CONFIGS
+                assert (rows, role) in kernels.STEP_CONFIGS
                 assert (rows, role, torch.int8) in quantize.STREAM_CONFIGS
                 assert role == "logits" or (rows, role, torch.float8_e4m3fn) in (
                     quantize.STREAM_CONFIGS
@@ -94,7 +94,7 @@ def test_runtime_keeps_the_model_dtype_unless_told():
 def test_norms_through_the_matmuls_keep_no_float32_weights(tiny_en):
     """The folded step's vectors (w g, w b) come from float32 copies of the weights; a result
     tied to autograd would keep each copy alive (large-v3: 1.7 GB of GPU memory)."""
-    from whisperforge.runtime import norm_through
+    from whisperforge.kernels import norm_through
 
     block = random_model(CONFIG).decoder.blocks[0]  # parameters that require gradients
     assert block.mlp[0].weight.requires_grad
@@ -302,7 +302,7 @@ def test_windows_with_their_own_prompts_decode_as_alone(
 STEP_KERNELS = """
 import torch
 import torch.nn.functional as F
-from whisperforge import runtime as R
+from whisperforge import kernels as K
 
 def rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
@@ -312,58 +312,58 @@ dt = torch.float16  # the interpreter computes in numpy, which has no bfloat16
 M, D = 3, 512
 x = torch.randn(M, D, generator=g).to(dt)
 w = (torch.randn(D, D, generator=g) / 16).to(dt)
-parts = R.skinny_linear(x, w, None, False, (16, 128, 4, 3), partial=True)  # 2 partial sums
+parts = K.skinny_linear(x, w, None, False, (16, 128, 4, 3), partial=True)  # 2 partial sums
 assert parts.shape == (2, M, D) and rel(parts.sum(0), x.float() @ w.float().T) < 1e-5
 # Unsplit with K = 384: at one row the weights are preloaded as two tiles (256 + 128) and
 # multiplied on the CUDA cores (ONE_ROW); at three they stream through the MMA.
 x3, w3 = torch.randn(M, 384, generator=g).to(dt), (torch.randn(64, 384, generator=g) / 16).to(dt)
 b3 = torch.randn(64, generator=g).to(dt)
-assert R.preload(1, 16, 384, None) == 256 and R.preload(M, 16, 384, None) == 0
-assert R.preload(1, 16, 896, None) == 0  # 512 + 384: not two powers of two
+assert K.preload(1, 16, 384, None) == 256 and K.preload(M, 16, 384, None) == 0
+assert K.preload(1, 16, 896, None) == 0  # 512 + 384: not two powers of two
 for rows in (1, M):
-    y = R.skinny_linear(x3[:rows], w3, b3, True, (16, 128, 4, 3))
+    y = K.skinny_linear(x3[:rows], w3, b3, True, (16, 128, 4, 3))
     assert rel(y, F.gelu(x3[:rows].float() @ w3.float().T + b3.float())) < 2e-3, rows
 ln = torch.nn.LayerNorm(D).to(dt)
 ln.weight.data.normal_(generator=g)
 b = torch.randn(D, generator=g).to(dt)
 stream = torch.randn(M, D, generator=g).to(dt)
 expected = stream.float() + parts.sum(0) + b.float()
-h = R.add_layer_norm(stream, parts, b, ln)
+h = K.add_layer_norm(stream, parts, b, ln)
 assert rel(stream, expected) < 2e-3
 assert rel(h, F.layer_norm(expected, (D,), ln.weight.float(), ln.bias.float())) < 2e-3
 
 # Folded: the residual add in a split matmul's epilogue (its last program sums the splits),
 # leaving band statistics and stream * g, from which the next matmul's epilogue normalizes.
-stats = R.StreamStats(torch.zeros(D // 16 * M * 2), torch.zeros(M, D).to(dt), torch.zeros(64, dtype=torch.int32))
+stats = K.StreamStats(torch.zeros(D // 16 * M * 2), torch.zeros(M, D).to(dt), torch.zeros(64, dtype=torch.int32))
 stream = torch.randn(M, D, generator=g).to(dt)
 expected = (stream.float() + (x.float() @ w.float().T).to(dt).float() + b.float()).to(dt)
-R.skinny_linear(x, w, b, False, (16, 128, 4, 3), stats=stats, residual=(stream, ln.weight))
+K.skinny_linear(x, w, b, False, (16, 128, 4, 3), stats=stats, residual=(stream, ln.weight))
 assert rel(stream, expected) < 1e-3 and stats.band == 16 and not stats.counters.any()
 assert rel(stats.scaled, expected.float() * ln.weight.float()) < 1e-3
 w2 = (torch.randn(2 * D, D, generator=g) / 16).to(dt)
 normed = F.layer_norm(expected.float(), (D,), ln.weight.float(), ln.bias.float()).to(dt)
 for partial in (False, True):
-    y = R.skinny_linear(
+    y = K.skinny_linear(
         stats.scaled, w2, None, False, (32, 128, 4, 3), partial=partial, stats=stats,
-        norm=R.norm_through(w2, ln),
+        norm=K.norm_through(w2, ln),
     )
     assert rel(y.sum(0) if partial else y, normed.float() @ w2.float().T) < 2e-3
 from whisperforge.quantize import QuantizedWeight, dequantize, quantize_weight
 w8 = QuantizedWeight(*quantize_weight(w2.float(), "int8"))  # an int8 step linear
-y = R.skinny_linear(
+y = K.skinny_linear(
     stats.scaled, w8.data, None, False, (32, 128, 4, 3), w8.scale, stats=stats,
-    norm=R.norm_through(w8, ln),
+    norm=K.norm_through(w8, ln),
 )
 assert rel(y, normed.float() @ w8.float().T) < 2e-3
 
 tokens, positions = torch.tensor([3, 7, 49]), torch.tensor([0, 5, 447])
 emb, pos = torch.randn(50, D, generator=g).to(dt), torch.randn(448, D, generator=g).to(dt)
-x, h = R.embed_layer_norm(tokens, positions, emb, pos, ln)
+x, h = K.embed_layer_norm(tokens, positions, emb, pos, ln)
 assert torch.equal(x, emb[tokens] + pos[positions])
 assert rel(h, F.layer_norm(x.float(), (D,), ln.weight.float(), ln.bias.float())) < 1e-3
 for group in (0, 64):  # int8 rows with a scale each, or per 64 columns (quantize's embedding)
     q, scale = quantize_weight(emb.float(), "int8", group=group)
-    x, h = R.embed_layer_norm(tokens, positions, q, pos, ln, scale)
+    x, h = K.embed_layer_norm(tokens, positions, q, pos, ln, scale)
     assert torch.equal(x, dequantize(q[tokens], scale[tokens]).to(dt) + pos[positions])
 
 W, G, H, dh, A = 2, 2, 3, 64, 1500  # 1500 keys: 12 or 6 splits, the last one short
@@ -373,9 +373,9 @@ kv = torch.randn(W + 1, A, 2 * H * dh, generator=g).to(dt)
 query = (q.sum(0).to(dt).float() + q_bias.float()).to(dt).float()
 heads = lambda t: t.float().reshape(W, -1, H, dh).transpose(1, 2)
 ref = F.scaled_dot_product_attention(heads(query), heads(kv[:W, :, : H * dh]), heads(kv[:W, :, H * dh :]))
-assert R.cross_keys(W * H, A, q.device) == 128 and R.cross_keys(132 * 2 * 6, A, q.device) == 256
+assert K.cross_keys(W * H, A, q.device) == 128 and K.cross_keys(132 * 2 * 6, A, q.device) == 256
 for keys in (128, 256):
-    out = R.cross_attention(q, q_bias, kv, W, H, keys)
+    out = K.cross_attention(q, q_bias, kv, W, H, keys)
     assert rel(out, ref.transpose(1, 2).reshape(W * G, H * dh)) < 2e-3
 
 # Beam search's reorder: rows that are each other's sources, a prefix of the positions, a row
@@ -384,7 +384,7 @@ cache = torch.randn(2, 5, 4, 16, 8, generator=g).to(dt)
 source = torch.tensor([1, 0, 0, 3])
 expected = cache.clone()
 expected[:, :4, :, :10] = expected[:, source, :, :10]
-R.reorder_rows(cache, source, 10)
+K.reorder_rows(cache, source, 10)
 assert torch.equal(cache, expected)
 print("ok")
 """
@@ -445,7 +445,7 @@ def test_folded_step_in_the_interpreter():
 TIMESTAMP_RULES = """
 import types
 import torch
-from whisperforge import runtime as R
+from whisperforge import kernels as K
 from whisperforge.decoding import ApplyTimestampRules
 
 # An English model's ids (tiny.en): the rules read only these three.
@@ -461,8 +461,8 @@ def check(sampled, max_initial, dtype, boost=()):
         logits[r, tb:] += 12
     expected, got = logits.clone(), logits.clone()
     ApplyTimestampRules(ids, sb, max_initial).apply(expected, tokens)  # the torch path (CPU)
-    rules = R.TimestampRules(tb, ids.eot, ids.no_timestamps, max_initial)
-    R.timestamp_rules(got, tokens[:, sb:], rules, tokens.shape[1] - sb)
+    rules = K.TimestampRules(tb, ids.eot, ids.no_timestamps, max_initial)
+    K.timestamp_rules(got, tokens[:, sb:], rules, tokens.shape[1] - sb)
     assert torch.equal(got, expected), (sampled, max_initial, (got != expected).nonzero()[:5])
 
 for dtype in (torch.float32, torch.float16):
@@ -485,7 +485,7 @@ print("ok")
 
 
 def test_timestamp_rules_in_the_interpreter():
-    """The timestamp rules' kernel (`runtime.timestamp_rules`, CUDA only) in Triton's CPU
+    """The timestamp rules' kernel (`kernels.timestamp_rules`, CUDA only) in Triton's CPU
     interpreter against `decoding.ApplyTimestampRules`' torch path: each rule, the first
     step's, and the last rule (timestamps winning the step) both ways, float32 and float16."""
     run_interpreted(TIMESTAMP_RULES)
@@ -493,7 +493,7 @@ def test_timestamp_rules_in_the_interpreter():
 
 BEAM_STEP = """
 import torch
-from whisperforge import runtime as R
+from whisperforge import kernels as K
 from whisperforge.decoding import BeamSearch
 
 V, eot, beam = 4100, 4000, 5  # two full bands of 2048 logits and a short one
@@ -518,7 +518,7 @@ for patience, n_audio in ((1.0, 3), (2.0, 2), (0.4, 2)):
         logits[(torch.arange(rows) + k) % 3 == 0, eot] += 5  # EOT among the best often
         all_logits.append(logits)
     expected, expected_finished = run(BeamSearch._step, patience, n_audio, all_logits)
-    got, got_finished = run(R.beam_step, patience, n_audio, all_logits)
+    got, got_finished = run(K.beam_step, patience, n_audio, all_logits)
     for (t0, s0, l0), (t1, s1, l1) in zip(expected, got):
         assert torch.equal(t0, t1) and torch.equal(s0, s1), (patience, t0[:, -1], t1[:, -1])
         assert torch.allclose(l0, l1, atol=1e-5), (l0, l1)
@@ -535,7 +535,7 @@ print("ok")
 
 
 def test_beam_step_in_the_interpreter():
-    """Beam search's step kernels (`runtime.beam_step`, CUDA only) in Triton's CPU interpreter
+    """Beam search's step kernels (`kernels.beam_step`, CUDA only) in Triton's CPU interpreter
     against `decoding.BeamSearch._step`'s torch path over seven steps of several audios: the
     first step's single beam, EOTs among the best (finished candidates recorded, up to the
     patience's limit), the next beams' tokens, sources and sums."""
@@ -681,6 +681,7 @@ def test_beam_loop_in_the_interpreter():
 GREEDY_KERNELS = """
 import torch
 from whisperforge import runtime as R
+from whisperforge import kernels as K
 from whisperforge.model import ModelConfig
 from whisperforge.presets import random_model
 
@@ -720,12 +721,12 @@ def torch_path():
     rt.fused = False
     rt._select(rows)
     rt.fused = True
-def choice_kernel(tile=R.CHOICE_TILE):
+def choice_kernel(tile=K.CHOICE_TILE):
     rt.logits[:rows] = logits
     rt.pos[:rows] += 1
-    R.CHOICE_TILE, default = tile, R.CHOICE_TILE  # 64: 313 bands of 16 ids, three join blocks
+    K.CHOICE_TILE, default = tile, K.CHOICE_TILE  # 64: 313 bands of 16 ids, three join blocks
     rt._select(rows)
-    R.CHOICE_TILE = default
+    K.CHOICE_TILE = default
 expected = run(torch_path)
 assert expected[0][1] == 17, expected[0]
 kernels = [choice_kernel, lambda: choice_kernel(64)]

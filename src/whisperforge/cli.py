@@ -269,8 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="IDS",
         type=_token_ids,
         default="-1",
-        help="token ids never to sample, as -1,50362; -1: the symbols "
-        "(default: %(default)s)",
+        help="token ids never to sample, as -1,50362; -1: the symbols (default: %(default)s)",
     )
     search.add_argument(
         "--carry-initial-prompt",

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributions import Categorical
 
-from . import runtime
+from . import kernels, runtime
 from .audio import CHUNK_LENGTH
 from .errors import InvalidOptionError
 from .model import KVCache, Whisper
@@ -178,10 +178,10 @@ class ApplyTimestampRules(LogitFilter):
     sample_begin: int
     max_initial_timestamp_index: int | None
 
-    def rules(self) -> runtime.TimestampRules:
+    def rules(self) -> kernels.TimestampRules:
         """These rules as the runtime's kernel takes them."""
         tokenizer = self.tokenizer
-        return runtime.TimestampRules(
+        return kernels.TimestampRules(
             tokenizer.timestamp_begin, tokenizer.eot, tokenizer.no_timestamps,
             self.max_initial_timestamp_index,
         )  # fmt: skip
@@ -190,9 +190,9 @@ class ApplyTimestampRules(LogitFilter):
         sampled = tokens[:, self.sample_begin :]
         n = sampled.shape[1]
         adjacent = logits.is_contiguous() and tokens.stride(-1) == 1  # as the kernel reads them
-        if logits.is_cuda and runtime.triton is not None and adjacent:
+        if logits.is_cuda and kernels.triton is not None and adjacent:
             # The same rules in one kernel (~25 torch calls cost the host ~0.3 ms a step).
-            runtime.timestamp_rules(logits, sampled, self.rules(), n)
+            kernels.timestamp_rules(logits, sampled, self.rules(), n)
             return
         # The reference's per-row rules as whole-batch masks: one pass per rule, not a host loop
         # with small GPU writes per row (which at 80 rows cost more than the decode step).
@@ -278,7 +278,7 @@ class BeamSearch(TokenSearch):
     Each step expands every beam by its top beam_size + 1 tokens, keeps the best beam_size
     unfinished continuations per audio, and collects finished ones until `patience *
     beam_size` candidates exist: openai-whisper's ranking, step for step, as tensor operations
-    on the device (on CUDA two kernels, `runtime.beam_step`). The host copies nothing but the
+    on the device (on CUDA two kernels, `kernels.beam_step`). The host copies nothing but the
     completion flags a step (`runtime.CompletionFlag`), and the finished candidates once, in
     `finalize`.
 
@@ -293,7 +293,7 @@ class BeamSearch(TokenSearch):
     inference: Inference
     patience: float = 1.0
     complete: runtime.CompletionFlag = field(default_factory=runtime.CompletionFlag, init=False)
-    finished: runtime.BeamFinished | None = field(default=None, init=False)
+    finished: kernels.BeamFinished | None = field(default=None, init=False)
     # The state before the latest step, should the flags say the search was complete before it.
     previous: tuple[Tensor, Tensor] | None = field(default=None, init=False)
 
@@ -307,8 +307,8 @@ class BeamSearch(TokenSearch):
         before = sum_logprobs.clone()
         self.previous = tokens, before
         step = self._step
-        if logits.is_cuda and runtime.triton is not None and logits.is_contiguous():
-            step = runtime.beam_step
+        if logits.is_cuda and kernels.triton is not None and logits.is_contiguous():
+            step = kernels.beam_step
         tokens, source = step(
             logits, tokens.contiguous(), before, sum_logprobs, self.finished, self.beam_size,
             self.eot, first,
@@ -334,7 +334,7 @@ class BeamSearch(TokenSearch):
         if self.finished is None:
             zeros = torch.zeros(n_audio, slots, device=device)
             count = torch.zeros(n_audio, dtype=torch.long, device=device)
-            self.finished = runtime.BeamFinished(grown, zeros.long(), zeros, count)
+            self.finished = kernels.BeamFinished(grown, zeros.long(), zeros, count)
         else:
             grown[:, :, : self.finished.tokens.shape[2]] = self.finished.tokens
             self.finished.tokens = grown
@@ -342,10 +342,10 @@ class BeamSearch(TokenSearch):
     @staticmethod
     def _step(
         logits: Tensor, tokens: Tensor, before: Tensor, sum_logprobs: Tensor,
-        finished: runtime.BeamFinished, beam: int, eot: int, first: bool,
+        finished: kernels.BeamFinished, beam: int, eot: int, first: bool,
     ) -> tuple[Tensor, Tensor]:  # fmt: skip
         """The step as torch operations (the CPU's, and the kernels' reference): as
-        `runtime.beam_step`, the next beams' tokens and the rows they continue."""
+        `kernels.beam_step`, the next beams' tokens and the rows they continue."""
         n_audio, length = tokens.shape[0] // beam, tokens.shape[1]
         max_candidates = finished.lengths.shape[1] - 1
         logprobs = F.log_softmax(logits.float(), dim=-1)

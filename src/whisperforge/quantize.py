@@ -43,7 +43,7 @@ The embedding's int8 scales are one per 64 columns of each vocabulary row (`EMBE
 with one per row it cost tiny.en on the GPU most of its clips whose text differs from
 float32's (44 of 53 alike, 47 per 64 columns, at float16's WER on the clips); the float32 scales
 add 1/16 to its bytes, and the stream kernel scales each group's sums as it goes
-(`runtime._stream_tile`). The CPU's fbgemm takes one scale per row, so there `Int8Linear`
+(`kernels._stream_tile`). The CPU's fbgemm takes one scale per row, so there `Int8Linear`
 re-quantizes the rows per row for the logits. The step linears keep one scale per output
 channel: per 64 columns they cost the GPU's int8 step 14-16 % at one row, and per 64 or 32
 left tiny.en's WER where it was (benchmarks/RESULTS.md, session 21: on the 19-minute file,
@@ -64,8 +64,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import InvalidOptionError
+from .kernels import StreamConfig, skinny_linear, tl, triton, tuned_config  # triton: None on CPUs
 from .model import Whisper
-from .runtime import StreamConfig, skinny_linear, tl, triton, tuned_config  # triton: None on CPUs
 
 # name -> (activation dtype, None for the device's default; quantized weights, None for float)
 COMPUTE_TYPES: dict[str, tuple[torch.dtype | None, str | None]] = {
@@ -449,7 +449,7 @@ def quantized_linear(
     partial: bool = False,
 ) -> Tensor:
     """x [M, K] @ dequantized w^T (+ bias, then GELU), in x's dtype (into `out` if given;
-    `partial`: see runtime.linear)."""
+    `partial`: see kernels.linear)."""
     partial = partial and bias is None and not gelu
     key = (x.shape[0], *w.data.shape, w.data.dtype, x.dtype, x.device.type)
     choice = _quantized_choice.get(key)
@@ -483,8 +483,8 @@ QUANTIZED_CANDIDATES: list[StreamConfig] = [
 ]  # fmt: skip
 _quantized_choice: dict[tuple, Callable[[Tensor, QuantizedWeight], Tensor] | StreamConfig] = {}
 # The step matmuls' configs on int8 / fp8 weights, chosen in the whole graphed greedy step as
-# runtime.STEP_CONFIGS (benchmarks/tune_step.py --compute-type int8 / float8, H200, large-v3)
-# and used on every GPU. Keys: (1 row or up to 16, runtime.step_role, weight dtype).
+# kernels.STEP_CONFIGS (benchmarks/tune_step.py --compute-type int8 / float8, H200, large-v3)
+# and used on every GPU. Keys: (1 row or up to 16, kernels.step_role, weight dtype).
 _I8, _F8 = torch.int8, torch.float8_e4m3fn
 STREAM_CONFIGS: dict[tuple[int, str, torch.dtype], StreamConfig] = {
     (1, "out", _I8): (64, 256, 8, 3),
@@ -512,7 +512,7 @@ def _pick_quantized(x: Tensor, w: QuantizedWeight):
     """How x @ w runs. The CPU: PyTorch's int8 matmul (float32, one scale per row), else
     dequantize. CUDA: up to 64 rows of a decode step's matmul in 16 bits on the Triton stream
     kernel (it widens int8 or fp8 weights in registers) in STREAM_CONFIGS' config for its role,
-    the same in every process as runtime.linear's; more rows (a prefill: compute-bound, of ever
+    the same in every process as kernels.linear's; more rows (a prefill: compute-bound, of ever
     new shapes) or another shape: dequantize + cuBLAS for int8, fp8 activations + _scaled_mm for
     fp8. (PyTorch's int8 matmul on CUDA took 4-18x the time of either at 16-64 rows: RESULTS,
     session 23.)"""
