@@ -130,7 +130,7 @@ class OpenAIWhisper:
         """openai-whisper's `transcribe`: its result dict. `verbose`: True prints each segment
         as it is decoded, False shows a progress bar, None neither. `decode_options` are its
         `DecodingOptions`: task, language, best_of, beam_size, patience, length_penalty,
-        prefix (the first window's; openai-whisper repeats it before every window's text,
+        prefix (the first window's; openai-whisper forces it at the start of every window,
         which a transcript seldom wants), suppress_tokens (a "-1,..." string or ids),
         suppress_blank, without_timestamps, max_initial_timestamp, sample_len (tokens a window
         may sample), and fp16, which has no effect: the compute type was chosen when the model

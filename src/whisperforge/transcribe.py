@@ -486,15 +486,16 @@ class WhisperModel:
 
         Returns a lazy generator of segments and the `TranscriptionInfo` (language, duration).
         Long-form semantics are openai-whisper's; `beam_size=1` is greedy decoding; `prefix`
-        is text the first window's transcript starts with (faster-whisper's; openai-whisper
-        puts it before every window's). The options faster-whisper adds: `hotwords` (words to
-        favour, in the prompt unless a `prefix` is given), `repetition_penalty` and
-        `no_repeat_ngram_size` (on each window's sampled tokens; on a GPU they run the step
-        loop on the host), `multilingual` (each window in its own language), the language
-        found over `language_detection_segments` windows (see `language_of`), `log_progress`
-        (a bar of the audio done, on stderr), `log_prob_low_threshold` (a window decoded below
-        this average log-probability is dropped as silence) and `chunk_length` (seconds of
-        audio a window holds, up to 30).
+        is words the first window's speech is taken to begin with, its decode going on from
+        them (faster-whisper's; openai-whisper does so in every window): the segments hold the
+        words after them. The options faster-whisper adds: `hotwords` (words to favour, in the
+        prompt unless a `prefix` is given), `repetition_penalty` and `no_repeat_ngram_size` (on
+        each window's sampled tokens; on a GPU they run the step loop on the host),
+        `multilingual` (each window in its own language), the language found over
+        `language_detection_segments` windows (see `language_of`), `log_progress` (a bar of
+        the audio done, on stderr), `log_prob_low_threshold` (a window decoded below this
+        average log-probability is dropped as silence) and `chunk_length` (seconds of audio a
+        window holds, up to 30).
         """
         options = TranscriptionOptions.from_arguments(
             beam_size=beam_size,
@@ -657,8 +658,8 @@ class WhisperModel:
 
         `peaks` (see `frame_peaks`) lets windows of digital silence be skipped undecoded.
         `timeline` maps the times of VAD-collected speech back to the original audio.
-        `prefix_once`: the options' `prefix` starts the first window decoded only (a file's,
-        as faster-whisper's `transcribe`), not every window (its batched pipeline's).
+        `prefix_once`: the options' `prefix` begins the first window decoded only (a file's,
+        as in faster-whisper's `transcribe`), not every window (its batched pipeline's).
         """
         content_frames = mel.shape[-1] - N_FRAMES
         content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
