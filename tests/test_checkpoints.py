@@ -415,6 +415,42 @@ def test_download_model_gives_ctranslate2_folders(
         download_model("base", output_dir=tmp_path / "a-file")
 
 
+def test_a_hub_revision_comes_from_the_cache(no_hub: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """faster-whisper's `revision` and `use_auth_token` reach the hub: a hub cache holding
+    tiny.en's files under tag v1 only (offline, so nothing is fetched)."""
+    from whisperforge import WhisperModel, download_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo, commit = Path(no_hub) / "models--someone--tiny-en", "0123456789abcdef" * 2 + "01234567"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "v1").write_text(commit)
+    for path in packaged_model_folders("tiny.en")[0].iterdir():
+        if path.suffix in (".json", ".bin", ".txt"):
+            (snapshot / path.name).symlink_to(path)
+    model = WhisperModel(
+        "someone/tiny-en", device="cpu", download_root=no_hub, revision="v1", use_auth_token=False
+    )
+    assert model.checkpoint.source == str(snapshot) and not model.is_multilingual
+    assert download_model("someone/tiny-en", cache_dir=no_hub, revision="v1") == str(snapshot)
+    with pytest.raises(ModelNotFoundError, match="offline"):
+        resolve_checkpoint("someone/tiny-en", cache_dir=no_hub)  # main: not in the cache
+    with pytest.raises(ModelNotFoundError, match="someone/tiny-en at v2"):
+        resolve_checkpoint("someone/tiny-en", cache_dir=no_hub, revision="v2")
+
+
+def test_faster_whispers_other_model_arguments() -> None:
+    """A model from memory (`files`) is refused with what to do; CTranslate2's own options are
+    ignored with a warning."""
+    from whisperforge import InvalidOptionError, WhisperModel
+
+    with pytest.raises(InvalidOptionError, match="folder"):
+        WhisperModel("tiny.en", device="cpu", files={"model.bin": b""})
+    with pytest.warns(UserWarning, match="flash_attention"):
+        WhisperModel("tiny.en", device="cpu", flash_attention=True)
+
+
 def test_missing_path_is_not_found() -> None:
     with pytest.raises(ModelNotFoundError) as error:
         resolve_checkpoint("./models/nothing-here.pt")

@@ -747,33 +747,45 @@ def hub_reachable(endpoint: str, timeout: float = HUB_PROBE_SECONDS) -> bool:
     return bool(answer and answer[0])
 
 
-def _hub_folder(name: str, local_files_only: bool, cache_dir: str | None) -> Path:
+def _hub_folder(
+    name: str,
+    local_files_only: bool,
+    cache_dir: str | None,
+    revision: str | None = None,
+    token: str | bool | None = None,
+) -> Path:
+    """The hub cache's folder of model `name` (a size or a repo id) at `revision` (a branch,
+    tag or commit; None: main), downloaded first if the cache lacks it; `token`: the hub's
+    (a private repo's), as faster-whisper's `use_auth_token`."""
     repo = HUB_REPOS.get(name, name if "/" in name else None)
     if repo is None:
         raise ModelNotFoundError(_not_found_message(name))
+    shown = repo if revision is None else f"{repo} at {revision}"  # in the messages
     try:
         from huggingface_hub import constants, snapshot_download
     except ImportError:
-        raise ModelNotFoundError(_not_found_message(name, repo, "is not usable")) from None
+        raise ModelNotFoundError(_not_found_message(name, shown, "is not usable")) from None
     # The local cache first, so an offline machine never waits on the network; a miss (or a
     # broken cache entry) raises, and the hub is tried below.
     with contextlib.suppress(Exception):
         cached = snapshot_download(
-            repo, allow_patterns=_HUB_FILES, local_files_only=True, cache_dir=cache_dir
-        )
+            repo, allow_patterns=_HUB_FILES, local_files_only=True, cache_dir=cache_dir,
+            revision=revision, token=token,
+        )  # fmt: skip
         return Path(cached)
     if local_files_only or _hub_offline():
-        raise ModelNotFoundError(_not_found_message(name, repo, "is off (offline mode)"))
+        raise ModelNotFoundError(_not_found_message(name, shown, "is off (offline mode)"))
     if not hub_reachable(constants.ENDPOINT):  # urllib goes through the same proxies as the hub
-        raise ModelNotFoundError(_not_found_message(name, repo, "cannot be reached"))
+        raise ModelNotFoundError(_not_found_message(name, shown, "cannot be reached"))
     try:
         folder = snapshot_download(
-            repo, allow_patterns=_HUB_FILES, cache_dir=cache_dir, etag_timeout=HUB_PROBE_SECONDS
-        )
+            repo, allow_patterns=_HUB_FILES, cache_dir=cache_dir, etag_timeout=HUB_PROBE_SECONDS,
+            revision=revision, token=token,
+        )  # fmt: skip
         return Path(folder)
     except Exception as error:  # noqa: BLE001 - network, auth and missing repos alike
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-        raise ModelNotFoundError(_not_found_message(name, repo, f"failed: {reason}")) from None
+        raise ModelNotFoundError(_not_found_message(name, shown, f"failed: {reason}")) from None
 
 
 def _not_found_message(name: str, repo: str | None = None, hub: str = "") -> str:
@@ -797,9 +809,14 @@ def _not_found_message(name: str, repo: str | None = None, hub: str = "") -> str
 
 
 def resolve_checkpoint(
-    name_or_path: str | os.PathLike, local_files_only: bool = False, cache_dir: str | None = None
+    name_or_path: str | os.PathLike,
+    local_files_only: bool = False,
+    cache_dir: str | None = None,
+    revision: str | None = None,
+    token: str | bool | None = None,
 ) -> Checkpoint:
-    """A local path; else an installed model package; else the hub cache, then the hub."""
+    """A local path; else an installed model package; else the hub cache, then the hub (at
+    `revision`, with `token`: see `_hub_folder`)."""
     path = Path(name_or_path).expanduser()
     if path.exists():
         return load_path(path)
@@ -813,7 +830,7 @@ def resolve_checkpoint(
     )
     if looks_like_path:
         raise ModelNotFoundError(f"{name}: no such file or folder; check the path")
-    return load_path(_hub_folder(name, local_files_only, cache_dir))
+    return load_path(_hub_folder(name, local_files_only, cache_dir, revision, token))
 
 
 def download_model(
@@ -821,16 +838,20 @@ def download_model(
     output_dir: str | os.PathLike | None = None,
     local_files_only: bool = False,
     cache_dir: str | None = None,
+    revision: str | None = None,
+    use_auth_token: str | bool | None = None,
 ) -> str:
     """faster-whisper's `download_model`: the folder holding model `size_or_id` as CTranslate2
     lays it out (model.bin, config.json, tokenizer.json, vocabulary), for `WhisperModel(folder)`
     or CTranslate2 itself. An installed model package is found as `WhisperModel` finds it: its
     own folder, or for a model split over several packages their parts joined once into
     `cache_dir` (default ~/.cache/whisperforge); other names come from the Hugging Face hub's
-    cache, then the hub. `output_dir`: the model's files written there instead."""
+    cache, then the hub (at `revision`, with the hub token `use_auth_token`). `output_dir`:
+    the model's files written there instead."""
     folders = packaged_model_folders(size_or_id) if size_or_id in PACKAGED_MODELS else None
     if folders is None:
-        folders = [_hub_folder(size_or_id, local_files_only, cache_dir)]
+        hub = _hub_folder(size_or_id, local_files_only, cache_dir, revision, use_auth_token)
+        folders = [hub]
     if output_dir is None and len(folders) == 1:
         return str(folders[0])
     default = Path(cache_dir or Path.home() / ".cache" / "whisperforge") / size_or_id

@@ -14,6 +14,7 @@ import numbers
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, fields, replace
 from typing import TypeVar
@@ -300,6 +301,11 @@ class WhisperModel:
     threads may share one model however many there are: they take turns a window at a time
     (`lock`), since a GPU runtime's buffers serve one decode at a time and a decode already
     fills the device; `BatchedInferencePipeline` is what decodes many windows together.
+    revision, use_auth_token: for a model from the Hugging Face hub, its branch, tag or commit
+    and the hub token (a private repo's), as faster-whisper takes them.
+    files (faster-whisper's model files from memory) is refused: write them to a folder and
+    pass its path. Other keywords are CTranslate2's own options (`flash_attention`, ...):
+    whisperforge has none of them, and warns that it ignores them.
     """
 
     def __init__(
@@ -312,9 +318,24 @@ class WhisperModel:
         download_root: str | None = None,
         local_files_only: bool = False,
         num_workers: int = 1,
+        files: dict | None = None,
+        revision: str | None = None,
+        use_auth_token: str | bool | None = None,
+        **model_kwargs: object,
     ):
         if not isinstance(num_workers, numbers.Integral) or num_workers < 1:
             raise InvalidOptionError("num_workers must be a whole number of at least 1")
+        if files is not None:
+            raise InvalidOptionError(
+                "files (a model from memory) is not supported; write the files to a folder "
+                "and pass its path as model_size_or_path"
+            )
+        if model_kwargs:
+            warnings.warn(
+                f"{', '.join(sorted(model_kwargs))}: CTranslate2's option(s), which whisperforge "
+                "does not have; ignored",
+                stacklevel=2,
+            )
         # Held while a thread's transcription runs the model (`locked`): the runtime's static
         # buffers and CUDA graphs serve one decode at a time.
         self.lock = threading.RLock()
@@ -343,7 +364,9 @@ class WhisperModel:
             checkpoint = (
                 model_size_or_path
                 if isinstance(model_size_or_path, Checkpoint)
-                else resolve_checkpoint(model_size_or_path, local_files_only, download_root)
+                else resolve_checkpoint(
+                    model_size_or_path, local_files_only, download_root, revision, use_auth_token
+                )
             )
             if compute_type == "default":  # a quantized checkpoint's own compute type
                 compute = resolve_compute_type("default", self.device, checkpoint.compute_type)
