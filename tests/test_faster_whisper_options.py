@@ -172,6 +172,13 @@ def test_language_from_several_windows(base, german_then_english):
     assert info.language == "de"  # the first window is sure enough
     with pytest.raises(InvalidOptionError, match="language_detection_segments"):
         base.transcribe(german_then_english, language_detection_segments=0)
+    # faster-whisper's way: a log-mel spectrogram instead of the audio, its arguments in order.
+    features = log_mel_spectrogram(german_then_english, 80).numpy()
+    assert base.detect_language(None, features, False, None, 3, 1.0)[0] == "en"
+    assert base.detect_language(features=features)[0] == "de"
+    for bad in ({}, {"features": features[:40]}):
+        with pytest.raises(InvalidOptionError, match="features"):
+            base.detect_language(**bad)
 
 
 def test_the_window_a_language_was_found_in_is_encoded_once(base):

@@ -413,21 +413,35 @@ class WhisperModel:
 
     def detect_language(
         self,
-        audio: AudioInput,
-        language_detection_segments: int = 1,
-        language_detection_threshold: float = 0.5,
+        audio: AudioInput | None = None,
+        features: np.ndarray | Tensor | None = None,
         vad_filter: bool = False,
         vad_parameters: VadOptions | dict | None = None,
+        language_detection_segments: int = 1,
+        language_detection_threshold: float = 0.5,
     ) -> tuple[str, float, list[tuple[str, float]]]:
         """The audio's language: (code, probability, all (code, probability) best first), from
         its first 30 s, or from up to `language_detection_segments` windows (`language_of`);
-        with `vad_filter`, of its speech only."""
-        samples = load_audio(audio)
-        if vad_filter:
-            samples = collect_speech(
-                samples, detect_speech(samples, vad_options_of(vad_parameters))
-            )
-        mel = self.long_form_mel(samples)
+        with `vad_filter`, of its speech only. faster-whisper's arguments, in its order:
+        `features` is a log-mel spectrogram [n_mels, frames] given instead of the audio."""
+        if (audio is None) == (features is None):
+            raise InvalidOptionError("pass the audio or its features (a log-mel spectrogram)")
+        if features is not None:
+            mel = torch.as_tensor(features, dtype=torch.float32, device=self.device)
+            if mel.ndim != 2 or mel.shape[0] != self.checkpoint.config.n_mels:
+                raise InvalidOptionError(
+                    f"features must be a log-mel spectrogram [{self.checkpoint.config.n_mels}, "
+                    f"frames], got shape {tuple(mel.shape)}"
+                )
+            # A window's worth of zeros after it, where `leading_windows` looks for the end.
+            mel = torch.cat([mel, mel.new_zeros(mel.shape[0], N_FRAMES)], dim=1)
+        else:
+            samples = load_audio(audio)
+            if vad_filter:
+                samples = collect_speech(
+                    samples, detect_speech(samples, vad_options_of(vad_parameters))
+                )
+            mel = self.long_form_mel(samples)
         return self.language_of(
             leading_windows(mel, language_detection_segments), language_detection_threshold
         )
