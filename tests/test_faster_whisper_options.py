@@ -5,15 +5,25 @@ the low log-probability skip."""
 
 from __future__ import annotations
 
+import inspect
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 
 import numpy as np
 import pytest
 import torch
 from conftest import DEV_DIR, JFK, english_wer, plain_words
 
-from whisperforge import BatchedInferencePipeline, InvalidOptionError, WhisperModel, load_audio
+from whisperforge import (
+    BatchedInferencePipeline,
+    InvalidOptionError,
+    Segment,
+    TranscriptionInfo,
+    WhisperModel,
+    Word,
+    download_model,
+    load_audio,
+)
 from whisperforge.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 from whisperforge.decoding import DecodingOptions, RepetitionPenalty, decode, initial_tokens
 from whisperforge.runtime import Runtime, RuntimeWhisper
@@ -38,6 +48,32 @@ def test_hotwords_spell_the_names_the_model_gets_wrong(tiny_en, clip, hotwords):
     )
     assert not names & set(plain.split()), plain
     assert names <= set(hinted.split()), hinted
+
+
+def test_the_api_is_shaped_as_faster_whispers():
+    """Code written for faster-whisper (the test dependency) runs unchanged: its arguments in
+    its order, so positional calls mean the same, and results with its fields in its order."""
+    import faster_whisper.transcribe as fw
+    from faster_whisper.utils import download_model as fw_download_model
+
+    def positional(function) -> list[str]:
+        parameters = inspect.signature(function).parameters.items()
+        return [name for name, p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+
+    for ours, theirs in (
+        (WhisperModel.__init__, fw.WhisperModel.__init__),
+        (WhisperModel.transcribe, fw.WhisperModel.transcribe),
+        (WhisperModel.detect_language, fw.WhisperModel.detect_language),
+        (download_model, fw_download_model),
+    ):
+        expected = positional(theirs)
+        assert positional(ours)[: len(expected)] == expected, ours.__qualname__
+    for ours, theirs in (
+        (Segment, fw.Segment),
+        (Word, fw.Word),
+        (TranscriptionInfo, fw.TranscriptionInfo),
+    ):
+        assert [f.name for f in fields(ours)] == [f.name for f in fields(theirs)], ours
 
 
 def test_hotwords_go_before_the_prompt_and_not_with_a_prefix(tiny_en):

@@ -26,7 +26,7 @@ RAMP = 1e-4  # scripted audio: sample value = stream time * RAMP, so a fake know
 
 def segment(words: list[Word]) -> Segment:
     return Segment(0, 0, words[0].start, words[-1].end, "".join(w.word for w in words), [],
-                   -0.1, 1.0, 0.0, 0.0, words)  # fmt: skip
+                   -0.1, 1.0, 0.0, words, 0.0)  # fmt: skip
 
 
 def ramp(start: int, stop: int) -> np.ndarray:

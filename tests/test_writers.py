@@ -32,7 +32,7 @@ INFO = {"language": "en", "duration": 11.0}
 def segment(
     i: int, start: float, end: float, text: str, words: list[Word] | None = None
 ) -> Segment:
-    return Segment(i, 0, start, end, text, [1, 2], -0.2, 1.3, 0.01, 0.0, words)
+    return Segment(i, 0, start, end, text, [1, 2], -0.2, 1.3, 0.01, words, 0.0)
 
 
 def timed(text: str, start: float, step: float = 0.5) -> list[Word]:

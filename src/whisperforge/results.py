@@ -32,8 +32,8 @@ class Segment(_AsDict):
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
-    temperature: float
     words: list[Word] | None = field(default=None)
+    temperature: float | None = None  # of the decode that made it
 
 
 @dataclass
