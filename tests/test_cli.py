@@ -257,12 +257,15 @@ def test_keyboard_interrupt_exits_130_quietly(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_download_writes_a_ctranslate2_folder(tmp_path, capsys):
+def test_download_writes_a_ctranslate2_folder(tmp_path, capsys, monkeypatch):
     assert cli.main(["download", "base", "--output-dir", str(tmp_path / "base")]) == 0
     folder = Path(capsys.readouterr().out.strip())
     assert folder == tmp_path / "base" and (folder / "model.bin").is_file()
     assert cli.main(["download", "no-such-model"]) == 1
     assert "no-such-model" in error_lines(capsys.readouterr().err)[0]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli.main(["download", "someone/whisper", "--revision", "v2"]) == 1
+    assert "someone/whisper at v2" in error_lines(capsys.readouterr().err)[0]
 
 
 def test_usage_errors_exit_2(capsys):

@@ -356,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("model", metavar="NAME", help="a model name (see `whisperforge models`)")
     d.add_argument("--output-dir", "-o", metavar="DIR", default=None, help="write the files here")
+    d.add_argument(
+        "--revision", metavar="REV", default=None, help="a hub model's branch, tag or commit"
+    )
     d.set_defaults(run=run_download)
     _add_stream_parser(commands)
     _add_serve_parser(commands)
@@ -778,7 +781,7 @@ def run_models(args: argparse.Namespace) -> int:
 def run_download(args: argparse.Namespace) -> int:
     from .checkpoints import download_model
 
-    print(download_model(args.model, args.output_dir))
+    print(download_model(args.model, args.output_dir, revision=args.revision))
     return 0
 
 
