@@ -131,7 +131,11 @@ class BatchedInferencePipeline:
         log_progress: bool = False,
         **options,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
-        """Options as `WhisperModel.transcribe` (beam_size, word_timestamps, thresholds, ...).
+        """Options as `WhisperModel.transcribe` (beam_size, word_timestamps, thresholds, ...)
+        and its defaults, but `condition_on_previous_text=False` (each window on its own, the
+        throughput mode; True conditions each chain of windows on the one before). Segments
+        are timed within each window, where faster-whisper's batched default is
+        `without_timestamps=True` (a segment a window: pass it for that).
         `batch_size=None` picks the largest batch that fits the device's free memory.
 
         The windows come from the VAD, or from `clip_timestamps` where given: faster-whisper's
