@@ -64,9 +64,10 @@ BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "
 
 
 def _bool(text: str) -> bool:
-    if text.strip().lower() not in BOOLEANS:
+    key = text.strip().lower()
+    if key not in BOOLEANS:
         raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
-    return BOOLEANS[text.strip().lower()]
+    return BOOLEANS[key]
 
 
 def _token_ids(text: str) -> list[int] | None:

@@ -351,8 +351,9 @@ class WhisperModel:
         if cpu_threads > 0:
             torch.set_num_threads(cpu_threads)
         self.runtime = None  # on a GPU: encoder and decode loop on static caches, CUDA graphs
-        # The last window `language_of` encoded, with its features: audio of 30 s or more
-        # starts its long-form loop with the same mel, which is then not encoded twice.
+        # The last window `language_of` encoded, with its features, for the next `encode`
+        # only: audio of 30 s or more starts its long-form loop with the same mel, which is
+        # then not encoded twice (and no later window pays for the comparison).
         self.language_window: tuple[Tensor, Tensor] | None = None
         if not isinstance(model_size_or_path, Checkpoint) and is_export_folder(model_size_or_path):
             # `whisperforge export --format onnx`: encoder and decoder on onnxruntime.
@@ -403,7 +404,7 @@ class WhisperModel:
 
     def encode(self, mel: Tensor) -> Tensor:
         """Audio features [B, n_audio_ctx, D] of mel windows [B, n_mels, 3000]."""
-        known = self.language_window
+        known, self.language_window = self.language_window, None
         if known is not None and identical(known[0][None], mel):
             return known[1][None]
         with torch.inference_mode(), current_device(self.device):
