@@ -77,8 +77,10 @@ def test_windows_cut_short_are_continued(tiny_en, pipeline):
 def test_bad_options_are_refused(pipeline):
     with pytest.raises(InvalidOptionError):
         pipeline.transcribe(load_audio(JFK), batch_size=0)
-    with pytest.raises(InvalidOptionError):
+    with pytest.raises(TypeError, match="no_such_option"):  # as faster-whisper's
         pipeline.transcribe(load_audio(JFK), no_such_option=1)
+    with pytest.raises(InvalidOptionError, match="no_such_option"):
+        list(pipeline.transcribe_many([JFK], no_such_option=1))
     with pytest.raises(InvalidOptionError, match="repetition_penalty"):  # checked as transcribe's
         pipeline.transcribe(load_audio(JFK), repetition_penalty=0)
     with pytest.raises(InvalidOptionError, match="clip_timestamps"):  # one file's, not many's

@@ -19,13 +19,20 @@ from whisperforge import (
     InvalidOptionError,
     Segment,
     TranscriptionInfo,
+    TranscriptionOptions,
     WhisperModel,
     Word,
     download_model,
     load_audio,
 )
 from whisperforge.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
-from whisperforge.decoding import DecodingOptions, RepetitionPenalty, decode, initial_tokens
+from whisperforge.decoding import (
+    DecodingOptions,
+    RepetitionPenalty,
+    decode,
+    initial_tokens,
+    rank_by_likelihood,
+)
 from whisperforge.runtime import Runtime, RuntimeWhisper
 
 MULTILINGUAL = DEV_DIR / "faster-whisper__multilingual.mp3"  # the MIT licence: English, German
@@ -60,20 +67,58 @@ def test_the_api_is_shaped_as_faster_whispers():
         parameters = inspect.signature(function).parameters.items()
         return [name for name, p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
 
+    def defaults(function) -> dict[str, object]:
+        parameters = inspect.signature(function).parameters.items()
+        return {
+            n: tuple(p.default) if isinstance(p.default, list) else p.default for n, p in parameters
+        }
+
+    # The defaults we chose to differ, each said in its docstring.
+    different = {
+        "WhisperModel.__init__": {"model_size_or_path"},  # "tiny.en": a model that ships
+        "BatchedInferencePipeline.transcribe": {
+            "without_timestamps", "batch_size", "condition_on_previous_text"
+        },
+    }  # fmt: skip
     for ours, theirs in (
         (WhisperModel.__init__, fw.WhisperModel.__init__),
         (WhisperModel.transcribe, fw.WhisperModel.transcribe),
         (WhisperModel.detect_language, fw.WhisperModel.detect_language),
+        (BatchedInferencePipeline.transcribe, fw.BatchedInferencePipeline.transcribe),
         (download_model, fw_download_model),
     ):
         expected = positional(theirs)
         assert positional(ours)[: len(expected)] == expected, ours.__qualname__
+        our_defaults, their_defaults = defaults(ours), defaults(theirs)
+        differing = {n for n in their_defaults if our_defaults[n] != their_defaults[n]}
+        assert differing == different.get(ours.__qualname__, set()), ours.__qualname__
     for ours, theirs in (
         (Segment, fw.Segment),
         (Word, fw.Word),
         (TranscriptionInfo, fw.TranscriptionInfo),
     ):
         assert [f.name for f in fields(ours)] == [f.name for f in fields(theirs)], ours
+
+
+def test_length_penalty_is_faster_whispers_exponent_and_openai_whispers_alpha():
+    """faster-whisper's length_penalty p ranks candidates by log-prob / length ** p (CTranslate2's);
+    openai-whisper's is the Google NMT alpha. Two candidates: 2 tokens at -1, 10 at -4."""
+    tokens = [[torch.zeros(2), torch.zeros(10)]]
+    logprobs = [[-1.0, -4.0]]
+
+    def best(**options) -> int:
+        return rank_by_likelihood(tokens, logprobs, DecodingOptions(**options))[0]
+
+    assert best() == best(length_exponent=1.0) == 1  # the mean log-prob: -0.5 against -0.4
+    assert best(length_exponent=0.0) == 0  # the sum
+    assert best(length_penalty=1.0) == 0  # -1 / (7 / 6) against -4 / (15 / 6)
+    options = TranscriptionOptions.from_arguments(length_penalty=0.5).decoding_options(
+        0.0, "en", "transcribe", []
+    )
+    assert (options.length_exponent, options.length_penalty) == (0.5, None)
+    assert TranscriptionOptions.from_arguments(length_penalty=None).length_penalty == 1.0
+    with pytest.raises(InvalidOptionError, match="length_penalty"):
+        TranscriptionOptions.from_arguments(length_penalty="long")
 
 
 def test_hotwords_go_before_the_prompt_and_not_with_a_prefix(tiny_en):

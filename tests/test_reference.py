@@ -90,13 +90,15 @@ def test_language_detection_matches_openai_whisper(base, base_reference, languag
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"word_timestamps": True}, {"beam_size": 5, "temperature": 0.0}]
+    "options",
+    [{}, {"word_timestamps": True}, {"beam_size": 5, "temperature": 0.0, "length_penalty": 0.5}],
 )
 def test_openai_whisper_api_gives_openai_whispers_result(
     tiny_en_checkpoint, tmp_path, capsys, options
 ):
-    """`whisperforge.load_model(...).transcribe` in place of openai-whisper's, on its defaults
-    (greedy, the fallback ladder) and options: the same result dict, word times included."""
+    """`whisperforge.transcribe(whisperforge.load_model(...), ...)` in place of openai-whisper's,
+    on its defaults (greedy, the fallback ladder) and options (its length_penalty is the Google
+    NMT alpha): the same result dict, word times included."""
     import whisperforge
 
     path = tmp_path / "tiny.en.pt"
@@ -110,8 +112,9 @@ def test_openai_whisper_api_gives_openai_whispers_result(
     reference.register_buffer("alignment_heads", mask.to_sparse(), persistent=False)
     audio = load_audio(DEV_DIR / "openai-whisper__jfk.flac")
     expected = whisper.transcribe(reference, audio, fp16=False, **options)
-    result = whisperforge.load_model(str(path), device="cpu").transcribe(
-        audio, verbose=True, fp16=False, **options
+    # whisper.transcribe(model, audio, ...), as openai-whisper's module has it
+    result = whisperforge.transcribe(
+        whisperforge.load_model(str(path), device="cpu"), audio, verbose=True, fp16=False, **options
     )
     assert (result["text"], result["language"]) == (expected["text"], expected["language"])
     assert len(result["segments"]) == len(expected["segments"])

@@ -11,7 +11,10 @@ from .errors import (
     ModelNotFoundError,
     WhisperforgeError,
 )
-from .openai_api import decode, detect_language, load_model
+
+# openai-whisper's functions; `transcribe` names its function, as in openai-whisper's package,
+# not the module (`from whisperforge.transcribe import ...` still reads the module).
+from .openai_api import decode, detect_language, load_model, transcribe
 from .results import Segment, TranscriptionInfo, Word
 from .transcribe import TranscriptionOptions, WhisperModel
 from .writers import format_timestamp
@@ -41,4 +44,5 @@ __all__ = [
     "load_model",
     "log_mel_spectrogram",
     "pad_or_trim",
+    "transcribe",
 ]

@@ -39,7 +39,7 @@ from .audio import (
 from .decoding import DecodingResult, decode
 from .errors import InvalidOptionError, WhisperforgeError
 from .results import Segment, TranscriptionInfo
-from .timing import add_word_timestamps
+from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
 from .tokenizer import Tokenizer, normalize_language
 from .transcribe import (
     LongForm,
@@ -123,26 +123,89 @@ class BatchedInferencePipeline:
         audio: AudioInput,
         language: str | None = None,
         task: str = "transcribe",
-        batch_size: int | None = None,
-        temperature: float | Iterable[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
-        vad_parameters: VadOptions | dict | None = None,
-        vad_filter: bool = True,
-        clip_timestamps: str | Iterable[float] | Iterable[dict] | None = None,
         log_progress: bool = False,
-        **options,
+        beam_size: int = 5,
+        best_of: int = 5,
+        patience: float = 1.0,
+        length_penalty: float = 1,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+        temperature: float | Iterable[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        compression_ratio_threshold: float | None = 2.4,
+        log_prob_threshold: float | None = -1.0,
+        no_speech_threshold: float | None = 0.6,
+        condition_on_previous_text: bool = False,
+        prompt_reset_on_temperature: float = 0.5,
+        initial_prompt: str | Iterable[int] | None = None,
+        prefix: str | None = None,
+        suppress_blank: bool = True,
+        suppress_tokens: Iterable[int] | None = (-1,),
+        without_timestamps: bool = False,
+        max_initial_timestamp: float = 1.0,
+        word_timestamps: bool = False,
+        prepend_punctuations: str = PREPEND_PUNCTUATIONS,
+        append_punctuations: str = APPEND_PUNCTUATIONS,
+        multilingual: bool = False,
+        vad_filter: bool = True,
+        vad_parameters: VadOptions | dict | None = None,
+        max_new_tokens: int | None = None,
+        chunk_length: float | None = None,
+        clip_timestamps: str | Iterable[float] | Iterable[dict] | None = None,
+        hallucination_silence_threshold: float | None = None,
+        batch_size: int | None = None,
+        hotwords: str | None = None,
+        language_detection_threshold: float = 0.5,
+        language_detection_segments: int = 1,
+        carry_initial_prompt: bool = False,
+        log_prob_low_threshold: float | None = None,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
-        """Options as `WhisperModel.transcribe` (beam_size, word_timestamps, thresholds, ...)
-        and its defaults, but `condition_on_previous_text=False` (each window on its own, the
-        throughput mode; True conditions each chain of windows on the one before). Segments
-        are timed within each window, where faster-whisper's batched default is
-        `without_timestamps=True` (a segment a window: pass it for that).
-        `batch_size=None` picks the largest batch that fits the device's free memory.
+        """faster-whisper's batched `transcribe`, its arguments in its order; they mean what
+        they mean in `WhisperModel.transcribe`. Two defaults differ from faster-whisper's
+        batched ones: segments are timed within each window (faster-whisper's default is
+        `without_timestamps=True`, a segment a window: pass it for that), and windows are not
+        conditioned on each other, as there (`condition_on_previous_text=True` conditions each
+        chain of windows on the one before). `batch_size=None` picks the largest batch that
+        fits the device's free memory.
 
         The windows come from the VAD, or from `clip_timestamps` where given: faster-whisper's
         list of {"start": sample, "end": sample}, or `transcribe`'s seconds "start,end,...".
         With `vad_filter=False` and no clips, the audio is cut into 30 s windows as it is.
         `chunk_length`: windows (and the VAD's speech) of at most that many seconds."""
-        options = self._options(language, task, batch_size, temperature, options)
+        options = self._options(
+            language,
+            task,
+            batch_size,
+            temperature,
+            beam_size=beam_size,
+            best_of=best_of,
+            patience=patience,
+            length_penalty=length_penalty,
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            compression_ratio_threshold=compression_ratio_threshold,
+            log_prob_threshold=log_prob_threshold,
+            no_speech_threshold=no_speech_threshold,
+            condition_on_previous_text=condition_on_previous_text,
+            prompt_reset_on_temperature=prompt_reset_on_temperature,
+            initial_prompt=initial_prompt,
+            prefix=prefix,
+            suppress_blank=suppress_blank,
+            suppress_tokens=suppress_tokens,
+            without_timestamps=without_timestamps,
+            max_initial_timestamp=max_initial_timestamp,
+            word_timestamps=word_timestamps,
+            prepend_punctuations=prepend_punctuations,
+            append_punctuations=append_punctuations,
+            multilingual=multilingual,
+            max_new_tokens=max_new_tokens,
+            chunk_length=chunk_length,
+            hallucination_silence_threshold=hallucination_silence_threshold,
+            hotwords=hotwords,
+            language_detection_threshold=language_detection_threshold,
+            language_detection_segments=language_detection_segments,
+            carry_initial_prompt=carry_initial_prompt,
+            log_prob_low_threshold=log_prob_low_threshold,
+        )
         vad = window_vad(vad_options_of(vad_parameters, BATCHED_VAD), options)
         size = batch_size or self.auto_batch_size()
         samples = load_audio(audio)
@@ -192,7 +255,7 @@ class BatchedInferencePipeline:
         input order, as soon as the file is done. A file that cannot be read or transcribed
         yields a result with its `error`, and the others go on. Files are read lazily, a few
         ahead of the batches, so a corpus never sits in memory at once."""
-        options = self._options(language, task, batch_size, temperature, options)
+        options = self._options(language, task, batch_size, temperature, **options)
         vad = window_vad(vad_options_of(vad_parameters, BATCHED_VAD), options)
         size = batch_size or self.auto_batch_size()
         opened: deque[_File] = deque()
@@ -241,7 +304,7 @@ class BatchedInferencePipeline:
         task: str,
         batch_size: int | None,
         temperature: float | Iterable[float],
-        options: dict,
+        **options,
     ) -> TranscriptionOptions:
         if batch_size is not None and batch_size < 1:
             raise InvalidOptionError("batch_size must be at least 1 (or None to pick one)")

@@ -229,10 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     search.add_argument(
         "--length-penalty",
-        metavar="ALPHA",
+        metavar="P",
         type=float,
         default=None,
-        help="rank beams by log-prob / length^ALPHA; default: by log-prob / length",
+        help="rank beams and samples by log-prob / length^P, as faster-whisper's "
+        "length_penalty (openai-whisper's CLI takes the Google NMT alpha); default 1: by "
+        "log-prob / length",
     )
     search.add_argument(
         "--compression-ratio-threshold",

@@ -8,6 +8,8 @@ window and add temperature fallback around it.
 
 from __future__ import annotations
 
+import math
+import numbers
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -34,7 +36,10 @@ class DecodingOptions:
     best_of: int | None = None  # independent samples when temperature > 0
     beam_size: int | None = None  # beams when temperature == 0; None is greedy
     patience: float | None = None  # beam search patience (arXiv:2204.05424)
-    length_penalty: float | None = None  # None: divide by length; else the Google NMT alpha
+    # Candidates are ranked by log-prob / length ** length_exponent (faster-whisper's, i.e.
+    # CTranslate2's, length_penalty), or, where length_penalty (openai-whisper's) is set, by
+    # log-prob / ((5 + length) / 6) ** length_penalty (the Google NMT alpha).
+    length_penalty: float | None = None
     prompt: str | list[int] | None = None  # previous text, for context
     prefix: str | list[int] | None = None  # forced start of this window's text
     suppress_tokens: str | Sequence[int] | None = "-1"  # -1: the non-speech symbols
@@ -46,6 +51,7 @@ class DecodingOptions:
     hotwords: str | None = None
     repetition_penalty: float = 1.0  # > 1: each sampled token's score / penalty (CTRL's)
     no_repeat_ngram_size: int = 0  # > 0: no n-gram of this size sampled twice
+    length_exponent: float = 1.0  # see length_penalty
     fp16: bool = True  # openai-whisper's; no effect: the model's compute type was set at load
 
 
@@ -409,12 +415,14 @@ class BeamSearch(TokenSearch):
 
 
 def rank_by_likelihood(
-    tokens: list[list[Tensor]], sum_logprobs: list[list[float]], length_penalty: float | None
+    tokens: list[list[Tensor]], sum_logprobs: list[list[float]], options: DecodingOptions
 ) -> list[int]:
-    """Index of the best candidate per audio: log-probability over a length penalty."""
+    """Index of the best candidate per audio: log-probability over a length penalty
+    (`DecodingOptions.length_penalty`)."""
+    alpha, exponent = options.length_penalty, options.length_exponent
 
     def score(logprob: float, length: int) -> float:
-        penalty = length if length_penalty is None else ((5 + length) / 6) ** length_penalty
+        penalty = length**exponent if alpha is None else ((5 + length) / 6) ** alpha
         return logprob / penalty
 
     return [
@@ -490,6 +498,13 @@ def validate_options(options: DecodingOptions) -> None:
         raise InvalidOptionError("patience requires beam_size to be given")
     if options.length_penalty is not None and not 0 <= options.length_penalty <= 1:
         raise InvalidOptionError("length_penalty (alpha) should be a value between 0 and 1")
+    if not isinstance(options.length_exponent, numbers.Real) or not math.isfinite(
+        options.length_exponent
+    ):
+        raise InvalidOptionError(
+            f"length_penalty {options.length_exponent!r} must be a number: candidates are "
+            f"ranked by log-prob / length ** length_penalty (1: by the mean log-prob)"
+        )
     if options.repetition_penalty <= 0:
         raise InvalidOptionError("repetition_penalty must be above 0 (1 leaves scores as they are)")
     if options.no_repeat_ngram_size < 0:
@@ -650,7 +665,7 @@ def _decode(
         [seq[sample_begin : int((seq == tokenizer.eot).nonzero()[0, 0])] for seq in group]
         for group in candidates
     ]
-    chosen = rank_by_likelihood(sampled, candidate_logprobs, options.length_penalty)
+    chosen = rank_by_likelihood(sampled, candidate_logprobs, options)
     results = []
     for i, best in enumerate(chosen):
         result_tokens = sampled[i][best].tolist()

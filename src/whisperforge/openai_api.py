@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -28,13 +29,17 @@ from .model import ModelConfig
 from .results import Segment
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from .tokenizer import LANGUAGES, parse_token_ids
-from .transcribe import WhisperModel, with_progress
+from .transcribe import TranscriptionOptions, WhisperModel, with_progress
 from .writers import openai_result, timed_line
 
-# openai-whisper's decode options that `WhisperModel.transcribe` names the same way.
+# openai-whisper's decode options that `TranscriptionOptions` names the same way.
 SAME_NAMES = {
-    "task", "language", "best_of", "beam_size", "patience", "length_penalty", "prefix",
-    "suppress_blank", "without_timestamps", "max_initial_timestamp",
+    "best_of", "beam_size", "patience", "prefix", "suppress_blank", "without_timestamps",
+    "max_initial_timestamp",
+}  # fmt: skip
+# Its other decode options: the window's language and task, and these under other names.
+OTHER_NAMES = {
+    "task", "language", "length_penalty", "suppress_tokens", "sample_len", "fp16",
 }  # fmt: skip
 
 
@@ -133,11 +138,18 @@ class OpenAIWhisper:
         prefix (the first window's; openai-whisper forces it at the start of every window,
         which a transcript seldom wants), suppress_tokens (a "-1,..." string or ids),
         suppress_blank, without_timestamps, max_initial_timestamp, sample_len (tokens a window
-        may sample), and fp16, which has no effect: the compute type was chosen when the model
-        loaded."""
-        unknown = set(decode_options) - SAME_NAMES - {"suppress_tokens", "sample_len", "fp16"}
+        may sample), and fp16, which has no effect (with a warning where it asks for float32 of
+        a model in float16): the compute type was chosen when the model loaded."""
+        unknown = set(decode_options) - SAME_NAMES - OTHER_NAMES
         if unknown:
             raise TypeError(f"unknown decoding option(s): {', '.join(sorted(unknown))}")
+        if decode_options.get("fp16") is False and self.model.dtype != torch.float32:
+            warnings.warn(
+                f"fp16=False has no effect: this model computes in {self.model.dtype} (chosen "
+                f"when it loaded); for float32 load WhisperModel(..., compute_type='float32') "
+                f"and wrap it in OpenAIWhisper",
+                stacklevel=2,
+            )
         options = {name: decode_options[name] for name in SAME_NAMES & set(decode_options)}
         options.setdefault("beam_size", 1)  # openai-whisper: greedy unless a beam is asked for
         options.setdefault("best_of", 1)
@@ -146,8 +158,7 @@ class OpenAIWhisper:
             suppress = parse_token_ids(suppress)
         if isinstance(audio, torch.Tensor):
             audio = audio.detach().cpu().numpy()
-        segments, info = self.model.transcribe(
-            audio,
+        transcription = TranscriptionOptions.from_arguments(
             temperature=temperature,
             compression_ratio_threshold=compression_ratio_threshold,
             log_prob_threshold=logprob_threshold,
@@ -162,9 +173,14 @@ class OpenAIWhisper:
             hallucination_silence_threshold=hallucination_silence_threshold,
             suppress_tokens=suppress or None,
             max_new_tokens=decode_options.get("sample_len"),
+            nmt_length_penalty=decode_options.get("length_penalty"),
             **options,
         )
-        if verbose is not None and options.get("language") is None:
+        language = decode_options.get("language")
+        segments, info = self.model.transcribe_with(
+            audio, transcription, language, decode_options.get("task", "transcribe")
+        )
+        if verbose is not None and language is None:
             print(f"Detected language: {LANGUAGES[info.language].title()}")
         done: list[Segment] = []
         for segment in with_progress(segments, info.duration, shown=verbose is False):
@@ -172,6 +188,13 @@ class OpenAIWhisper:
             if verbose:
                 print(timed_line(segment), file=sys.stdout, flush=True)
         return openai_result(done, info)
+
+
+def transcribe(
+    model: OpenAIWhisper, audio: str | os.PathLike | np.ndarray | torch.Tensor, **options: Any
+) -> dict[str, Any]:
+    """openai-whisper's `whisper.transcribe(model, audio, ...)`: `OpenAIWhisper.transcribe`."""
+    return model.transcribe(audio, **options)
 
 
 def decode(

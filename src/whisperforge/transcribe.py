@@ -64,7 +64,10 @@ class TranscriptionOptions:
     beam_size: int = 5
     best_of: int = 5
     patience: float = 1.0
-    length_penalty: float | None = None
+    # faster-whisper's: candidates ranked by log-prob / length ** length_penalty (1: by their
+    # mean log-prob), unless openai-whisper's Google NMT alpha is set (`DecodingOptions`).
+    length_penalty: float = 1.0
+    nmt_length_penalty: float | None = None
     temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     compression_ratio_threshold: float | None = 2.4
     log_prob_threshold: float | None = -1.0
@@ -106,10 +109,11 @@ class TranscriptionOptions:
         clip_timestamps: str | Iterable[float] = "0",
         initial_prompt: str | Iterable[int] | None = None,
         suppress_tokens: Iterable[int] | None = (-1,),
+        length_penalty: float | None = 1.0,
         **fields,
     ) -> TranscriptionOptions:
         """The options of `WhisperModel.transcribe`'s keyword arguments (but language, task and
-        VAD), checked."""
+        VAD), checked. `length_penalty=None` is 1."""
         temperatures = (
             (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
         )
@@ -122,6 +126,7 @@ class TranscriptionOptions:
             if isinstance(initial_prompt, (str, type(None)))
             else list(initial_prompt),
             suppress_tokens=tuple(suppress_tokens) if suppress_tokens else None,
+            length_penalty=1.0 if length_penalty is None else length_penalty,
             **fields,
         )
         if options.beam_size < 1 or options.best_of < 1:
@@ -164,7 +169,8 @@ class TranscriptionOptions:
             beam_size=self.beam_size if temperature == 0 and self.beam_size > 1 else None,
             patience=self.patience if temperature == 0 and self.beam_size > 1 else None,
             best_of=self.best_of if temperature > 0 else None,
-            length_penalty=self.length_penalty,
+            length_penalty=self.nmt_length_penalty,
+            length_exponent=self.length_penalty,
             prompt=prompt or None,
             prefix=self.prefix,
             suppress_tokens=list(self.suppress_tokens) if self.suppress_tokens else None,
@@ -489,7 +495,7 @@ class WhisperModel:
         beam_size: int = 5,
         best_of: int = 5,
         patience: float = 1.0,
-        length_penalty: float | None = None,
+        length_penalty: float = 1,
         repetition_penalty: float = 1.0,
         no_repeat_ngram_size: int = 0,
         temperature: float | Iterable[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
@@ -523,7 +529,9 @@ class WhisperModel:
         """Transcribe audio (a path, bytes, a file object or a 16 kHz mono float array).
 
         Returns a lazy generator of segments and the `TranscriptionInfo` (language, duration).
-        Long-form semantics are openai-whisper's; `beam_size=1` is greedy decoding; `prefix`
+        Long-form semantics are openai-whisper's; `beam_size=1` is greedy decoding;
+        `length_penalty` is faster-whisper's (candidates ranked by log-prob / length **
+        length_penalty, not openai-whisper's Google NMT alpha); `prefix`
         is words the first window's speech is taken to begin with, its decode going on from
         them (faster-whisper's; openai-whisper does so in every window): the segments hold the
         words after them. The options faster-whisper adds: `hotwords` (words to favour, in the
@@ -568,6 +576,21 @@ class WhisperModel:
             log_prob_low_threshold=log_prob_low_threshold,
             chunk_length=chunk_length,
         )
+        return self.transcribe_with(
+            audio, options, language, task, vad_filter, vad_parameters, log_progress
+        )
+
+    def transcribe_with(
+        self,
+        audio: AudioInput,
+        options: TranscriptionOptions,
+        language: str | None = None,
+        task: str = "transcribe",
+        vad_filter: bool = False,
+        vad_parameters: VadOptions | dict | None = None,
+        log_progress: bool = False,
+    ) -> tuple[Iterator[Segment], TranscriptionInfo]:
+        """`transcribe` with its options made (`TranscriptionOptions.from_arguments`)."""
         steps, info = self.long_form(audio, language, task, options, vad_filter, vad_parameters)
         segments = locked(self.decode_sequentially(steps), self.lock)
         return (with_progress(segments, info.duration) if log_progress else segments), info
