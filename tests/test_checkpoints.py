@@ -3,6 +3,7 @@ clearly. The HF and .pt files are written here from the packaged tiny.en, so no 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -440,13 +441,28 @@ def test_a_hub_revision_comes_from_the_cache(no_hub: str, monkeypatch: pytest.Mo
         resolve_checkpoint("someone/tiny-en", cache_dir=no_hub, revision="v2")
 
 
-def test_faster_whispers_other_model_arguments() -> None:
-    """A model from memory (`files`) is refused with what to do; CTranslate2's own options are
-    ignored with a warning."""
-    from whisperforge import InvalidOptionError, WhisperModel
-
-    with pytest.raises(InvalidOptionError, match="folder"):
-        WhisperModel("tiny.en", device="cpu", files={"model.bin": b""})
+def test_faster_whispers_other_model_arguments(tiny_en) -> None:
+    """A model from memory (`files`: bytes or file objects by name) transcribes as the same
+    model from its folder; bad files are refused clearly; CTranslate2's own options are ignored
+    with a warning."""
+    paths = [p for p in packaged_model_folders("tiny.en")[0].iterdir() if p.is_file()]
+    with contextlib.ExitStack() as stack:
+        files = {
+            p.name: p.read_bytes() if p.suffix == ".bin" else stack.enter_context(p.open("rb"))
+            for p in paths
+        }
+        model = WhisperModel("in-memory", device="cpu", compute_type="float32", files=files)
+    assert [s.tokens for s in model.transcribe(JFK)[0]] == [
+        s.tokens for s in tiny_en.transcribe(JFK)[0]
+    ]
+    for bad, message in (
+        ({"../model.bin": b""}, "file name"),
+        ({"model.bin": 3}, "bytes"),
+    ):
+        with pytest.raises(InvalidOptionError, match=message):
+            WhisperModel("in-memory", device="cpu", files=bad)
+    with pytest.raises(ModelFormatError, match="files/model.bin: the file is empty"):
+        WhisperModel("in-memory", device="cpu", files={"model.bin": b"", "config.json": b"{}"})
     with pytest.warns(UserWarning, match="flash_attention"):
         WhisperModel("tiny.en", device="cpu", flash_attention=True)
 

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import struct
+import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -831,6 +832,26 @@ def resolve_checkpoint(
     if looks_like_path:
         raise ModelNotFoundError(f"{name}: no such file or folder; check the path")
     return load_path(_hub_folder(name, local_files_only, cache_dir, revision, token))
+
+
+def load_files(files: dict) -> tuple[Checkpoint, tempfile.TemporaryDirectory]:
+    """faster-whisper's `files`, a model from memory (file names to bytes or binary file
+    objects: model.bin, config.json, tokenizer.json, ...), loaded from a temporary folder that
+    lives as long as the returned folder object (the tokenizer is read from it later)."""
+    folder = tempfile.TemporaryDirectory(prefix="whisperforge-files-")
+    for name, content in files.items():
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise InvalidOptionError(f"files: {name!r} must be a file name, e.g. 'model.bin'")
+        data = content.read() if hasattr(content, "read") else content
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidOptionError(
+                f"files[{name!r}] must be bytes or a binary file object, not {type(data).__name__}"
+            )
+        (Path(folder.name) / name).write_bytes(data)
+    try:
+        return load_path(Path(folder.name)), folder
+    except ModelFormatError as error:  # named as the caller knows them: files
+        raise ModelFormatError(str(error).replace(folder.name, "files")) from None
 
 
 def download_model(

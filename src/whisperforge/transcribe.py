@@ -35,7 +35,7 @@ from .audio import (
     log_mel_spectrogram,
     pad_or_trim,
 )
-from .checkpoints import Checkpoint, resolve_checkpoint
+from .checkpoints import Checkpoint, load_files, resolve_checkpoint
 from .decoding import (
     DecodingOptions,
     DecodingResult,
@@ -309,9 +309,11 @@ class WhisperModel:
     fills the device; `BatchedInferencePipeline` is what decodes many windows together.
     revision, use_auth_token: for a model from the Hugging Face hub, its branch, tag or commit
     and the hub token (a private repo's), as faster-whisper takes them.
-    files (faster-whisper's model files from memory) is refused: write them to a folder and
-    pass its path. Other keywords are CTranslate2's own options (`flash_attention`, ...):
-    whisperforge has none of them, and warns that it ignores them.
+    files: faster-whisper's model from memory, file names to bytes or binary file objects
+    (model.bin, config.json, tokenizer.json, ...), in place of model_size_or_path; they are
+    written to a temporary folder that lives as long as the model. Other keywords are
+    CTranslate2's own options (`flash_attention`, ...): whisperforge has none of them, and
+    warns that it ignores them.
     """
 
     def __init__(
@@ -331,11 +333,8 @@ class WhisperModel:
     ):
         if not isinstance(num_workers, numbers.Integral) or num_workers < 1:
             raise InvalidOptionError("num_workers must be a whole number of at least 1")
-        if files is not None:
-            raise InvalidOptionError(
-                "files (a model from memory) is not supported; write the files to a folder "
-                "and pass its path as model_size_or_path"
-            )
+        if files is not None:  # the folder is kept: the tokenizer is read from it
+            model_size_or_path, self.files_folder = load_files(files)
         if model_kwargs:
             warnings.warn(
                 f"{', '.join(sorted(model_kwargs))}: CTranslate2's option(s), which whisperforge "
