@@ -6,6 +6,8 @@ converter writes, so both sides run the identical tiny.en / base weights in fp32
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import DEV_DIR, english_wer, manifest, short_english_clips
@@ -165,3 +167,22 @@ def test_openai_whisper_readme_example_runs_on_whisperforge(
     )  # fmt: skip
     with pytest.raises(whisperforge.InvalidOptionError, match="pad_or_trim"):
         whisperforge.decode(model, whisperforge.log_mel_spectrogram(audio[:16000]))
+
+
+def test_openai_whisper_fp16_false_on_a_half_model_warns(tiny_en, monkeypatch):
+    """fp16=False cannot turn a model loaded in float16 (a GPU's default) into float32: it says
+    so, with what to do, rather than decoding in float16 silently. Here the CPU model is only
+    labelled float16, and the audio is silence, which is not decoded."""
+    import numpy as np
+
+    import whisperforge
+
+    model = whisperforge.openai_api.OpenAIWhisper(tiny_en)
+    silence = np.zeros(16000 * 2, dtype=np.float32)
+    monkeypatch.setattr(tiny_en, "dtype", torch.float16)
+    with pytest.warns(UserWarning, match="compute_type='float32'"):
+        assert model.transcribe(silence, fp16=False, language="en")["segments"] == []
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.transcribe(silence, fp16=False, language="en")
