@@ -145,7 +145,7 @@ def http_client(url: str, model_id: str, api_key: str) -> Callable[[], Any]:
 
 def engine_client(engine: Any, options: dict, samples: dict[str, np.ndarray]) -> Callable[[], Any]:
     """A context manager per submitter thread: submits a clip's job to the engine and waits."""
-    from whisperforge.server import Job
+    from whisperforge.engine import Job
 
     @contextlib.contextmanager
     def session() -> Iterator[Sender]:
@@ -253,7 +253,8 @@ def main() -> None:
     import torch
 
     from whisperforge import WhisperModel, load_audio
-    from whisperforge.server import Engine, make_backend, temperature_ladder
+    from whisperforge.engine import Engine, make_backend
+    from whisperforge.server import temperature_ladder
 
     counts = [int(n) for n in args.clients.split(",")]
     clips = npy_clips(args.npy, args.clip_seconds, args.n_clips) if args.npy else dev_clips()

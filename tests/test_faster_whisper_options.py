@@ -367,6 +367,44 @@ def test_threads_share_one_model_and_its_runtime(tiny_en, monkeypatch):
         WhisperModel("tiny.en", num_workers=0)
 
 
+def test_num_workers_batches_concurrent_calls_and_each_gets_its_own_answer(tiny_en):
+    """num_workers=3: calls from threads run as one worker's jobs, their windows decoded in
+    batches; each gets the tokens it gets alone, a bad call fails alone, a call whose segments
+    are closed early stops, and the worker thread ends when idle and comes back when called."""
+    import time
+
+    from whisperforge import AudioError
+
+    clips = [load_audio(JFK), *(load_audio(ljspeech(c)) for c in ("LJ001-0024", "LJ001-0031"))]
+    clips.append(np.concatenate(clips))  # 2 windows: the second conditioned on the first
+    model = WhisperModel("tiny.en", device="cpu", compute_type="float32", num_workers=3)
+
+    def tokens(which: WhisperModel, audio: np.ndarray) -> list[list[int]]:
+        return [segment.tokens for segment in which.transcribe(audio)[0]]
+
+    alone = [tokens(tiny_en, audio) for audio in clips]
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda audio: tokens(model, audio), clips * 2))
+        bad = [pool.submit(model.transcribe, JFK, language="xx"),
+               pool.submit(model.transcribe, DEV_DIR / "no-such-file.flac")]  # fmt: skip
+        with pytest.raises(InvalidOptionError, match="xx"):
+            bad[0].result()
+        with pytest.raises(AudioError):
+            bad[1].result()
+    assert together == alone * 2
+    assert model.concurrent.engine.backend.max_batch_windows > 1  # they did share batches
+    segments, _ = model.transcribe(clips[-1])
+    next(segments)
+    segments.close()  # the rest is not decoded, and the worker goes on
+    engine = model.concurrent.engine
+    engine.idle_s = 0.05
+    deadline = time.monotonic() + 10
+    while (engine.alive or engine.backend.active) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not engine.alive and engine.backend.active == 0
+    assert tokens(model, clips[0]) == alone[0]  # a new worker thread
+
+
 def test_segments_keep_faster_whispers_older_asdict(tiny_en):
     segment = next(tiny_en.transcribe(JFK, beam_size=1, word_timestamps=True)[0])
     as_dict = segment._asdict()

@@ -10,31 +10,10 @@
 Errors use OpenAI's schema, {"error": {"message", "type", "param", "code"}}, with a 4xx status
 for anything the client can fix; the server keeps serving.
 
-One worker thread owns the model (`Engine`). Requests from all clients, file uploads and
-streaming updates alike, become `Job`s on one queue. The worker admits queued jobs into a
-`Backend` whenever it has room and calls `Backend.step()` while any job is active:
-
-    admit(job)  a job joins the running set (for continuous batching: at the next step)
-    step()      advance every active job; finish the jobs that are done (set their futures)
-
-`SequentialBackend` (`WhisperModel.transcribe`) runs one whole job per step, so jobs are
-served one after another in arrival order: the default on the CPU, whose cores one request
-already keeps busy.
-
-`BatchedBackend` (the default on CUDA, or `serve --batch-size N` with N > 1) is continuous
-batching at window granularity. Each active job is its own long-form loop
-(`WhisperModel.long_form`: 30 s windows, seek to the last complete segment, temperature
-fallback per window, the no-speech skip, conditioning on its previous text), paused at the
-window it needs decoded. A step takes that window from every active job (up to N), groups the
-windows that decode alike (language, task, beams, temperatures), and decodes each group as one
-batch (`BatchedInferencePipeline.decode_requests`): one encoder pass for all its mels, then one
-batched decode, every row after its own job's prompt, whose every step reads the decoder's
-weights once for all requests (on CUDA the GPU runtime's batched step), with the windows that
-fail the thresholds decoded again together one temperature up. Each job then cuts its window
-into segments, advances its seek and, when its audio is done, gets its answer: the same answer
-as `transcribe` alone. Jobs that arrive during a step join at the next one. Joining in the middle of a window's decode, rather than between windows, would need a prefill
-of the newcomer's prompt into free rows of the running runtime batch. Nothing above the
-Backend (HTTP, validation, streaming, timeouts) depends on which one runs.
+One worker thread owns the model (`engine.Engine`): requests from all clients, file uploads and
+streaming updates alike, become `Job`s on its queue, run by its `Backend` (see `engine.py`):
+batched on CUDA, one after another on the CPU. Nothing above the Backend (HTTP, validation,
+streaming, timeouts) depends on which one runs.
 """
 
 from __future__ import annotations
@@ -45,21 +24,18 @@ import hmac
 import json
 import math
 import os
-import queue
-import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .audio import SAMPLE_RATE, load_audio
-from .batched import BatchedInferencePipeline, decode_key
+from .engine import Backend, Engine, Job, QueueFull, make_backend
 from .errors import AudioError, InvalidOptionError
 from .results import Segment, TranscriptionInfo
 from .streaming import StreamingEvent, StreamingOptions, StreamingTranscriber
@@ -75,12 +51,11 @@ except ImportError:  # the server extra is not installed; create_app says what t
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from .transcribe import LongForm, WhisperModel, WindowRequest, WindowResult
+    from .transcribe import WhisperModel
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("word", "segment")
 ALIASES = ("whisper-1",)  # what OpenAI examples send; served by the loaded model
-GPU_BATCH_SIZE = 16  # windows decoded together on CUDA unless --batch-size says otherwise
 
 
 @dataclass
@@ -123,235 +98,6 @@ class APIError(Exception):
 
 class UploadTooLarge(Exception):
     pass
-
-
-# --- the model worker ----------------------------------------------------------------------
-
-
-@dataclass
-class Job:
-    """One transcription: audio, `WhisperModel.transcribe` options, and where results go.
-
-    on_segment is called (in the worker thread) with each segment as it is final, for SSE.
-    The future gets (segments, info), or the exception that stopped the job.
-    """
-
-    audio: np.ndarray
-    options: dict[str, Any]
-    on_segment: Callable[[Segment], None] | None = None
-    deadline: float = math.inf  # time.monotonic() after which nobody waits for the result
-    future: Future = field(default_factory=Future)
-
-
-class Backend(Protocol):
-    """The seam between the worker loop and the model (see the module docstring)."""
-
-    capacity: int  # jobs that can be active at once
-
-    def admit(self, job: Job) -> None: ...
-
-    def step(self) -> None: ...
-
-    @property
-    def active(self) -> int: ...
-
-    def stats(self) -> dict[str, Any]: ...
-
-
-class SequentialBackend:
-    """WhisperModel.transcribe, one job per step: correct everywhere, batched nowhere."""
-
-    capacity = 1
-
-    def __init__(self, model: WhisperModel):
-        self.model = model
-        self._jobs: deque[Job] = deque()
-
-    @property
-    def active(self) -> int:
-        return len(self._jobs)
-
-    def admit(self, job: Job) -> None:
-        self._jobs.append(job)
-
-    def stats(self) -> dict[str, Any]:
-        return {"batched": False, "batch_size": 1}
-
-    def step(self) -> None:
-        job = self._jobs.popleft()
-        if not job.future.set_running_or_notify_cancel():
-            return  # the client gave up while the job waited
-        try:
-            segments_iter, info = self.model.transcribe(job.audio, **job.options)
-            segments = []
-            for segment in segments_iter:
-                segments.append(segment)
-                if job.on_segment is not None:
-                    job.on_segment(segment)
-            job.future.set_result((segments, info))
-        except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
-            job.future.set_exception(error)
-
-
-@dataclass
-class _Running:
-    """A job in the batched backend: its long-form loop, paused at the window it waits for."""
-
-    job: Job
-    steps: LongForm
-    info: TranscriptionInfo
-    segments: list[Segment] = field(default_factory=list)
-    request: WindowRequest | None = None
-
-
-class BatchedBackend:
-    """Continuous batching over the windows of all active jobs (see the module docstring)."""
-
-    def __init__(self, model: WhisperModel, batch_size: int = GPU_BATCH_SIZE):
-        self.model = model
-        self.capacity = batch_size  # one window per active job: jobs = windows per step
-        self._pipeline = BatchedInferencePipeline(model)  # its batched temperature fallback
-        self._jobs: list[_Running] = []
-        self.last_batch_windows = 0  # the largest batch of the last step
-        self.max_batch_windows = 0
-        self.windows = 0  # decoded since the start, in `batches` batches
-        self.batches = 0
-
-    @property
-    def active(self) -> int:
-        return len(self._jobs)
-
-    def stats(self) -> dict[str, Any]:
-        return {"batched": True, "batch_size": self.capacity,
-                "last_batch_windows": self.last_batch_windows,
-                "max_batch_windows": self.max_batch_windows,
-                "windows": self.windows, "batches": self.batches}  # fmt: skip
-
-    def admit(self, job: Job) -> None:
-        from .transcribe import TranscriptionOptions
-
-        if not job.future.set_running_or_notify_cancel():
-            return  # the client gave up while the job waited
-        options = dict(job.options)
-        language, task = options.pop("language", None), options.pop("task", "transcribe")
-        try:
-            transcription = TranscriptionOptions.from_arguments(**options)
-            steps, info = self.model.long_form(job.audio, language, task, transcription)
-        except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
-            job.future.set_exception(error)
-            return
-        running = _Running(job, steps, info)
-        if self._advance(running, None):
-            self._jobs.append(running)
-
-    def step(self) -> None:
-        groups: dict[tuple, list[_Running]] = {}
-        for running in self._jobs:
-            if time.monotonic() > running.job.deadline:  # nobody waits for it: spend no more
-                running.steps.close()
-                running.job.future.set_exception(TimeoutError("the request timed out"))
-                continue
-            assert running.request is not None
-            groups.setdefault(decode_key(running.request), []).append(running)
-        still: list[_Running] = []
-        for group in groups.values():
-            try:
-                results = self._pipeline.decode_requests([running.request for running in group])
-            except BaseException as error:  # noqa: BLE001 -- fails this batch's jobs, not the server
-                for running in group:
-                    running.steps.close()
-                    running.job.future.set_exception(error)
-                continue
-            still += [running for running, r in zip(group, results) if self._advance(running, r)]
-        self._jobs = still
-        sizes = [len(group) for group in groups.values()]
-        self.last_batch_windows = max(sizes, default=0)
-        self.max_batch_windows = max(self.max_batch_windows, self.last_batch_windows)
-        self.windows += sum(sizes)
-        self.batches += len(sizes)
-
-    def _advance(self, running: _Running, sent: WindowResult | None) -> bool:
-        """Run a job's loop to the next window it needs; False once the job is finished."""
-        job = running.job
-        try:
-            item = running.steps.send(sent)
-            while isinstance(item, Segment):
-                running.segments.append(item)
-                if job.on_segment is not None:
-                    job.on_segment(item)
-                item = running.steps.send(None)
-        except StopIteration:
-            job.future.set_result((running.segments, running.info))
-            return False
-        except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
-            job.future.set_exception(error)
-            return False
-        running.request = item
-        return True
-
-
-def make_backend(model: WhisperModel, batch_size: int | None = None) -> Backend:
-    """Batched on CUDA (or with batch_size > 1), sequential on the CPU (or with batch_size 1)."""
-    if batch_size is None:
-        batch_size = GPU_BATCH_SIZE if model.device.type == "cuda" else 1
-    if batch_size < 1:
-        raise InvalidOptionError(f"batch_size must be at least 1, got {batch_size}")
-    return BatchedBackend(model, batch_size) if batch_size > 1 else SequentialBackend(model)
-
-
-class QueueFull(Exception):
-    pass
-
-
-class Engine:
-    """The worker thread that owns the model; `submit` is safe from any thread."""
-
-    def __init__(self, backend: Backend, max_queue: int = 256):
-        self.backend = backend
-        self.max_queue = max_queue
-        self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="whisperforge-engine", daemon=True)
-        self.completed = 0
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    @property
-    def queued(self) -> int:
-        return self._queue.qsize()
-
-    def submit(self, job: Job) -> Future:
-        if self._queue.qsize() >= self.max_queue:
-            raise QueueFull
-        self._queue.put(job)
-        return job.future
-
-    def _run(self) -> None:
-        backend = self.backend
-        while True:
-            # Block only when idle; while jobs run, newcomers join between steps.
-            while backend.active < backend.capacity:
-                try:
-                    job = self._queue.get(block=backend.active == 0)
-                except queue.Empty:
-                    break
-                if job is None:
-                    return
-                if time.monotonic() > job.deadline:
-                    job.future.cancel()  # its request already timed out
-                    continue
-                backend.admit(job)
-            if backend.active:
-                backend.step()
-                self.completed += 1
 
 
 # --- request parsing ------------------------------------------------------------------------

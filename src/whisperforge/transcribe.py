@@ -17,7 +17,7 @@ import threading
 import warnings
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, fields, replace
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -52,6 +52,9 @@ from .runtime import Runtime, RuntimeWhisper, current_device
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
 from .tokenizer import HuggingFaceCodec, TiktokenCodec, Tokenizer, normalize_language
 from .vad import SpeechRegion, TimelineMap, VadOptions, collect_speech, detect_speech
+
+if TYPE_CHECKING:
+    from .engine import ConcurrentTranscriber
 
 T = TypeVar("T")
 
@@ -303,10 +306,12 @@ class WhisperModel:
     token embedding and tied logits projection are int8 too, with a scale per 64 columns.
     The weights live in `model` (and `runtime` on a GPU) only: `checkpoint` keeps the
     description (config, tokenizer, alignment heads), not a second copy of them.
-    num_workers: faster-whisper's, whose CTranslate2 runs that many decodes at once. Here
-    threads may share one model however many there are: they take turns a window at a time
-    (`lock`), since a GPU runtime's buffers serve one decode at a time and a decode already
-    fills the device; `BatchedInferencePipeline` is what decodes many windows together.
+    num_workers: how many `transcribe` calls from threads run at once, as in faster-whisper
+    (whose CTranslate2 runs that many decodes side by side). Above 1, the calls' windows are
+    decoded together in batches on one worker thread (`engine.ConcurrentTranscriber`): on a GPU
+    N threads get nearly N times the throughput of one. With 1, threads may still share the
+    model and take turns a window at a time (`lock`). `BatchedInferencePipeline` is what
+    batches the windows of one long file.
     revision, use_auth_token: for a model from the Hugging Face hub, its branch, tag or commit
     and the hub token (a private repo's), as faster-whisper takes them.
     files: faster-whisper's model from memory, file names to bytes or binary file objects
@@ -344,6 +349,8 @@ class WhisperModel:
         # Held while a thread's transcription runs the model (`locked`): the runtime's static
         # buffers and CUDA graphs serve one decode at a time.
         self.lock = threading.RLock()
+        self.num_workers = int(num_workers)
+        self.concurrent: ConcurrentTranscriber | None = None  # made at the first call, if > 1
         self.device = resolve_device(device)
         if self.device.type == "cuda":
             index = device_index if self.device.index is None else self.device.index
@@ -590,8 +597,18 @@ class WhisperModel:
         log_progress: bool = False,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         """`transcribe` with its options made (`TranscriptionOptions.from_arguments`)."""
-        steps, info = self.long_form(audio, language, task, options, vad_filter, vad_parameters)
-        segments = locked(self.decode_sequentially(steps), self.lock)
+        if self.num_workers > 1:
+            from .engine import ConcurrentTranscriber  # it builds on the batched pipeline
+
+            with self.lock:
+                if self.concurrent is None:
+                    self.concurrent = ConcurrentTranscriber(self, self.num_workers)
+            segments, info = self.concurrent.transcribe(
+                audio, options, language, task, vad_filter, vad_parameters
+            )
+        else:
+            steps, info = self.long_form(audio, language, task, options, vad_filter, vad_parameters)
+            segments = locked(self.decode_sequentially(steps), self.lock)
         return (with_progress(segments, info.duration) if log_progress else segments), info
 
     def long_form(

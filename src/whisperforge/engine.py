@@ -1,0 +1,364 @@
+"""The model worker: one thread that owns a `WhisperModel` and runs many transcriptions.
+
+The server's requests, and `WhisperModel(num_workers=N)`'s `transcribe` calls from many
+threads, become `Job`s on an `Engine`'s queue. The worker admits queued jobs into a `Backend`
+whenever it has room and calls `Backend.step()` while any job is active:
+
+    admit(job)  a job joins the running set (for continuous batching: at the next step)
+    step()      advance every active job; finish the jobs that are done (set their futures)
+
+`SequentialBackend` (`WhisperModel.transcribe`) runs one whole job per step, so jobs are
+served one after another in arrival order: the server's default on the CPU, whose cores one
+request already keeps busy.
+
+`BatchedBackend` (the server's default on CUDA, `serve --batch-size N` with N > 1, and
+`WhisperModel(num_workers=N)`) is continuous batching at window granularity. Each active job
+is its own long-form loop (`WhisperModel.long_form`: 30 s windows, seek to the last complete
+segment, temperature fallback per window, the no-speech skip, conditioning on its previous
+text), paused at the window it needs decoded. A step takes that window from every active job
+(up to N), groups the windows that decode alike (language, task, beams, temperatures), and
+decodes each group as one batch (`BatchedInferencePipeline.decode_requests`): one encoder pass
+for all its mels, then one batched decode, every row after its own job's prompt, whose every
+step reads the decoder's weights once for all requests (on CUDA the GPU runtime's batched
+step), with the windows that fail the thresholds decoded again together one temperature up.
+Each job then cuts its window into segments, advances its seek and, when its audio is done,
+gets its answer: the same answer as `transcribe` alone. Jobs that arrive during a step join
+at the next one. Joining in the middle of a window's decode, rather than between windows, would
+need a prefill of the newcomer's prompt into free rows of the running runtime batch.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from .audio import AudioInput, load_audio
+from .batched import BatchedInferencePipeline, decode_key
+from .errors import InvalidOptionError
+from .results import Segment, TranscriptionInfo
+
+if TYPE_CHECKING:
+    from .transcribe import (
+        LongForm,
+        TranscriptionOptions,
+        WhisperModel,
+        WindowRequest,
+        WindowResult,
+    )
+    from .vad import VadOptions
+
+GPU_BATCH_SIZE = 16  # windows decoded together on CUDA unless --batch-size says otherwise
+IDLE_S = 30.0  # `ConcurrentTranscriber`'s worker thread ends after this long without work
+
+
+@dataclass
+class Job:
+    """One transcription: audio, its options, and where results go.
+
+    options: `WhisperModel.transcribe`'s keyword arguments; or language, task, vad_filter,
+    vad_parameters and "transcription", the `TranscriptionOptions` made of the rest.
+    on_start is called (in the worker thread) with the `TranscriptionInfo` once the job runs,
+    on_segment with each segment as it is final (for SSE, and lazy segments). The future gets
+    (segments, info), or the exception that stopped the job.
+    """
+
+    audio: np.ndarray
+    options: dict[str, Any]
+    on_segment: Callable[[Segment], None] | None = None
+    on_start: Callable[[TranscriptionInfo], None] | None = None
+    deadline: float = math.inf  # time.monotonic() after which nobody waits for the result
+    future: Future = field(default_factory=Future)
+
+
+class Backend(Protocol):
+    """The seam between the worker loop and the model (see the module docstring)."""
+
+    capacity: int  # jobs that can be active at once
+
+    def admit(self, job: Job) -> None: ...
+
+    def step(self) -> None: ...
+
+    @property
+    def active(self) -> int: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class SequentialBackend:
+    """WhisperModel.transcribe, one job per step: correct everywhere, batched nowhere."""
+
+    capacity = 1
+
+    def __init__(self, model: WhisperModel):
+        self.model = model
+        self._jobs: deque[Job] = deque()
+
+    @property
+    def active(self) -> int:
+        return len(self._jobs)
+
+    def admit(self, job: Job) -> None:
+        self._jobs.append(job)
+
+    def stats(self) -> dict[str, Any]:
+        return {"batched": False, "batch_size": 1}
+
+    def step(self) -> None:
+        job = self._jobs.popleft()
+        if not job.future.set_running_or_notify_cancel():
+            return  # the client gave up while the job waited
+        try:
+            segments_iter, info = self.model.transcribe(job.audio, **job.options)
+            if job.on_start is not None:
+                job.on_start(info)
+            segments = []
+            for segment in segments_iter:
+                segments.append(segment)
+                if job.on_segment is not None:
+                    job.on_segment(segment)
+            job.future.set_result((segments, info))
+        except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
+            job.future.set_exception(error)
+
+
+@dataclass
+class _Running:
+    """A job in the batched backend: its long-form loop, paused at the window it waits for."""
+
+    job: Job
+    steps: LongForm
+    info: TranscriptionInfo
+    segments: list[Segment] = field(default_factory=list)
+    request: WindowRequest | None = None
+
+
+class BatchedBackend:
+    """Continuous batching over the windows of all active jobs (see the module docstring)."""
+
+    def __init__(self, model: WhisperModel, batch_size: int = GPU_BATCH_SIZE):
+        self.model = model
+        self.capacity = batch_size  # one window per active job: jobs = windows per step
+        self._pipeline = BatchedInferencePipeline(model)  # its batched temperature fallback
+        self._jobs: list[_Running] = []
+        self.last_batch_windows = 0  # the largest batch of the last step
+        self.max_batch_windows = 0
+        self.windows = 0  # decoded since the start, in `batches` batches
+        self.batches = 0
+
+    @property
+    def active(self) -> int:
+        return len(self._jobs)
+
+    def stats(self) -> dict[str, Any]:
+        return {"batched": True, "batch_size": self.capacity,
+                "last_batch_windows": self.last_batch_windows,
+                "max_batch_windows": self.max_batch_windows,
+                "windows": self.windows, "batches": self.batches}  # fmt: skip
+
+    def admit(self, job: Job) -> None:
+        from .transcribe import TranscriptionOptions
+
+        if not job.future.set_running_or_notify_cancel():
+            return  # the client gave up while the job waited
+        options = dict(job.options)
+        language, task = options.pop("language", None), options.pop("task", "transcribe")
+        vad = options.pop("vad_filter", False), options.pop("vad_parameters", None)
+        try:
+            transcription = options.pop("transcription", None)
+            if transcription is None:
+                transcription = TranscriptionOptions.from_arguments(**options)
+            with self.model.lock:  # language detection runs the model
+                steps, info = self.model.long_form(job.audio, language, task, transcription, *vad)
+        except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
+            job.future.set_exception(error)
+            return
+        if job.on_start is not None:
+            job.on_start(info)
+        running = _Running(job, steps, info)
+        if self._advance(running, None):
+            self._jobs.append(running)
+
+    def step(self) -> None:
+        with self.model.lock:  # no other thread's use of the model between the jobs' windows
+            self._step()
+
+    def _step(self) -> None:
+        groups: dict[tuple, list[_Running]] = {}
+        for running in self._jobs:
+            if time.monotonic() > running.job.deadline:  # nobody waits for it: spend no more
+                running.steps.close()
+                running.job.future.set_exception(TimeoutError("the request timed out"))
+                continue
+            assert running.request is not None
+            groups.setdefault(decode_key(running.request), []).append(running)
+        still: list[_Running] = []
+        for group in groups.values():
+            try:
+                results = self._pipeline.decode_requests([running.request for running in group])
+            except BaseException as error:  # noqa: BLE001 -- fails this batch's jobs, not the server
+                for running in group:
+                    running.steps.close()
+                    running.job.future.set_exception(error)
+                continue
+            still += [running for running, r in zip(group, results) if self._advance(running, r)]
+        self._jobs = still
+        sizes = [len(group) for group in groups.values()]
+        self.last_batch_windows = max(sizes, default=0)
+        self.max_batch_windows = max(self.max_batch_windows, self.last_batch_windows)
+        self.windows += sum(sizes)
+        self.batches += len(sizes)
+
+    def _advance(self, running: _Running, sent: WindowResult | None) -> bool:
+        """Run a job's loop to the next window it needs; False once the job is finished."""
+        job = running.job
+        try:
+            item = running.steps.send(sent)
+            while isinstance(item, Segment):
+                running.segments.append(item)
+                if job.on_segment is not None:
+                    job.on_segment(item)
+                item = running.steps.send(None)
+        except StopIteration:
+            job.future.set_result((running.segments, running.info))
+            return False
+        except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
+            job.future.set_exception(error)
+            return False
+        running.request = item
+        return True
+
+
+def make_backend(model: WhisperModel, batch_size: int | None = None) -> Backend:
+    """Batched on CUDA (or with batch_size > 1), sequential on the CPU (or with batch_size 1)."""
+    if batch_size is None:
+        batch_size = GPU_BATCH_SIZE if model.device.type == "cuda" else 1
+    if batch_size < 1:
+        raise InvalidOptionError(f"batch_size must be at least 1, got {batch_size}")
+    return BatchedBackend(model, batch_size) if batch_size > 1 else SequentialBackend(model)
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Engine:
+    """The worker thread that owns the model; `submit` is safe from any thread. With `idle_s`,
+    the thread starts with the first job and ends after that long without one (the next
+    `submit` starts another), so nothing holds the model while it is not used."""
+
+    def __init__(self, backend: Backend, max_queue: int = 256, idle_s: float | None = None):
+        self.backend = backend
+        self.max_queue = max_queue
+        self.idle_s = idle_s
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="whisperforge-engine", daemon=True)
+        self._lock = threading.Lock()  # a job is never queued as the thread decides to end
+        self.completed = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    def submit(self, job: Job) -> Future:
+        with self._lock:
+            if self._queue.qsize() >= self.max_queue:
+                raise QueueFull
+            self._queue.put(job)
+            if self.idle_s is not None and not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="whisperforge-engine", daemon=True
+                )
+                self._thread.start()
+        return job.future
+
+    def _run(self) -> None:
+        backend = self.backend
+        while True:
+            # Block only when idle; while jobs run, newcomers join between steps.
+            while backend.active < backend.capacity:
+                idle = backend.active == 0
+                try:
+                    job = self._queue.get(block=idle, timeout=self.idle_s if idle else None)
+                except queue.Empty:
+                    if not idle:
+                        break
+                    with self._lock:  # idle_s without work: end, unless a job just came
+                        if self._queue.empty():
+                            return
+                    continue
+                if job is None:
+                    return
+                if time.monotonic() > job.deadline:
+                    job.future.cancel()  # its request already timed out
+                    continue
+                backend.admit(job)
+            if backend.active:
+                backend.step()
+                self.completed += 1
+
+
+class ConcurrentTranscriber:
+    """`WhisperModel(num_workers=N)`'s `transcribe`: calls from up to N threads at once run as
+    jobs of one worker thread whose `BatchedBackend` decodes their windows together, where
+    faster-whisper runs N decodes side by side. Each call gets its info once its job starts
+    (more calls wait their turn) and its segments as they are final; closing the segments
+    early stops the job."""
+
+    def __init__(self, model: WhisperModel, workers: int):
+        self.engine = Engine(BatchedBackend(model, workers), sys.maxsize, idle_s=IDLE_S)
+
+    def transcribe(
+        self,
+        audio: AudioInput,
+        options: TranscriptionOptions,
+        language: str | None,
+        task: str,
+        vad_filter: bool,
+        vad_parameters: VadOptions | dict | None,
+    ) -> tuple[Iterator[Segment], TranscriptionInfo]:
+        arrived: queue.SimpleQueue[Segment | None] = queue.SimpleQueue()
+        started: Future[TranscriptionInfo] = Future()
+        job = Job(
+            load_audio(audio),  # here, not on the worker the other calls' windows wait for
+            {"language": language, "task": task, "vad_filter": vad_filter,
+             "vad_parameters": vad_parameters, "transcription": options},
+            on_segment=arrived.put,
+            on_start=started.set_result,
+        )  # fmt: skip
+        self.engine.submit(job)
+        job.future.add_done_callback(lambda _: arrived.put(None))  # after its last segment
+        wait([started, job.future], return_when=FIRST_COMPLETED)
+        if not started.done():
+            job.future.result()  # raises what stopped the job before it started
+        return self._segments(job, arrived), started.result()
+
+    @staticmethod
+    def _segments(job: Job, arrived: queue.SimpleQueue) -> Iterator[Segment]:
+        try:
+            while (segment := arrived.get()) is not None:
+                yield segment
+            job.future.result()  # what stopped the job midway, if anything did
+        finally:
+            job.deadline = -math.inf  # closed early: the worker drops the job at its next step
