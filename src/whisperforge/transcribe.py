@@ -310,9 +310,8 @@ class WhisperModel:
     (whose CTranslate2 runs that many decodes side by side). Above 1, the calls' windows are
     decoded together in batches on one worker thread (`engine.ConcurrentTranscriber`): tiny.en
     on an H200, 8 threads got 1.8x and 16 got 2.4x the throughput they get with 1 (RESULTS,
-    session 41), the same text. With 1, threads may still share the
-    model and take turns a window at a time (`lock`). `BatchedInferencePipeline` is what
-    batches the windows of one long file.
+    session 41), the same text. With 1, threads may still share the model and take turns a
+    window at a time (`lock`). `BatchedInferencePipeline` batches the windows of one file.
     revision, use_auth_token: for a model from the Hugging Face hub, its branch, tag or commit
     and the hub token (a private repo's), as faster-whisper takes them.
     files: faster-whisper's model from memory, file names to bytes or binary file objects
