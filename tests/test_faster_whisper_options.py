@@ -367,10 +367,11 @@ def test_threads_share_one_model_and_its_runtime(tiny_en, monkeypatch):
         WhisperModel("tiny.en", num_workers=0)
 
 
-def test_num_workers_batches_concurrent_calls_and_each_gets_its_own_answer(tiny_en):
+def test_num_workers_batches_concurrent_calls_and_each_gets_its_own_answer(tiny_en, monkeypatch):
     """num_workers=3: calls from threads run as one worker's jobs, their windows decoded in
     batches; each gets the tokens it gets alone, a bad call fails alone, a call whose segments
-    are closed early stops, and the worker thread ends when idle and comes back when called."""
+    are closed early stops, the worker thread ends when idle and comes back when called, and
+    outlives a bug in a step."""
     import time
 
     from whisperforge import AudioError
@@ -403,6 +404,12 @@ def test_num_workers_batches_concurrent_calls_and_each_gets_its_own_answer(tiny_
         time.sleep(0.05)
     assert not engine.alive and engine.backend.active == 0
     assert tokens(model, clips[0]) == alone[0]  # a new worker thread
+    engine.idle_s = 60.0
+    with monkeypatch.context() as patch:  # a bug in a step fails its jobs, not the worker
+        patch.setattr(engine.backend, "_step", lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            tokens(model, clips[0])
+    assert engine.alive and tokens(model, clips[1]) == alone[1]
 
 
 def test_segments_keep_faster_whispers_older_asdict(tiny_en):

@@ -94,6 +94,9 @@ class Backend(Protocol):
 
     def stats(self) -> dict[str, Any]: ...
 
+    def fail_step(self, error: BaseException) -> None:
+        """`step` raised `error` (a bug): fail the jobs it was running."""
+
 
 class SequentialBackend:
     """WhisperModel.transcribe, one job per step: correct everywhere, batched nowhere."""
@@ -113,6 +116,9 @@ class SequentialBackend:
 
     def stats(self) -> dict[str, Any]:
         return {"batched": False, "batch_size": 1}
+
+    def fail_step(self, error: BaseException) -> None:
+        pass  # `step` hands any error of its job to that job
 
     def step(self) -> None:
         job = self._jobs.popleft()
@@ -188,6 +194,13 @@ class BatchedBackend:
         running = _Running(job, steps, info)
         if self._advance(running, None):
             self._jobs.append(running)
+
+    def fail_step(self, error: BaseException) -> None:
+        for running in self._jobs:  # a step runs every active job
+            running.steps.close()
+            if not running.job.future.done():
+                running.job.future.set_exception(error)
+        self._jobs = []
 
     def step(self) -> None:
         with self.model.lock:  # no other thread's use of the model between the jobs' windows
@@ -315,7 +328,10 @@ class Engine:
                     continue
                 backend.admit(job)
             if backend.active:
-                backend.step()
+                try:
+                    backend.step()
+                except Exception as error:  # noqa: BLE001 -- a bug fails its jobs, not the worker
+                    backend.fail_step(error)
                 self.completed += 1
 
 
@@ -349,16 +365,29 @@ class ConcurrentTranscriber:
         )  # fmt: skip
         self.engine.submit(job)
         job.future.add_done_callback(lambda _: arrived.put(None))  # after its last segment
-        wait([started, job.future], return_when=FIRST_COMPLETED)
+        while not wait([started, job.future], 1.0, FIRST_COMPLETED).done:
+            self._check_worker(job)
         if not started.done():
             job.future.result()  # raises what stopped the job before it started
         return self._segments(job, arrived), started.result()
 
-    @staticmethod
-    def _segments(job: Job, arrived: queue.SimpleQueue) -> Iterator[Segment]:
+    def _segments(self, job: Job, arrived: queue.SimpleQueue) -> Iterator[Segment]:
         try:
-            while (segment := arrived.get()) is not None:
+            while True:
+                try:
+                    segment = arrived.get(timeout=1.0)
+                except queue.Empty:
+                    self._check_worker(job)
+                    continue
+                if segment is None:
+                    break
                 yield segment
             job.future.result()  # what stopped the job midway, if anything did
         finally:
             job.deadline = -math.inf  # closed early: the worker drops the job at its next step
+
+    def _check_worker(self, job: Job) -> None:
+        """A job not done has a worker thread (it ends only with nothing queued or running);
+        one that died of a bug would leave the caller waiting forever: say so instead."""
+        if not job.future.done() and not self.engine.alive:
+            raise RuntimeError("whisperforge's worker thread stopped; see the error it printed")
