@@ -1,15 +1,17 @@
 """`WhisperModel(num_workers=N)`: throughput of N threads transcribing at once, against the
-same threads on a model with one worker (they take turns), in one process on the same clips.
+same threads on a model with one worker (they take turns), in one process on the same clips;
+with --gpus, also the model on several GPUs (`device_index=[0, 1, ...]`, a replica on each).
 
     python benchmarks/workers.py --model .device/tiny.en --audio .gpuaudio/clips53.npz \
         --device cuda --threads 8 --runs 3 --out $OUT/workers.json
+    python benchmarks/workers.py ... --gpus 2          # also the model on two GPUs (device_index)
     python benchmarks/workers.py --score workers.json   # WER of each against the dev references
 
 Each run hands the clips (int16 16 kHz, an .npz by file name) to --threads threads, each taking
 the next clip until none is left, with `transcribe`'s defaults (beam 5, the fallback ladder).
-The runs alternate between the two models. Prints the median seconds a run of each, the ratio,
-and how many clips got the same text from both; --out saves the texts for --score here (the
-GPU machine has no WER scorer).
+The runs alternate between the models. Prints the median seconds a run of each, its throughput
+over one worker's, and how many clips got one worker's text; --out saves the texts for --score
+here (the GPU machine has no WER scorer).
 """
 
 from __future__ import annotations
@@ -49,32 +51,31 @@ def measure(args: argparse.Namespace) -> None:
     seconds = sum(len(clip) for clip in clips.values()) / 16000
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"{device}, {len(clips)} clips, {seconds:.1f} s of audio, {args.threads} threads")
+    # (name, device_index, num_workers): the same threads on each
+    configs = [("num_workers=1", 0, 1), (f"num_workers={args.threads}", 0, args.threads)]
+    if args.gpus > 1:
+        configs.append((f"{args.gpus} GPUs, num_workers={args.threads}", list(range(args.gpus)),
+                        args.threads))  # fmt: skip
     models = {
-        workers: WhisperModel(
-            args.model, device=args.device, compute_type=args.compute_type, num_workers=workers
-        )
-        for workers in (1, args.threads)
+        name: WhisperModel(args.model, args.device, index, args.compute_type, num_workers=workers)
+        for name, index, workers in configs
     }
-    times: dict[int, list[float]] = {workers: [] for workers in models}
-    texts: dict[int, dict] = {}
-    for workers, model in models.items():  # warm-up: graphs, batch shapes
+    times: dict[str, list[float]] = {name: [] for name in models}
+    texts: dict[str, dict] = {}
+    for model in models.values():  # warm-up: graphs, batch shapes
         run(model, clips, args.threads)
     for index in range(args.runs):
         order = list(models) if index % 2 == 0 else list(reversed(models))
-        for workers in order:
-            elapsed, texts[workers] = run(models[workers], clips, args.threads)
-            times[workers].append(elapsed)
-    one, many = (statistics.median(times[w]) for w in models)
-    same = sum(texts[1][name] == texts[args.threads][name] for name in clips)
-    for workers in models:
-        runs = " ".join(f"{t:.2f}" for t in times[workers])
-        median = statistics.median(times[workers])
-        print(
-            f"num_workers={workers:<3} {median:.2f} s a run (RTFx {seconds / median:.0f}; {runs})"
-        )
-    print(
-        f"num_workers={args.threads} / 1: {one / many:.2f}x the throughput; same text {same} / {len(clips)}"
-    )
+        for name in order:
+            elapsed, texts[name] = run(models[name], clips, args.threads)
+            times[name].append(elapsed)
+    first = statistics.median(times[configs[0][0]])
+    for name in models:
+        median = statistics.median(times[name])
+        runs = " ".join(f"{t:.2f}" for t in times[name])
+        same = sum(texts[name][clip] == texts[configs[0][0]][clip] for clip in clips)
+        print(f"{name:28s} {median:.2f} s a run (RTFx {seconds / median:.0f}; {runs}): "
+              f"{first / median:.2f}x the throughput, same text {same} / {len(clips)}")  # fmt: skip
     if args.out:
         result = {"device": device, "threads": args.threads, "times": times, "texts": texts}
         Path(args.out).write_text(json.dumps(result, indent=1))
@@ -85,10 +86,10 @@ def score(path: str) -> None:
 
     result = json.loads(Path(path).read_text())
     rows = manifest_by_name()
-    for workers, texts in result["texts"].items():
-        exact = [name for name in texts if rows[name]["ref_kind"] == "exact"]
+    for name, texts in result["texts"].items():
+        exact = [clip for clip in texts if rows[clip]["ref_kind"] == "exact"]
         value = wer([rows[n]["text"] for n in exact], [texts[n] for n in exact])
-        print(f"num_workers={workers}: WER {100 * value:.2f} % on {len(exact)} exact clips")
+        print(f"{name}: WER {100 * value:.2f} % on {len(exact)} exact clips")
 
 
 def main() -> None:
@@ -99,6 +100,7 @@ def main() -> None:
     parser.add_argument("--compute-type", default="default")
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--gpus", type=int, default=1, help="also a model on this many GPUs")
     parser.add_argument("--out", help="save the texts and times here (JSON)")
     parser.add_argument("--score", help="a saved --out file: print each one's WER")
     args = parser.parse_args()

@@ -393,11 +393,11 @@ def test_num_workers_batches_concurrent_calls_and_each_gets_its_own_answer(tiny_
         with pytest.raises(AudioError):
             bad[1].result()
     assert together == alone * 2
-    assert model.concurrent.engine.backend.max_batch_windows > 1  # they did share batches
+    assert model.concurrent.engines[0].backend.max_batch_windows > 1  # they did share batches
     segments, _ = model.transcribe(clips[-1])
     next(segments)
     segments.close()  # the rest is not decoded, and the worker goes on
-    engine = model.concurrent.engine
+    engine = model.concurrent.engines[0]
     engine.idle_s = 0.05
     deadline = time.monotonic() + 10
     while (engine.alive or engine.backend.active) and time.monotonic() < deadline:
@@ -410,6 +410,20 @@ def test_num_workers_batches_concurrent_calls_and_each_gets_its_own_answer(tiny_
         with pytest.raises(ZeroDivisionError):
             tokens(model, clips[0])
     assert engine.alive and tokens(model, clips[1]) == alone[1]
+
+
+def test_device_index_names_one_gpu_or_several():
+    """faster-whisper's device_index: a GPU, or a list of them (a replica on each, calls spread
+    over them: checked on two GPUs, RESULTS session 41); ignored on the CPU."""
+    from whisperforge.transcribe import gpu_indices
+
+    cuda, visible = torch.device("cuda"), torch.cuda.device_count()
+    assert gpu_indices([0, 1], torch.device("cpu")) == []
+    assert gpu_indices(0, torch.device("cuda", 3)) == [3]  # cuda:3 names its own
+    for bad, message in (("1", "GPU number"), ([0, 0], "twice"), ([], "GPU number"),
+                         ([visible], f"no CUDA GPU {visible}")):  # fmt: skip
+        with pytest.raises(InvalidOptionError, match=message):
+            gpu_indices(bad, cuda)
 
 
 def test_segments_keep_faster_whispers_older_asdict(tiny_en):

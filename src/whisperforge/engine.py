@@ -336,14 +336,16 @@ class Engine:
 
 
 class ConcurrentTranscriber:
-    """`WhisperModel(num_workers=N)`'s `transcribe`: calls from up to N threads at once run as
-    jobs of one worker thread whose `BatchedBackend` decodes their windows together, where
-    faster-whisper runs N decodes side by side. Each call gets its info once its job starts
-    (more calls wait their turn) and its segments as they are final; closing the segments
-    early stops the job."""
+    """`WhisperModel(num_workers=N)`'s `transcribe` (and a model on several GPUs'): calls from
+    up to N threads at once run as jobs of one worker thread per GPU, whose `BatchedBackend`
+    decodes their windows together, where faster-whisper runs N decodes side by side. A call
+    goes to the least busy GPU's worker; it gets its info once its job starts (more calls wait
+    their turn) and its segments as they are final; closing the segments early stops the job."""
 
-    def __init__(self, model: WhisperModel, workers: int):
-        self.engine = Engine(BatchedBackend(model, workers), sys.maxsize, idle_s=IDLE_S)
+    def __init__(self, models: list[WhisperModel], workers: int):
+        self.engines = [
+            Engine(BatchedBackend(model, workers), sys.maxsize, idle_s=IDLE_S) for model in models
+        ]
 
     def transcribe(
         self,
@@ -363,31 +365,34 @@ class ConcurrentTranscriber:
             on_segment=arrived.put,
             on_start=started.set_result,
         )  # fmt: skip
-        self.engine.submit(job)
+        engine = min(self.engines, key=lambda e: e.backend.active + e.queued)
+        engine.submit(job)
         job.future.add_done_callback(lambda _: arrived.put(None))  # after its last segment
         while not wait([started, job.future], 1.0, FIRST_COMPLETED).done:
-            self._check_worker(job)
+            _check_worker(engine, job)
         if not started.done():
             job.future.result()  # raises what stopped the job before it started
-        return self._segments(job, arrived), started.result()
+        return _segments(engine, job, arrived), started.result()
 
-    def _segments(self, job: Job, arrived: queue.SimpleQueue) -> Iterator[Segment]:
-        try:
-            while True:
-                try:
-                    segment = arrived.get(timeout=1.0)
-                except queue.Empty:
-                    self._check_worker(job)
-                    continue
-                if segment is None:
-                    break
-                yield segment
-            job.future.result()  # what stopped the job midway, if anything did
-        finally:
-            job.deadline = -math.inf  # closed early: the worker drops the job at its next step
 
-    def _check_worker(self, job: Job) -> None:
-        """A job not done has a worker thread (it ends only with nothing queued or running);
-        one that died of a bug would leave the caller waiting forever: say so instead."""
-        if not job.future.done() and not self.engine.alive:
-            raise RuntimeError("whisperforge's worker thread stopped; see the error it printed")
+def _segments(engine: Engine, job: Job, arrived: queue.SimpleQueue) -> Iterator[Segment]:
+    try:
+        while True:
+            try:
+                segment = arrived.get(timeout=1.0)
+            except queue.Empty:
+                _check_worker(engine, job)
+                continue
+            if segment is None:
+                break
+            yield segment
+        job.future.result()  # what stopped the job midway, if anything did
+    finally:
+        job.deadline = -math.inf  # closed early: the worker drops the job at its next step
+
+
+def _check_worker(engine: Engine, job: Job) -> None:
+    """A job not done has a worker thread (it ends only with nothing queued or running); one
+    that died of a bug would leave the caller waiting forever: say so instead."""
+    if not job.future.done() and not engine.alive:
+        raise RuntimeError("whisperforge's worker thread stopped; see the error it printed")

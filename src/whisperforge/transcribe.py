@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, TypeVar
 
@@ -243,6 +243,31 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
+def gpu_indices(device_index: int | Sequence[int], device: torch.device) -> list[int]:
+    """The GPUs a model goes on: `device`'s own index (cuda:N), else faster-whisper's
+    `device_index`, one or a list (a replica on each). Nothing on the CPU."""
+    if device.type != "cuda":
+        return []
+    if device.index is not None:
+        return [device.index]
+    indices = [device_index] if isinstance(device_index, numbers.Integral) else device_index
+    try:
+        indices = list(indices)
+    except TypeError:
+        indices = None
+    n = torch.cuda.device_count()
+    if not indices or not all(isinstance(i, numbers.Integral) for i in indices):
+        raise InvalidOptionError(
+            f"device_index must be a GPU number or a list of them, not {device_index!r}"
+        )
+    if len(set(indices)) < len(indices):
+        raise InvalidOptionError(f"device_index {device_index!r} names a GPU twice")
+    for index in indices:
+        if not 0 <= index < n:
+            raise InvalidOptionError(f"no CUDA GPU {index}: {n} visible, numbered from 0")
+    return [int(i) for i in indices]
+
+
 def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Whisper:
     """The network holding the checkpoint's weights, in `dtype` on `device`.
 
@@ -296,7 +321,9 @@ class WhisperModel:
     (CTranslate2 or transformers), an OpenAI `.pt` file, or a loaded `Checkpoint`; or a
     folder from `whisperforge export --format onnx`, run on onnxruntime's CPU provider (word
     timestamps then load the PyTorch model the export came from: see `export.OnnxDecoder`).
-    device: "auto" (CUDA when present), "cpu" or "cuda[:N]".
+    device: "auto" (CUDA when present), "cpu" or "cuda[:N]". device_index: the GPU (where
+    device names none), or a list of GPUs as in faster-whisper: the model is loaded on each,
+    and `transcribe` calls from several threads are spread over them (see num_workers).
     compute_type: "default" (float16 on CUDA, float32 on CPU; a quantized checkpoint's own type),
     "float32", "float16", "bfloat16"; or quantized weights (see `quantize.py`): "int8" (on the
     CPU every linear in int8, activations quantized per call; on CUDA weight-only int8 for the
@@ -325,7 +352,7 @@ class WhisperModel:
         self,
         model_size_or_path: str | os.PathLike | Checkpoint = "tiny.en",
         device: str = "auto",
-        device_index: int = 0,
+        device_index: int | Sequence[int] = 0,
         compute_type: str = "default",
         cpu_threads: int = 0,
         num_workers: int = 1,
@@ -350,14 +377,12 @@ class WhisperModel:
         # buffers and CUDA graphs serve one decode at a time.
         self.lock = threading.RLock()
         self.num_workers = int(num_workers)
-        self.concurrent: ConcurrentTranscriber | None = None  # made at the first call, if > 1
+        self.concurrent: ConcurrentTranscriber | None = None  # made at the first call (workers)
+        self.replicas: list[WhisperModel] = []  # the model on the other GPUs of device_index
         self.device = resolve_device(device)
+        indices = gpu_indices(device_index, self.device)
         if self.device.type == "cuda":
-            index = device_index if self.device.index is None else self.device.index
-            n = torch.cuda.device_count()
-            if not 0 <= index < n:
-                raise InvalidOptionError(f"no CUDA GPU {index}: {n} visible, numbered from 0")
-            self.device = torch.device("cuda", index)
+            self.device = torch.device("cuda", indices[0])
         compute = resolve_compute_type(compute_type, self.device)  # a bad name fails before loading
         self.dtype = compute.dtype
         if cpu_threads > 0:
@@ -384,6 +409,10 @@ class WhisperModel:
             if compute_type == "default":  # a quantized checkpoint's own compute type
                 compute = resolve_compute_type("default", self.device, checkpoint.compute_type)
             self.dtype = compute.dtype
+            self.replicas = [
+                WhisperModel(checkpoint, f"cuda:{i}", 0, compute_type, num_workers=num_workers)
+                for i in indices[1:]
+            ]
             self.model = build_model(checkpoint, self.device, self.dtype)
             quantize_model(self.model, compute.weights, checkpoint.weight_scales)
             # The model holds the weights now. Keeping the loaded ones too would hold a second
@@ -597,12 +626,13 @@ class WhisperModel:
         log_progress: bool = False,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         """`transcribe` with its options made (`TranscriptionOptions.from_arguments`)."""
-        if self.num_workers > 1:
+        if self.num_workers > 1 or self.replicas:
             from .engine import ConcurrentTranscriber  # it builds on the batched pipeline
 
             with self.lock:
                 if self.concurrent is None:
-                    self.concurrent = ConcurrentTranscriber(self, self.num_workers)
+                    models = [self, *self.replicas]
+                    self.concurrent = ConcurrentTranscriber(models, self.num_workers)
             segments, info = self.concurrent.transcribe(
                 audio, options, language, task, vad_filter, vad_parameters
             )
