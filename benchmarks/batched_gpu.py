@@ -96,9 +96,10 @@ def wer_against(reference: str | None):
     return lambda text: f"{100 * wer([reference], [text]):.2f}"
 
 
-def turbo_model(device: str = "cuda", name: str = "large-v3-turbo"):
+def turbo_model(device: str = "cuda", name: str = "large-v3-turbo", **model_options):
     """A WhisperModel of the large-v3-turbo architecture (or preset `name`) with random fp16
-    weights (no turbo checkpoint loads offline; speed depends only on the shapes)."""
+    weights (no turbo checkpoint loads offline; speed depends only on the shapes), and
+    `WhisperModel`'s other options (device_index, num_workers, ...)."""
     from whisperforge import WhisperModel
     from whisperforge.checkpoints import Checkpoint
     from whisperforge.presets import preset, random_model, unfuse_state_dict
@@ -107,7 +108,8 @@ def turbo_model(device: str = "cuda", name: str = "large-v3-turbo"):
     canonical = unfuse_state_dict(
         random_model(config, device=device, dtype=torch.float16).state_dict()
     )
-    return WhisperModel(Checkpoint(config, canonical, None, None, "random weights"), device)
+    checkpoint = Checkpoint(config, canonical, None, None, "random weights")
+    return WhisperModel(checkpoint, device, **model_options)
 
 
 def forced_options(eot: int) -> dict:

@@ -5,6 +5,7 @@ with --gpus, also the model on several GPUs (`device_index=[0, 1, ...]`, a repli
     python benchmarks/workers.py --model .device/tiny.en --audio .gpuaudio/clips53.npz \
         --device cuda --threads 8 --runs 3 --out $OUT/workers.json
     python benchmarks/workers.py ... --gpus 2          # also the model on two GPUs (device_index)
+    python benchmarks/workers.py --preset large-v3-turbo --audio ... --gpus 2   # random weights
     python benchmarks/workers.py --score workers.json   # WER of each against the dev references
 
 Each run hands the clips (int16 16 kHz, an .npz by file name) to --threads threads, each taking
@@ -31,11 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from whisperforge import WhisperModel
 
 
-def run(model: WhisperModel, clips: dict[str, np.ndarray], threads: int) -> tuple[float, dict]:
+def run(
+    model: WhisperModel, clips: dict[str, np.ndarray], threads: int, options: dict
+) -> tuple[float, dict]:
     """Seconds to transcribe every clip from `threads` threads, and each clip's text."""
 
     def text(name: str) -> tuple[str, str]:
-        segments, _ = model.transcribe(clips[name].astype(np.float32) / 32768)
+        segments, _ = model.transcribe(clips[name].astype(np.float32) / 32768, **options)
         return name, "".join(segment.text for segment in segments)
 
     start = time.perf_counter()
@@ -52,22 +55,33 @@ def measure(args: argparse.Namespace) -> None:
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"{device}, {len(clips)} clips, {seconds:.1f} s of audio, {args.threads} threads")
     # (name, device_index, num_workers): the same threads on each
-    configs = [("num_workers=1", 0, 1), (f"num_workers={args.threads}", 0, args.threads)]
+    workers = args.workers or args.threads
+    configs = [("num_workers=1", 0, 1), (f"num_workers={workers}", 0, workers)]
     if args.gpus > 1:
-        configs.append((f"{args.gpus} GPUs, num_workers={args.threads}", list(range(args.gpus)),
-                        args.threads))  # fmt: skip
-    models = {
-        name: WhisperModel(args.model, args.device, index, args.compute_type, num_workers=workers)
-        for name, index, workers in configs
-    }
+        configs.append((f"{args.gpus} GPUs, num_workers={workers}", list(range(args.gpus)),
+                        workers))  # fmt: skip
+    if args.preset:  # random weights: every window decodes 100 tokens (`forced_options`)
+        from batched_gpu import forced_options, turbo_model
+
+        models = {
+            name: turbo_model(args.device, args.preset, device_index=index, num_workers=workers)
+            for name, index, workers in configs
+        }
+        options = forced_options(next(iter(models.values())).tokenizer.eot)
+    else:
+        models = {
+            name: WhisperModel(args.model, args.device, index, args.compute_type, num_workers=w)
+            for name, index, w in configs
+        }
+        options = {}
     times: dict[str, list[float]] = {name: [] for name in models}
     texts: dict[str, dict] = {}
     for model in models.values():  # warm-up: graphs, batch shapes
-        run(model, clips, args.threads)
+        run(model, clips, args.threads, options)
     for index in range(args.runs):
         order = list(models) if index % 2 == 0 else list(reversed(models))
         for name in order:
-            elapsed, texts[name] = run(models[name], clips, args.threads)
+            elapsed, texts[name] = run(models[name], clips, args.threads, options)
             times[name].append(elapsed)
     first = statistics.median(times[configs[0][0]])
     for name in models:
@@ -95,11 +109,13 @@ def score(path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny.en")
+    parser.add_argument("--preset", help="random weights of this architecture, 100 tokens a window")
     parser.add_argument("--audio", help=".npz of int16 16 kHz clips by file name")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compute-type", default="default")
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workers", type=int, help="num_workers (default: --threads)")
     parser.add_argument("--gpus", type=int, default=1, help="also a model on this many GPUs")
     parser.add_argument("--out", help="save the texts and times here (JSON)")
     parser.add_argument("--score", help="a saved --out file: print each one's WER")

@@ -338,9 +338,9 @@ class Engine:
 class ConcurrentTranscriber:
     """`WhisperModel(num_workers=N)`'s `transcribe` (and a model on several GPUs'): calls from
     up to N threads at once run as jobs of one worker thread per GPU, whose `BatchedBackend`
-    decodes their windows together, where faster-whisper runs N decodes side by side. A call
-    goes to the least busy GPU's worker; it gets its info once its job starts (more calls wait
-    their turn) and its segments as they are final; closing the segments early stops the job."""
+    decodes their windows together, where faster-whisper runs N decodes side by side (`_engine`
+    picks the GPU). A call gets its info once its job starts (more calls wait their turn) and
+    its segments as they are final; closing the segments early stops the job."""
 
     def __init__(self, models: list[WhisperModel], workers: int):
         self.engines = [
@@ -365,7 +365,7 @@ class ConcurrentTranscriber:
             on_segment=arrived.put,
             on_start=started.set_result,
         )  # fmt: skip
-        engine = min(self.engines, key=lambda e: e.backend.active + e.queued)
+        engine = self._engine()
         engine.submit(job)
         job.future.add_done_callback(lambda _: arrived.put(None))  # after its last segment
         while not wait([started, job.future], 1.0, FIRST_COMPLETED).done:
@@ -373,6 +373,17 @@ class ConcurrentTranscriber:
         if not started.done():
             job.future.result()  # raises what stopped the job before it started
         return _segments(engine, job, arrived), started.result()
+
+    def _engine(self) -> Engine:
+        """The first GPU's worker with room for another job, else the least busy: a second
+        GPU's worker only takes what the first cannot batch, since the workers' host work
+        shares one interpreter (RESULTS, session 41: spread evenly over two GPUs, 16 calls ran
+        slower than on one)."""
+        load = [engine.backend.active + engine.queued for engine in self.engines]
+        for engine, jobs in zip(self.engines, load):
+            if jobs < engine.backend.capacity:
+                return engine
+        return self.engines[load.index(min(load))]
 
 
 def _segments(engine: Engine, job: Job, arrived: queue.SimpleQueue) -> Iterator[Segment]:
