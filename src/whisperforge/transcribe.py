@@ -323,7 +323,9 @@ class WhisperModel:
     timestamps then load the PyTorch model the export came from: see `export.OnnxDecoder`).
     device: "auto" (CUDA when present), "cpu" or "cuda[:N]". device_index: the GPU (where
     device names none), or a list of GPUs as in faster-whisper: the model is loaded on each,
-    and `transcribe` calls from several threads are spread over them (see num_workers).
+    and `transcribe` calls from threads that the first GPU's worker has no room for go to the
+    next (see num_workers). In one process a second GPU adds little (turbo, 32 threads: +29 %;
+    RESULTS, session 41): for many GPUs, `whisperforge batch` runs a process on each.
     compute_type: "default" (float16 on CUDA, float32 on CPU; a quantized checkpoint's own type),
     "float32", "float16", "bfloat16"; or quantized weights (see `quantize.py`): "int8" (on the
     CPU every linear in int8, activations quantized per call; on CUDA weight-only int8 for the
@@ -335,9 +337,9 @@ class WhisperModel:
     description (config, tokenizer, alignment heads), not a second copy of them.
     num_workers: how many `transcribe` calls from threads run at once, as in faster-whisper
     (whose CTranslate2 runs that many decodes side by side). Above 1, the calls' windows are
-    decoded together in batches on one worker thread (`engine.ConcurrentTranscriber`): tiny.en
-    on an H200, 8 threads got 1.8x and 16 got 2.4x the throughput they get with 1 (RESULTS,
-    session 41), the same text. With 1, threads may still share the model and take turns a
+    decoded together in batches on one worker thread (`engine.ConcurrentTranscriber`): on an
+    H200, 16 threads got 2.4x (tiny.en), 2.8x (turbo) and 4.4x (large-v3) the throughput they
+    get with 1 (RESULTS, session 41). With 1, threads may still share the model and take turns a
     window at a time (`lock`). `BatchedInferencePipeline` batches the windows of one file.
     revision, use_auth_token: for a model from the Hugging Face hub, its branch, tag or commit
     and the hub token (a private repo's), as faster-whisper takes them.
