@@ -160,12 +160,12 @@ class BatchedInferencePipeline:
         log_prob_low_threshold: float | None = None,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         """faster-whisper's batched `transcribe`, its arguments in its order; they mean what
-        they mean in `WhisperModel.transcribe`. Two defaults differ from faster-whisper's
-        batched ones: segments are timed within each window (faster-whisper's default is
-        `without_timestamps=True`, a segment a window: pass it for that), and windows are not
-        conditioned on each other, as there (`condition_on_previous_text=True` conditions each
-        chain of windows on the one before). `batch_size=None` picks the largest batch that
-        fits the device's free memory.
+        they mean in `WhisperModel.transcribe`. Three defaults differ from faster-whisper's:
+        segments are timed within each window (its default is `without_timestamps=True`, a
+        segment a window: pass it for that); `condition_on_previous_text=False`, which is what
+        its batched mode does whatever it is given (True here conditions each chain of windows
+        on the one before); and `batch_size=None` picks the largest batch that fits the
+        device's free memory.
 
         The windows come from the VAD, or from `clip_timestamps` where given: faster-whisper's
         list of {"start": sample, "end": sample}, or `transcribe`'s seconds "start,end,...".
