@@ -376,9 +376,9 @@ class ConcurrentTranscriber:
 
     def _engine(self) -> Engine:
         """The first GPU's worker with room for another job, else the least busy: a second
-        GPU's worker only takes what the first cannot batch, since the workers' host work
-        shares one interpreter (RESULTS, session 41: spread evenly over two GPUs, 16 calls ran
-        slower than on one)."""
+        GPU's worker only takes what the first cannot batch (RESULTS, session 41: spread evenly
+        over two GPUs, 16 calls of tiny.en or turbo ran slower than on one, each GPU batching
+        half as many windows)."""
         load = [engine.backend.active + engine.queued for engine in self.engines]
         for engine, jobs in zip(self.engines, load):
             if jobs < engine.backend.capacity:
