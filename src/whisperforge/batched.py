@@ -51,6 +51,7 @@ from .transcribe import (
     good_enough,
     is_no_speech,
     locked,
+    options_of,
     parse_clip_timestamps,
     split_segments,
     vad_options_of,
@@ -171,41 +172,9 @@ class BatchedInferencePipeline:
         list of {"start": sample, "end": sample}, or `transcribe`'s seconds "start,end,...".
         With `vad_filter=False` and no clips, the audio is cut into 30 s windows as it is.
         `chunk_length`: windows (and the VAD's speech) of at most that many seconds."""
-        options = self._options(
-            language,
-            task,
-            batch_size,
-            temperature,
-            beam_size=beam_size,
-            best_of=best_of,
-            patience=patience,
-            length_penalty=length_penalty,
-            repetition_penalty=repetition_penalty,
-            no_repeat_ngram_size=no_repeat_ngram_size,
-            compression_ratio_threshold=compression_ratio_threshold,
-            log_prob_threshold=log_prob_threshold,
-            no_speech_threshold=no_speech_threshold,
-            condition_on_previous_text=condition_on_previous_text,
-            prompt_reset_on_temperature=prompt_reset_on_temperature,
-            initial_prompt=initial_prompt,
-            prefix=prefix,
-            suppress_blank=suppress_blank,
-            suppress_tokens=suppress_tokens,
-            without_timestamps=without_timestamps,
-            max_initial_timestamp=max_initial_timestamp,
-            word_timestamps=word_timestamps,
-            prepend_punctuations=prepend_punctuations,
-            append_punctuations=append_punctuations,
-            multilingual=multilingual,
-            max_new_tokens=max_new_tokens,
-            chunk_length=chunk_length,
-            hallucination_silence_threshold=hallucination_silence_threshold,
-            hotwords=hotwords,
-            language_detection_threshold=language_detection_threshold,
-            language_detection_segments=language_detection_segments,
-            carry_initial_prompt=carry_initial_prompt,
-            log_prob_low_threshold=log_prob_low_threshold,
-        )
+        # locals(): the arguments, before any other name is set here
+        arguments = options_of(locals(), "batch_size", "clip_timestamps")
+        options = self._options(language, task, batch_size, **arguments)
         vad = window_vad(vad_options_of(vad_parameters, BATCHED_VAD), options)
         size = batch_size or self.auto_batch_size()
         samples = load_audio(audio)

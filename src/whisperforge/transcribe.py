@@ -17,7 +17,7 @@ import threading
 import warnings
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -187,6 +187,20 @@ class TranscriptionOptions:
         )
 
 
+# A `transcribe` method's arguments that are the call's, not the transcription's options.
+CALL_ARGUMENTS = frozenset(
+    {"self", "audio", "language", "task", "log_progress", "vad_filter", "vad_parameters"}
+)
+
+
+def options_of(arguments: dict[str, Any], *others: str) -> dict[str, Any]:
+    """`TranscriptionOptions.from_arguments`' keywords among a `transcribe` method's arguments
+    (its `locals()`, taken before it sets any other name): all but the call's own
+    (`CALL_ARGUMENTS`) and `others`. faster-whisper's signatures stay spelled out, in its
+    order, and are passed on by name here."""
+    return {k: v for k, v in arguments.items() if k not in CALL_ARGUMENTS and k not in others}
+
+
 def parse_clip_timestamps(clips: str | Iterable[float]) -> tuple[float, ...]:
     """openai-whisper's clip_timestamps, "start,end,start,..." seconds (or the numbers)."""
     try:
@@ -251,12 +265,12 @@ def gpu_indices(device_index: int | Sequence[int], device: torch.device) -> list
     if device.index is not None:
         return [device.index]
     indices = [device_index] if isinstance(device_index, numbers.Integral) else device_index
-    try:
-        indices = list(indices)
-    except TypeError:
-        indices = None
     n = torch.cuda.device_count()
-    if not indices or not all(isinstance(i, numbers.Integral) for i in indices):
+    if (
+        not isinstance(indices, (list, tuple))
+        or not indices
+        or not all(isinstance(i, numbers.Integral) for i in indices)
+    ):
         raise InvalidOptionError(
             f"device_index must be a GPU number or a list of them, not {device_index!r}"
         )
@@ -580,39 +594,8 @@ class WhisperModel:
         average log-probability is dropped as silence) and `chunk_length` (seconds of audio a
         window holds, up to 30).
         """
-        options = TranscriptionOptions.from_arguments(
-            beam_size=beam_size,
-            best_of=best_of,
-            patience=patience,
-            length_penalty=length_penalty,
-            temperature=temperature,
-            compression_ratio_threshold=compression_ratio_threshold,
-            log_prob_threshold=log_prob_threshold,
-            no_speech_threshold=no_speech_threshold,
-            condition_on_previous_text=condition_on_previous_text,
-            prompt_reset_on_temperature=prompt_reset_on_temperature,
-            initial_prompt=initial_prompt,
-            carry_initial_prompt=carry_initial_prompt,
-            prefix=prefix,
-            suppress_blank=suppress_blank,
-            suppress_tokens=suppress_tokens,
-            without_timestamps=without_timestamps,
-            max_initial_timestamp=max_initial_timestamp,
-            word_timestamps=word_timestamps,
-            prepend_punctuations=prepend_punctuations,
-            append_punctuations=append_punctuations,
-            clip_timestamps=clip_timestamps,
-            hallucination_silence_threshold=hallucination_silence_threshold,
-            max_new_tokens=max_new_tokens,
-            hotwords=hotwords,
-            repetition_penalty=repetition_penalty,
-            no_repeat_ngram_size=no_repeat_ngram_size,
-            multilingual=multilingual,
-            language_detection_threshold=language_detection_threshold,
-            language_detection_segments=language_detection_segments,
-            log_prob_low_threshold=log_prob_low_threshold,
-            chunk_length=chunk_length,
-        )
+        # locals(): the arguments, before any other name is set here
+        options = TranscriptionOptions.from_arguments(**options_of(locals()))
         return self.transcribe_with(
             audio, options, language, task, vad_filter, vad_parameters, log_progress
         )
