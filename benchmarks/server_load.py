@@ -146,12 +146,15 @@ def http_client(url: str, model_id: str, api_key: str) -> Callable[[], Any]:
 def engine_client(engine: Any, options: dict, samples: dict[str, np.ndarray]) -> Callable[[], Any]:
     """A context manager per submitter thread: submits a clip's job to the engine and waits."""
     from whisperforge.engine import Job
+    from whisperforge.transcribe import TranscriptionOptions
+
+    transcription = TranscriptionOptions.from_arguments(**options)
 
     @contextlib.contextmanager
     def session() -> Iterator[Sender]:
         def send(clip: Clip) -> tuple[int, str]:
             try:
-                segments, _ = engine.submit(Job(samples[clip.name], options)).result(300)
+                segments, _ = engine.submit(Job(samples[clip.name], transcription)).result(300)
             except Exception as error:  # noqa: BLE001 -- counted as an error, reported
                 return -1, repr(error)
             return 200, "".join(s.text for s in segments).strip()
@@ -254,7 +257,7 @@ def main() -> None:
 
     from whisperforge import WhisperModel, load_audio
     from whisperforge.engine import Engine, make_backend
-    from whisperforge.server import temperature_ladder
+    from whisperforge.transcribe import temperature_ladder
 
     counts = [int(n) for n in args.clients.split(",")]
     clips = npy_clips(args.npy, args.clip_seconds, args.n_clips) if args.npy else dev_clips()

@@ -18,6 +18,7 @@ import srt
 from conftest import DEV_DIR, JFK
 
 from whisperforge import Segment, TranscriptionInfo, WhisperModel, cli
+from whisperforge.transcribe import temperature_ladder
 from whisperforge.writers import FORMATS
 
 JFK_WORDS = "ask not what your country can do for you"
@@ -286,10 +287,11 @@ def test_models_lists_installed_and_hub_names(capsys):
 
 
 def test_temperature_ladder():
-    assert cli.temperature_ladder(0.0, 0.2) == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-    assert cli.temperature_ladder(0.5, 0.25) == (0.5, 0.75, 1.0)
-    assert cli.temperature_ladder(0.3, None) == (0.3,)
-    assert cli.temperature_ladder(0.0, 0.0) == (0.0,)
+    assert temperature_ladder(0.0, 0.2) == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    assert temperature_ladder(0.5, 0.25) == (0.5, 0.75, 1.0)
+    assert temperature_ladder(0.3, None) == (0.3,)
+    assert temperature_ladder(0.0, 0.0) == (0.0,)
+    assert temperature_ladder(0.4) == (0.4, 0.6, 0.8, 1.0)  # the server's: OpenAI raises by 0.2
 
 
 # --- the installed command ---------------------------------------------------------------------

@@ -26,7 +26,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("multipart")
 from fastapi.testclient import TestClient
 
-from whisperforge.server import ServerConfig, create_app, temperature_ladder
+from whisperforge.server import ServerConfig, create_app
+from whisperforge.transcribe import temperature_ladder
 
 JFK_TEXT = (
     "and so my fellow americans ask not what your country can do for you "

@@ -549,14 +549,6 @@ def _add_serve_parser(commands: Any) -> None:
 # --- transcribe ------------------------------------------------------------------------------
 
 
-def temperature_ladder(temperature: float, increment: float | None) -> tuple[float, ...]:
-    """openai-whisper's fallback temperatures: from `temperature` up to 1.0 by `increment`."""
-    if increment is None or increment <= 0 or temperature >= 1.0:
-        return (temperature,)
-    steps = int((1.0 - temperature) / increment + 1e-6)
-    return tuple(round(temperature + i * increment, 6) for i in range(steps + 1))
-
-
 def load_model(args: argparse.Namespace) -> WhisperModel:
     """The model for this run (a seam: tests swap in an already loaded one)."""
     from .transcribe import WhisperModel  # torch is slow to import: only when needed
@@ -606,7 +598,7 @@ def _transcribe_one(
     """Transcribe one file, showing progress and (when asked) the text as it arrives."""
     from tqdm import tqdm
 
-    from .transcribe import with_progress
+    from .transcribe import temperature_ladder, with_progress
 
     options: dict[str, Any] = {
         "language": args.language,

@@ -63,17 +63,18 @@ IDLE_S = 30.0  # `ConcurrentTranscriber`'s worker thread ends after this long wi
 
 @dataclass
 class Job:
-    """One transcription: audio, its options, and where results go.
-
-    options: `WhisperModel.transcribe`'s keyword arguments; or language, task, vad_filter,
-    vad_parameters and "transcription", the `TranscriptionOptions` made of the rest.
-    on_start is called (in the worker thread) with the `TranscriptionInfo` once the job runs,
+    """One transcription: audio, `WhisperModel.transcribe_with`'s arguments, and where results
+    go. on_start is called (in the worker thread) with the `TranscriptionInfo` once the job runs,
     on_segment with each segment as it is final (for SSE, and lazy segments). The future gets
     (segments, info), or the exception that stopped the job.
     """
 
     audio: np.ndarray
-    options: dict[str, Any]
+    options: TranscriptionOptions
+    language: str | None = None
+    task: str = "transcribe"
+    vad_filter: bool = False
+    vad_parameters: VadOptions | dict | None = None
     on_segment: Callable[[Segment], None] | None = None
     on_start: Callable[[TranscriptionInfo], None] | None = None
     deadline: float = math.inf  # time.monotonic() after which nobody waits for the result
@@ -125,7 +126,9 @@ class SequentialBackend:
         if not job.future.set_running_or_notify_cancel():
             return  # the client gave up while the job waited
         try:
-            segments_iter, info = self.model.transcribe(job.audio, **job.options)
+            segments_iter, info = self.model.transcribe_with(
+                job.audio, job.options, job.language, job.task, job.vad_filter, job.vad_parameters
+            )
             if job.on_start is not None:
                 job.on_start(info)
             segments = []
@@ -173,19 +176,14 @@ class BatchedBackend:
                 "windows": self.windows, "batches": self.batches}  # fmt: skip
 
     def admit(self, job: Job) -> None:
-        from .transcribe import TranscriptionOptions
-
         if not job.future.set_running_or_notify_cancel():
             return  # the client gave up while the job waited
-        options = dict(job.options)
-        language, task = options.pop("language", None), options.pop("task", "transcribe")
-        vad = options.pop("vad_filter", False), options.pop("vad_parameters", None)
         try:
-            transcription = options.pop("transcription", None)
-            if transcription is None:
-                transcription = TranscriptionOptions.from_arguments(**options)
             with self.model.lock:  # language detection runs the model
-                steps, info = self.model.long_form(job.audio, language, task, transcription, *vad)
+                steps, info = self.model.long_form(
+                    job.audio, job.language, job.task, job.options, job.vad_filter,
+                    job.vad_parameters,
+                )  # fmt: skip
         except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
             job.future.set_exception(error)
             return
@@ -360,10 +358,8 @@ class ConcurrentTranscriber:
         started: Future[TranscriptionInfo] = Future()
         job = Job(
             load_audio(audio),  # here, not on the worker the other calls' windows wait for
-            {"language": language, "task": task, "vad_filter": vad_filter,
-             "vad_parameters": vad_parameters, "transcription": options},
-            on_segment=arrived.put,
-            on_start=started.set_result,
+            options, language, task, vad_filter, vad_parameters,
+            on_segment=arrived.put, on_start=started.set_result,
         )  # fmt: skip
         engine = self._engine()
         engine.submit(job)

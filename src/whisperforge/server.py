@@ -40,6 +40,7 @@ from .errors import AudioError, InvalidOptionError
 from .results import Segment, TranscriptionInfo
 from .streaming import StreamingEvent, StreamingOptions, StreamingTranscriber
 from .tokenizer import LANGUAGES, normalize_language
+from .transcribe import TranscriptionOptions, temperature_ladder
 from .writers import write
 
 try:  # module level: FastAPI resolves the endpoints' annotations in this namespace
@@ -111,7 +112,12 @@ class ParsedRequest:
     response_format: str
     stream: bool
     words: bool
-    options: dict[str, Any]
+    options: TranscriptionOptions
+    language: str | None
+    task: str
+
+    def job(self, on_segment: Callable[[Segment], None] | None = None) -> Job:
+        return Job(self.audio, self.options, self.language, self.task, on_segment=on_segment)
 
 
 def _text_field(form: Any, name: str, default: str | None = None) -> str | None:
@@ -129,12 +135,6 @@ def _bool_field(form: Any, name: str) -> bool:
     if value not in ("true", "false", "1", "0"):
         raise APIError(400, f"'{name}' must be true or false, got {value!r}", name)
     return value in ("true", "1")
-
-
-def temperature_ladder(temperature: float) -> tuple[float, ...]:
-    """OpenAI: at 0 the model raises the temperature when a window fails the thresholds."""
-    steps = int((1.0 - temperature) / 0.2 + 1e-6)
-    return tuple(round(temperature + 0.2 * i, 6) for i in range(steps + 1))
 
 
 class App:
@@ -258,12 +258,14 @@ class App:
                            ) from None  # fmt: skip
 
         words = "word" in granularities
-        options = {
-            "language": language, "task": task, "beam_size": self.config.beam_size,
-            "temperature": temperature_ladder(temperature), "initial_prompt": prompt,
-            "hotwords": hotwords, "word_timestamps": words,
-        }  # fmt: skip
-        return ParsedRequest(audio, response_format, stream, words, options)
+        try:
+            options = TranscriptionOptions.from_arguments(
+                beam_size=self.config.beam_size, temperature=temperature_ladder(temperature),
+                initial_prompt=prompt, hotwords=hotwords, word_timestamps=words,
+            )  # fmt: skip
+        except InvalidOptionError as error:
+            raise APIError(400, str(error)) from None
+        return ParsedRequest(audio, response_format, stream, words, options, language, task)
 
     # --- running --------------------------------------------------------------------------
 
@@ -299,7 +301,7 @@ class App:
         parsed = await self.parse(request, task)
         if parsed.stream:
             return StreamingResponse(self.sse(parsed), media_type="text/event-stream")
-        segments, info = await self.wait(self.submit(Job(parsed.audio, parsed.options)))
+        segments, info = await self.wait(self.submit(parsed.job()))
         text = "".join(s.text for s in segments).strip()
         fmt = parsed.response_format
         if fmt == "json":
@@ -317,8 +319,7 @@ class App:
         """transcript.text.delta per segment as it is final, then transcript.text.done."""
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[Segment] = asyncio.Queue()
-        job = Job(parsed.audio, parsed.options,
-                  on_segment=lambda s: loop.call_soon_threadsafe(deltas.put_nowait, s))  # fmt: skip
+        job = parsed.job(on_segment=lambda s: loop.call_soon_threadsafe(deltas.put_nowait, s))
         try:
             future = asyncio.wrap_future(self.submit(job))
         except APIError as error:
@@ -364,11 +365,11 @@ class App:
         """Streaming updates run as jobs on the shared worker, batched with everything else."""
 
         def run(audio: np.ndarray, prompt: str | None, language: str | None):
-            job = Job(audio, {
-                "language": language, "task": options.task, "beam_size": options.beam_size,
-                "temperature": options.temperature, "initial_prompt": prompt,
-                "word_timestamps": True,
-            })  # fmt: skip
+            transcription = TranscriptionOptions.from_arguments(
+                beam_size=options.beam_size, temperature=options.temperature,
+                initial_prompt=prompt, word_timestamps=True,
+            )  # fmt: skip
+            job = Job(audio, transcription, language, options.task)
             future = self.submit(job)
             try:
                 segments, info = future.result(self.config.request_timeout_s)
