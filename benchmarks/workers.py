@@ -88,8 +88,12 @@ def measure(args: argparse.Namespace) -> None:
         median = statistics.median(times[name])
         runs = " ".join(f"{t:.2f}" for t in times[name])
         same = sum(texts[name][clip] == texts[configs[0][0]][clip] for clip in clips)
+        concurrent = models[name].concurrent
+        batches = [f"{e.backend.windows} windows in {e.backend.batches} batches"
+                   for e in concurrent.engines] if concurrent else []  # fmt: skip
         print(f"{name:28s} {median:.2f} s a run (RTFx {seconds / median:.0f}; {runs}): "
-              f"{first / median:.2f}x the throughput, same text {same} / {len(clips)}")  # fmt: skip
+              f"{first / median:.2f}x the throughput, same text {same} / {len(clips)}"
+              + (f"; {', '.join(batches)}" if batches else ""))  # fmt: skip
     if args.out:
         result = {"device": device, "threads": args.threads, "times": times, "texts": texts}
         Path(args.out).write_text(json.dumps(result, indent=1))
