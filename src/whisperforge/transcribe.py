@@ -348,8 +348,9 @@ class WhisperModel:
     device: "auto" (CUDA when present), "cpu" or "cuda[:N]". device_index: the GPU (where
     device names none), or a list of GPUs as in faster-whisper: the model is loaded on each,
     and `transcribe` calls from threads that the first GPU's worker has no room for go to the
-    next (see num_workers). In one process a second GPU adds little (turbo, 32 threads: +29 %;
-    RESULTS, session 41): for many GPUs, `whisperforge batch` runs a process on each.
+    next (see num_workers). 32 threads on two H100s got large-v3 1.5x the throughput of one
+    GPU (RESULTS, session 42); turbo and smaller models gain less, their host work shared by one
+    process: for many GPUs, `whisperforge batch` runs a process on each.
     compute_type: "default" (float16 on CUDA, float32 on CPU; a quantized checkpoint's own type),
     "float32", "float16", "bfloat16"; or quantized weights (see `quantize.py`): "int8" (on the
     CPU every linear in int8, activations quantized per call; on CUDA weight-only int8 for the
