@@ -169,20 +169,34 @@ def test_openai_whisper_readme_example_runs_on_whisperforge(
         whisperforge.decode(model, whisperforge.log_mel_spectrogram(audio[:16000]))
 
 
-def test_openai_whisper_fp16_false_on_a_half_model_warns(tiny_en, monkeypatch):
-    """fp16=False cannot turn a model loaded in float16 (a GPU's default) into float32: it says
-    so, with what to do, rather than decoding in float16 silently. Here the CPU model is only
-    labelled float16, and the audio is silence, which is not decoded."""
+def test_openai_whisper_fp16_false_decodes_in_float32(tiny_en, monkeypatch):
+    """fp16=False on a model loaded in float16 (a GPU's default) decodes with a float32 copy,
+    loaded once from where the model came from, as openai-whisper's float32 weights give it;
+    a model wrapped without its source says it cannot, and what to do. Here the CPU models are
+    only labelled float16."""
     import numpy as np
 
     import whisperforge
 
-    model = whisperforge.openai_api.OpenAIWhisper(tiny_en)
-    silence = np.zeros(16000 * 2, dtype=np.float32)
-    monkeypatch.setattr(tiny_en, "dtype", torch.float16)
-    with pytest.warns(UserWarning, match="compute_type='float32'"):
-        assert model.transcribe(silence, fp16=False, language="en")["segments"] == []
-    monkeypatch.undo()
+    audio = load_audio(DEV_DIR / "openai-whisper__jfk.flac")
+    loaded = whisperforge.load_model("tiny.en", device="cpu")
+    mel = whisperforge.log_mel_spectrogram(whisperforge.pad_or_trim(audio))
+    expected = loaded.transcribe(audio, temperature=0.0)  # float32 already: the model itself
+    expected_window = loaded.decode(mel)
+    assert loaded.float32_model is None
+    monkeypatch.setattr(loaded.model, "dtype", torch.float16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        model.transcribe(silence, fp16=False, language="en")
+        result = loaded.transcribe(audio, temperature=0.0, fp16=False)
+        copy = loaded.float32_model
+        assert copy is not None and copy is not loaded.model and copy.dtype == torch.float32
+        decoded = loaded.decode(mel, whisperforge.DecodingOptions(fp16=False))
+        assert loaded.float32_model is copy  # loaded once
+    assert result["segments"][0]["tokens"] == expected["segments"][0]["tokens"]
+    assert decoded.tokens == expected_window.tokens
+
+    wrapped = whisperforge.openai_api.OpenAIWhisper(tiny_en)
+    monkeypatch.setattr(tiny_en, "dtype", torch.float16)
+    silence = np.zeros(16000 * 2, dtype=np.float32)  # not decoded: the label does not matter
+    with pytest.warns(UserWarning, match="compute_type='float32'"):
+        assert wrapped.transcribe(silence, fp16=False, language="en")["segments"] == []

@@ -52,7 +52,7 @@ class DecodingOptions:
     repetition_penalty: float = 1.0  # > 1: each sampled token's score / penalty (CTRL's)
     no_repeat_ngram_size: int = 0  # > 0: no n-gram of this size sampled twice
     length_exponent: float = 1.0  # see length_penalty
-    fp16: bool = True  # openai-whisper's; no effect: the model's compute type was set at load
+    fp16: bool = True  # openai-whisper's; False: `OpenAIWhisper.decode` decodes in float32
 
 
 @dataclass

@@ -51,19 +51,48 @@ def load_model(
 ) -> OpenAIWhisper:
     """openai-whisper's `load_model`: a model name ("tiny.en", "base", "large-v3", ...), a
     model folder or an OpenAI `.pt` file, on `device` (CUDA when present). The weights are
-    float16 on a GPU and float32 on the CPU, as openai-whisper's `fp16` default gives;
-    `in_memory` is accepted (the weights are always read into memory)."""
+    float16 on a GPU and float32 on the CPU, as openai-whisper's `fp16` default gives
+    (`fp16=False` loads a float32 copy when first asked for); `in_memory` is accepted (the
+    weights are always read into memory)."""
     del in_memory
     model = WhisperModel(name, device=str(device or "auto"), download_root=download_root)
-    return OpenAIWhisper(model)
+    return OpenAIWhisper(model, (name, download_root))
 
 
 class OpenAIWhisper:
     """A `WhisperModel` with openai-whisper's `transcribe` (see the module docstring); the
-    `WhisperModel` is `model`."""
+    `WhisperModel` is `model`. `source`: the name (or path) and download_root it was loaded
+    from, for `fp16=False`'s float32 copy."""
 
-    def __init__(self, model: WhisperModel):
+    def __init__(
+        self, model: WhisperModel, source: tuple[str | os.PathLike, str | None] | None = None
+    ):
         self.model = model
+        self.source = source
+        self.float32_model: WhisperModel | None = None  # loaded at the first fp16=False
+
+    def _model(self, fp16: bool) -> WhisperModel:
+        """The model that decodes: openai-whisper's fp16=False computes in float32. A model
+        loaded in 16 bits (a GPU's default) gets a float32 copy, loaded once from `source`,
+        where openai-whisper holds float32 weights and casts them per call."""
+        if fp16 or self.model.dtype == torch.float32:
+            return self.model
+        if self.source is None:
+            warnings.warn(
+                f"fp16=False has no effect: this model computes in {self.model.dtype} (chosen "
+                f"when it loaded); for float32 load WhisperModel(..., compute_type='float32') "
+                f"and wrap it in OpenAIWhisper",
+                stacklevel=3,
+            )
+            return self.model
+        with self.model.lock:
+            if self.float32_model is None:
+                name, download_root = self.source
+                self.float32_model = WhisperModel(
+                    name, str(self.model.device), compute_type="float32",
+                    download_root=download_root,
+                )  # fmt: skip
+        return self.float32_model
 
     @property
     def device(self) -> torch.device:
@@ -95,11 +124,10 @@ class OpenAIWhisper:
         batch [B, n_mels, 3000] (a list), with `options` and `changes` to them."""
         options = replace(options or DecodingOptions(), **changes)
         single = mel.ndim == 2
-        with self.model.lock:
-            features = self.model.encode(self._windows(mel))
-            results = decode_windows(
-                self.model.decode_model, self.model.tokenizer, features, options
-            )
+        model = self._model(options.fp16)
+        with model.lock:
+            features = model.encode(self._windows(mel))
+            results = decode_windows(model.decode_model, model.tokenizer, features, options)
         return results[0] if single else results
 
     def _windows(self, mel: torch.Tensor) -> torch.Tensor:
@@ -138,18 +166,11 @@ class OpenAIWhisper:
         prefix (the first window's; openai-whisper forces it at the start of every window,
         which a transcript seldom wants), suppress_tokens (a "-1,..." string or ids),
         suppress_blank, without_timestamps, max_initial_timestamp, sample_len (tokens a window
-        may sample), and fp16, which has no effect (with a warning where it asks for float32 of
-        a model in float16): the compute type was chosen when the model loaded."""
+        may sample), and fp16 (False: decode in float32, see `_model`)."""
         unknown = set(decode_options) - SAME_NAMES - OTHER_NAMES
         if unknown:
             raise TypeError(f"unknown decoding option(s): {', '.join(sorted(unknown))}")
-        if decode_options.get("fp16") is False and self.model.dtype != torch.float32:
-            warnings.warn(
-                f"fp16=False has no effect: this model computes in {self.model.dtype} (chosen "
-                f"when it loaded); for float32 load WhisperModel(..., compute_type='float32') "
-                f"and wrap it in OpenAIWhisper",
-                stacklevel=2,
-            )
+        model = self._model(decode_options.get("fp16", True))
         options = {name: decode_options[name] for name in SAME_NAMES & set(decode_options)}
         options.setdefault("beam_size", 1)  # openai-whisper: greedy unless a beam is asked for
         options.setdefault("best_of", 1)
@@ -177,7 +198,7 @@ class OpenAIWhisper:
             **options,
         )
         language = decode_options.get("language")
-        segments, info = self.model.transcribe_with(
+        segments, info = model.transcribe_with(
             audio, transcription, language, decode_options.get("task", "transcribe")
         )
         if verbose is not None and language is None:
