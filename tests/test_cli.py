@@ -18,7 +18,7 @@ import srt
 from conftest import DEV_DIR, JFK
 
 from whisperforge import Segment, TranscriptionInfo, WhisperModel, cli
-from whisperforge.transcribe import temperature_ladder
+from whisperforge.transcribe import TranscriptionOptions, temperature_ladder
 from whisperforge.writers import FORMATS
 
 JFK_WORDS = "ask not what your country can do for you"
@@ -36,9 +36,11 @@ class OnceModel:
         self.model = model
         self.cache: dict[tuple[str, str], list[Segment]] = {}
 
-    def transcribe(self, audio: str, **options) -> tuple[Iterator[Segment], TranscriptionInfo]:
-        segments, info = self.model.transcribe(audio, **options)
-        key = (hashlib.sha1(Path(audio).read_bytes()).hexdigest(), repr(sorted(options.items())))
+    def transcribe_with(
+        self, audio: str, *arguments
+    ) -> tuple[Iterator[Segment], TranscriptionInfo]:
+        segments, info = self.model.transcribe_with(audio, *arguments)
+        key = (hashlib.sha1(Path(audio).read_bytes()).hexdigest(), repr(arguments))
         if key not in self.cache:
             self.cache[key] = list(segments)
         return iter(copy.deepcopy(self.cache[key])), info
@@ -115,25 +117,30 @@ def test_clip_timestamps_in_both_modes(model, mode, capsys):
 
 
 def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
-    seen: list[dict] = []
-    transcribe = model.transcribe
+    seen: list[TranscriptionOptions] = []
+    transcribe_with = model.transcribe_with
     monkeypatch.setattr(
-        model, "transcribe", lambda audio, **o: seen.append(o) or transcribe(audio, **o)
+        model,
+        "transcribe_with",
+        lambda audio, o, *a: seen.append(o) or transcribe_with(audio, o, *a),
     )
     args = [
         "transcribe", str(JFK), "--beam_size", "1", "--no_speech_threshold", "none",
         "--logprob_threshold=-0.8", "--compression_ratio_threshold", "2.0", "--patience", "2",
         "--suppress_tokens", "-1,50362", "--chunk_length", "20", "--log-prob-low-threshold", "-3",
         "--carry_initial_prompt", "--initial_prompt", "A speech.", "--max-new-tokens", "100",
+        "--length_penalty", "0.6",
     ]  # fmt: skip
     assert cli.main(args) == 0
     assert JFK_WORDS in capsys.readouterr().out.lower()
     assert {
         "beam_size": 1, "no_speech_threshold": None, "log_prob_threshold": -0.8,
-        "compression_ratio_threshold": 2.0, "patience": 2.0, "suppress_tokens": [-1, 50362],
+        "compression_ratio_threshold": 2.0, "patience": 2.0, "suppress_tokens": (-1, 50362),
         "chunk_length": 20.0, "log_prob_low_threshold": -3.0, "carry_initial_prompt": True,
         "initial_prompt": "A speech.", "max_new_tokens": 100,
-    }.items() <= seen[0].items()  # fmt: skip
+        # openai-whisper's --length_penalty is the NMT alpha, not faster-whisper's exponent
+        "nmt_length_penalty": 0.6, "length_penalty": 1.0,
+    }.items() <= vars(seen[0]).items()  # fmt: skip
     assert cli.main(["transcribe", str(JFK), "--suppress-tokens", "ids"]) == 2
     assert cli.main(["transcribe", str(JFK), "--suppress-tokens", "-1,x"]) == 2
     assert cli.main(["transcribe", str(JFK), *FAST, "--verbose", "False", "--fp16", "False"]) == 0
@@ -226,11 +233,11 @@ def test_unknown_language_on_an_english_model(model, capsys):
 def test_an_internal_error_is_one_line_and_the_batch_goes_on(model, monkeypatch, capsys):
     calls = []
 
-    def broken(audio, **options):
+    def broken(audio, *arguments):
         calls.append(audio)
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(model, "transcribe", broken)
+    monkeypatch.setattr(model, "transcribe_with", broken)
     assert cli.main(["transcribe", str(JFK), str(JFK)]) == 1
     err = capsys.readouterr().err
     assert len(calls) == 2 and len(error_lines(err)) == 2

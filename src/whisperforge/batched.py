@@ -175,6 +175,26 @@ class BatchedInferencePipeline:
         # locals(): the arguments, before any other name is set here
         arguments = options_of(locals(), "batch_size", "clip_timestamps")
         options = self._options(language, task, batch_size, **arguments)
+        return self.transcribe_with(
+            audio, options, language, task, batch_size, clip_timestamps, vad_filter,
+            vad_parameters, log_progress,
+        )  # fmt: skip
+
+    def transcribe_with(
+        self,
+        audio: AudioInput,
+        options: TranscriptionOptions,
+        language: str | None = None,
+        task: str = "transcribe",
+        batch_size: int | None = None,
+        clip_timestamps: str | Iterable[float] | Iterable[dict] | None = None,
+        vad_filter: bool = True,
+        vad_parameters: VadOptions | dict | None = None,
+        log_progress: bool = False,
+    ) -> tuple[Iterator[Segment], TranscriptionInfo]:
+        """`transcribe` with its options made (`TranscriptionOptions.from_arguments`; note
+        that batched transcription's default is `condition_on_previous_text=False`)."""
+        self._check(language, task, batch_size)
         vad = window_vad(vad_options_of(vad_parameters, BATCHED_VAD), options)
         size = batch_size or self.auto_batch_size()
         samples = load_audio(audio)
@@ -275,8 +295,7 @@ class BatchedInferencePipeline:
         temperature: float | Iterable[float],
         **options,
     ) -> TranscriptionOptions:
-        if batch_size is not None and batch_size < 1:
-            raise InvalidOptionError("batch_size must be at least 1 (or None to pick one)")
+        self._check(language, task, batch_size)
         # clip_timestamps: `transcribe`'s own argument (windows), not one for many files.
         accepted = {f.name for f in fields(TranscriptionOptions)} - {
             "temperatures",
@@ -287,12 +306,16 @@ class BatchedInferencePipeline:
             raise InvalidOptionError(
                 f"unknown option(s) for batched transcription: {sorted(unknown)}"
             )
+        options.setdefault("condition_on_previous_text", False)  # the throughput mode
+        return TranscriptionOptions.from_arguments(temperature=temperature, **options)
+
+    def _check(self, language: str | None, task: str, batch_size: int | None) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise InvalidOptionError("batch_size must be at least 1 (or None to pick one)")
         if task == "translate" and not self.model.is_multilingual:
             raise InvalidOptionError("this model is English-only and cannot translate")
         if language is not None:
             normalize_language(language, self.model.supported_languages)
-        options.setdefault("condition_on_previous_text", False)  # the throughput mode
-        return TranscriptionOptions.from_arguments(temperature=temperature, **options)
 
     def _windows(
         self, audios: list[np.ndarray], vad: VadOptions, seconds: float

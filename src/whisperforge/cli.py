@@ -232,9 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P",
         type=float,
         default=None,
-        help="rank beams and samples by log-prob / length^P, as faster-whisper's "
-        "length_penalty (openai-whisper's CLI takes the Google NMT alpha); default 1: by "
-        "log-prob / length",
+        help="rank beams and samples by log-prob / ((5 + length) / 6)^P, the Google NMT "
+        "alpha, as openai-whisper's --length_penalty (faster-whisper's Python argument of "
+        "that name is an exponent of the length instead); default: by log-prob / length",
     )
     search.add_argument(
         "--compression-ratio-threshold",
@@ -598,11 +598,9 @@ def _transcribe_one(
     """Transcribe one file, showing progress and (when asked) the text as it arrives."""
     from tqdm import tqdm
 
-    from .transcribe import temperature_ladder, with_progress
+    from .transcribe import TranscriptionOptions, temperature_ladder, with_progress
 
     options: dict[str, Any] = {
-        "language": args.language,
-        "task": args.task,
         "beam_size": args.beam_size,
         "best_of": args.best_of,
         "temperature": temperature_ladder(args.temperature, args.temperature_increment_on_fallback),
@@ -613,7 +611,7 @@ def _transcribe_one(
         "no_repeat_ngram_size": args.no_repeat_ngram_size,
         "multilingual": args.multilingual,
         "patience": args.patience,
-        "length_penalty": args.length_penalty,
+        "nmt_length_penalty": args.length_penalty,  # openai-whisper's CLI: the NMT alpha
         "compression_ratio_threshold": args.compression_ratio_threshold,
         "log_prob_threshold": args.log_prob_threshold,
         "no_speech_threshold": args.no_speech_threshold,
@@ -626,22 +624,22 @@ def _transcribe_one(
     if args.batch_size is not None:
         from .batched import BatchedInferencePipeline
 
-        pipeline = BatchedInferencePipeline(model)
-        segments_iter, info = pipeline.transcribe(
-            path,
-            batch_size=args.batch_size,
-            condition_on_previous_text=bool(args.condition_on_previous_text),
-            clip_timestamps=None if args.clip_timestamps == "0" else args.clip_timestamps,
-            **options,
+        transcription = TranscriptionOptions.from_arguments(
+            condition_on_previous_text=bool(args.condition_on_previous_text), **options
         )
+        segments_iter, info = BatchedInferencePipeline(model).transcribe_with(
+            path, transcription, args.language, args.task, args.batch_size,
+            clip_timestamps=None if args.clip_timestamps == "0" else args.clip_timestamps,
+        )  # fmt: skip
     else:
-        segments_iter, info = model.transcribe(
-            path,
+        transcription = TranscriptionOptions.from_arguments(
             condition_on_previous_text=args.condition_on_previous_text is not False,
             clip_timestamps=args.clip_timestamps,
             hallucination_silence_threshold=args.hallucination_silence_threshold,
-            vad_filter=args.vad_filter,
             **options,
+        )
+        segments_iter, info = model.transcribe_with(
+            path, transcription, args.language, args.task, args.vad_filter
         )
     if header and (stdout_text or args.verbose):
         print(f"==> {path} <==", flush=True)
