@@ -187,7 +187,6 @@ class TranscriptionOptions:
         )
 
 
-# A `transcribe` method's arguments that are the call's, not the transcription's options.
 def temperature_ladder(temperature: float, increment: float | None = 0.2) -> tuple[float, ...]:
     """openai-whisper's fallback temperatures: from `temperature` up to 1.0 by `increment`
     (the CLI's --temperature_increment_on_fallback; OpenAI's API raises by 0.2 from its
@@ -198,6 +197,7 @@ def temperature_ladder(temperature: float, increment: float | None = 0.2) -> tup
     return tuple(round(temperature + i * increment, 6) for i in range(steps + 1))
 
 
+# A `transcribe` method's arguments that are the call's, not the transcription's options.
 CALL_ARGUMENTS = frozenset(
     {"self", "audio", "language", "task", "log_progress", "vad_filter", "vad_parameters"}
 )
