@@ -280,3 +280,22 @@ def test_pad_or_trim() -> None:
     assert pad_or_trim(mel, N_FRAMES).shape == (80, N_FRAMES)
     assert pad_or_trim(mel, N_FRAMES)[:, 1234:].abs().sum() == 0
     assert pad_or_trim(torch.ones(N_SAMPLES + 5)).shape == (N_SAMPLES,)
+
+
+def test_long_audio_mel_comes_in_pieces_equal_to_the_whole(monkeypatch):
+    """Past MEL_CHUNK_FRAMES the STFT runs piece by piece (bounded memory): the same bits."""
+    from whisperforge import audio
+
+    speech = np.tile(load_audio(JFK), 12)[:-77]  # 2 min, not a whole number of frames
+    whole = log_mel_spectrogram(speech, 80, N_SAMPLES)
+    for frames in (3000, 4321):  # pieces of 30 s, and ones that end mid-word
+        monkeypatch.setattr(audio, "MEL_CHUNK_FRAMES", frames)
+        assert torch.equal(log_mel_spectrogram(speech, 80, N_SAMPLES), whole)
+
+
+def test_audio_past_max_seconds_is_refused_while_decoding():
+    with pytest.raises(AudioError, match="limit of 5 s"):
+        load_audio(JFK, max_seconds=5)  # an 11 s file
+    with pytest.raises(AudioError, match="limit of 5 s"):
+        load_audio(np.zeros(16000 * 6, np.float32), max_seconds=5)
+    assert load_audio(JFK, max_seconds=12).size == load_audio(JFK).size

@@ -329,6 +329,10 @@ def test_lone_pt_uses_openai_vocabulary_with_the_same_ids(
         assert getattr(ours, name) == getattr(hf, name), name
     text = " And so my fellow Americans, ask not what your country can do for you"
     assert ours.encode(text) == hf.encode(text)
+    # A prompt is text, whatever it spells: no control token comes out of either vocabulary.
+    text = " Say <|endoftext|> or <|startoftranscript|> now"
+    assert ours.encode(text) == hf.encode(text)
+    assert not {hf.eot, hf.sot} & set(hf.encode(text))
 
 
 # --- errors -----------------------------------------------------------------------------------

@@ -147,6 +147,12 @@ def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
     assert "-->" not in capsys.readouterr().out  # openai-whisper's spelling of "not verbose"
     assert cli.main(["transcribe", "--verbose", "True", str(JFK), *FAST]) == 0
     assert "-->" in capsys.readouterr().out
+    parser = cli.build_parser()  # openai-whisper's switches take True / False
+    openai_switches = ["transcribe", "--condition_on_previous_text", "False", "x.wav",
+                       "--word_timestamps", "True", "--highlight_words=False"]  # fmt: skip
+    parsed = parser.parse_args(cli._openai_spelling(openai_switches, cli._option_strings(parser)))
+    assert parsed.word_timestamps and not parsed.highlight_words
+    assert parsed.condition_on_previous_text is False and parsed.files == ["x.wav"]
     parsed = cli.build_parser().parse_args(["transcribe", "x.wav", "--fp16", "False"])
     assert cli._compute_type(parsed) == "float32"
     assert cli.main(["transcribe", str(JFK), "--fp16", "maybe"]) == 2

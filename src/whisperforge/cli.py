@@ -10,6 +10,7 @@ import argparse
 import os
 import re
 import sys
+import tempfile
 import textwrap
 import traceback
 import warnings
@@ -61,6 +62,11 @@ def _optional_float(text: str) -> float | None:
 
 # openai-whisper's boolean flag values (--fp16 False, --verbose True).
 BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+# openai-whisper's flags that take True / False, which are switches here.
+SWITCHES = {"--verbose", "--word-timestamps", "--highlight-words", "--carry-initial-prompt",
+            "--condition-on-previous-text"}  # fmt: skip
 
 
 def _bool(text: str) -> bool:
@@ -189,6 +195,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time every word (implied by the subtitle options below and "
         "--hallucination-silence-threshold)",
+    )
+    decode.add_argument(
+        "--prepend-punctuations",
+        metavar="CHARS",
+        help="with word timestamps: these join the next word (default: openai-whisper's)",
+    )
+    decode.add_argument(
+        "--append-punctuations",
+        metavar="CHARS",
+        help="with word timestamps: these join the word before (default: openai-whisper's)",
     )
     decode.add_argument(
         "--clip-timestamps",
@@ -383,6 +399,12 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int = 0) -> Non
         "file (default: %(default)s)",
     )
     group.add_argument(
+        "--model-dir",
+        metavar="DIR",
+        default=None,
+        help="where models are looked for and downloaded (default: the Hugging Face cache)",
+    )
+    group.add_argument(
         "--device",
         default="auto",
         help="auto (CUDA when present), cpu or cuda[:N] (default: %(default)s)",
@@ -510,6 +532,13 @@ def _add_serve_parser(commands: Any) -> None:
         help="largest accepted upload (default: %(default)s)",
     )
     v.add_argument(
+        "--max-audio-s",
+        type=float,
+        default=4 * 3600.0,
+        metavar="SECONDS",
+        help="longest accepted audio, however small its file (default: %(default)s)",
+    )
+    v.add_argument(
         "--request-timeout",
         type=float,
         default=300.0,
@@ -554,7 +583,7 @@ def load_model(args: argparse.Namespace) -> WhisperModel:
     from .transcribe import WhisperModel  # torch is slow to import: only when needed
 
     return WhisperModel(args.model, device=args.device, compute_type=_compute_type(args),
-                        cpu_threads=args.threads)  # fmt: skip
+                        cpu_threads=args.threads, download_root=args.model_dir)  # fmt: skip
 
 
 def _compute_type(args: argparse.Namespace) -> str:
@@ -621,6 +650,9 @@ def _transcribe_one(
         "chunk_length": args.chunk_length,
         "max_new_tokens": args.max_new_tokens,
     }
+    for name in ("prepend_punctuations", "append_punctuations"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
     if args.batch_size is not None:
         from .batched import BatchedInferencePipeline
 
@@ -683,7 +715,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
     # A typo in a path should not cost a model load: report missing files first.
     files = []
     for path in args.files:
-        if not os.path.isfile(path):
+        if not os.path.exists(path) or os.path.isdir(path):  # pipes and /dev/stdin are fine
             what = "is a folder, not an audio file" if os.path.isdir(path) else "no such file"
             _error(f"{path}: {what}; check the path")
             failed = True
@@ -693,10 +725,19 @@ def run_transcribe(args: argparse.Namespace) -> int:
         return 1
 
     if write_files:  # a bad --output-dir should fail now, not after the first transcription
+        folder = Path(output_dir).expanduser()
         try:
-            Path(output_dir).expanduser().mkdir(parents=True, exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise WhisperforgeError(f"--output-dir {output_dir} is not a folder") from None
+        except OSError as error:
+            raise WhisperforgeError(f"--output-dir {output_dir}: {error.strerror}") from None
+        try:
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as error:
+            raise WhisperforgeError(
+                f"--output-dir {output_dir} cannot be written to ({error.strerror}); choose another"
+            ) from None
 
     model = load_model(args)
     written: set[Path] = set()
@@ -716,8 +757,8 @@ def run_transcribe(args: argparse.Namespace) -> int:
             if write_files:
                 paths = write_result(segments, info, path, output_dir, formats, options)
                 written.update(p.resolve() for p in paths)
-        except InvalidOptionError:
-            raise  # an option no file can satisfy: stop here, one error line from main()
+        except (InvalidOptionError, BrokenPipeError):
+            raise  # an option no file can satisfy, or no reader left: stop here (main())
         except (WhisperforgeError, OSError) as error:
             _file_error(path, error)
             failed = True
@@ -904,6 +945,7 @@ def run_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(
         model=args.model, device=args.device, compute_type=_compute_type(args),
         threads=args.threads, beam_size=args.beam_size, max_upload_mb=args.max_upload_mb,
+        max_audio_s=args.max_audio_s,
         request_timeout_s=args.request_timeout, max_queue=args.max_queue,
         api_key=args.api_key or None, batch_size=args.batch_size,
     )  # fmt: skip
@@ -996,21 +1038,27 @@ def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
 
 def _openai_spelling(argv: Sequence[str], flags: set[str]) -> list[str]:
     """openai-whisper's way to write the flags, as ours: a --flag_name of ours as --flag-name
-    (its =value as it is; other words, such as a prompt's, stay as they are), and --verbose
-    True / False as --verbose or nothing. Also --suppress-tokens -1,50362 as
-    --suppress-tokens=-1,50362: argparse would take a list that starts with a minus for a
-    flag."""
+    (its =value as it is; other words, such as a prompt's, stay as they are), and a switch's
+    True / False (--word_timestamps True, --verbose=False) as the switch, nothing, or its
+    --no- form. Also --suppress-tokens -1,50362 as --suppress-tokens=-1,50362: argparse would
+    take a list that starts with a minus for a flag."""
     out: list[str] = []
     for arg in argv:
         name, equals, value = arg.partition("=")
         if name.startswith("--") and name.replace("_", "-") in flags:
-            arg = name.replace("_", "-") + equals + value
+            name = name.replace("_", "-")
+            arg = name + equals + value
         if out and out[-1] == "--suppress-tokens" and re.fullmatch(r"-\d+(,\s*-?\d+)+", arg):
             out[-1] += "=" + arg
             continue
-        if out and out[-1] == "--verbose" and arg.lower() in BOOLEANS:
-            if not BOOLEANS[arg.lower()]:
-                out.pop()
+        if name in SWITCHES and equals:
+            out.append(name)
+            arg = value
+        if out and out[-1] in SWITCHES and arg.strip().lower() in BOOLEANS:
+            if not BOOLEANS[arg.strip().lower()]:
+                switch = out.pop()
+                if switch == "--condition-on-previous-text":  # on by default: say no
+                    out.append("--no-condition-on-previous-text")
             continue
         out.append(arg)
     return out
@@ -1032,6 +1080,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return args.run(args)
         except KeyboardInterrupt:
             return 130
+        except BrokenPipeError:  # `whisperforge transcribe ... | head`: the reader has gone
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+            return 141  # as a process killed by SIGPIPE
         except (WhisperforgeError, OSError) as error:
             _error(str(error) or type(error).__name__)
             return 1

@@ -42,6 +42,10 @@ class DecodingOptions:
     length_penalty: float | None = None
     prompt: str | list[int] | None = None  # previous text, for context
     prefix: str | list[int] | None = None  # forced start of this window's text
+    # False: openai-whisper's prefix, in the prompt before the first timestamp (which then
+    # often ends the window at once); True: faster-whisper's, after <|0.00|> and part of the
+    # window's text, as if sampled.
+    prefix_in_text: bool = False
     suppress_tokens: str | Sequence[int] | None = "-1"  # -1: the non-speech symbols
     suppress_blank: bool = True  # no blank or EOT as the first sampled token
     without_timestamps: bool = False
@@ -422,6 +426,7 @@ def rank_by_likelihood(
     alpha, exponent = options.length_penalty, options.length_exponent
 
     def score(logprob: float, length: int) -> float:
+        length = max(length, 1)  # an empty text (end of text first) has its log-prob as score
         penalty = length**exponent if alpha is None else ((5 + length) / 6) ** alpha
         return logprob / penalty
 
@@ -439,10 +444,16 @@ def suppress_token_list(
 ) -> list[int]:
     """The tokens never sampled: the user's list (-1: non-speech symbols) plus task tokens."""
     if isinstance(suppress_tokens, str):
-        suppress_tokens = [int(t) for t in suppress_tokens.split(",") if t.strip()]
+        try:
+            suppress_tokens = [int(t) for t in suppress_tokens.split(",") if t.strip()]
+        except ValueError:
+            raise InvalidOptionError(
+                f"suppress_tokens {suppress_tokens!r} must be token ids, e.g. '-1' or '-1,50257'"
+            ) from None
     tokens = list(suppress_tokens or [])
     if -1 in tokens:
-        tokens = [t for t in tokens if t >= 0] + list(tokenizer.non_speech_tokens)
+        tokens.remove(-1)
+        tokens += tokenizer.non_speech_tokens
     tokens += [
         tokenizer.transcribe,
         tokenizer.translate,
@@ -454,24 +465,32 @@ def suppress_token_list(
     return sorted(set(tokens))
 
 
+def forced_tokens(
+    tokenizer: Tokenizer, options: DecodingOptions, n_text_ctx: int, sample_len: int
+) -> list[int]:
+    """The prefix's tokens, with <|0.00|> before them where it is part of the text."""
+    if not options.prefix:
+        return []
+    prefix = options.prefix
+    tokens = tokenizer.encode(" " + prefix.strip()) if isinstance(prefix, str) else list(prefix)
+    max_prefix_len = n_text_ctx // 2 - sample_len
+    tokens = tokens[-max_prefix_len:] if max_prefix_len > 0 else tokens
+    if options.prefix_in_text and not options.without_timestamps:
+        tokens = [tokenizer.timestamp_begin, *tokens]
+    return tokens
+
+
 def initial_tokens(
     tokenizer: Tokenizer, options: DecodingOptions, n_text_ctx: int, sample_len: int
 ) -> list[int]:
     """The tokens a window's decode starts from: [<|startofprev|> hotwords... prompt...]
-    <|startoftranscript|> [lang task] [<|notimestamps|>] [prefix...]"""
+    <|startoftranscript|> [lang task] [<|notimestamps|>] [[<|0.00|>] prefix...]"""
     sot_sequence = (
         tokenizer.sot_sequence_including_notimestamps
         if options.without_timestamps
         else tokenizer.sot_sequence
     )
-    tokens = list(sot_sequence)
-    if options.prefix:
-        prefix = options.prefix
-        prefix_tokens = (
-            tokenizer.encode(" " + prefix.strip()) if isinstance(prefix, str) else list(prefix)
-        )
-        max_prefix_len = n_text_ctx // 2 - sample_len
-        tokens += prefix_tokens[-max_prefix_len:] if max_prefix_len > 0 else prefix_tokens
+    tokens = [*sot_sequence, *forced_tokens(tokenizer, options, n_text_ctx, sample_len)]
     # The context before <|startoftranscript|>: hotwords (unless a prefix is given, as in
     # faster-whisper), then as much of the prompt's end as fits in half the text context.
     room = n_text_ctx // 2 - 1
@@ -490,6 +509,23 @@ def initial_tokens(
 
 
 def validate_options(options: DecodingOptions) -> None:
+    temperature = options.temperature
+    if not isinstance(temperature, numbers.Real) or not 0 <= temperature < math.inf:
+        raise InvalidOptionError(
+            f"temperature {temperature!r} must be a number from 0 (greedy) up, e.g. 0.2"
+        )
+    for name in ("beam_size", "best_of", "sample_len"):
+        value = getattr(options, name)
+        if value is not None and (not isinstance(value, numbers.Integral) or value < 1):
+            name += " (max_new_tokens)" if name == "sample_len" else ""
+            raise InvalidOptionError(f"{name} must be a whole number of at least 1, not {value!r}")
+    patience = options.patience
+    if patience is not None and (
+        not isinstance(patience, numbers.Real) or not 0 < patience < math.inf
+    ):
+        raise InvalidOptionError(
+            f"patience {patience!r} must be above 0 (1: stop at beam_size finished candidates)"
+        )
     if options.beam_size is not None and options.best_of is not None:
         raise InvalidOptionError("beam_size and best_of can't be given together")
     if options.temperature == 0 and options.best_of is not None:
@@ -585,6 +621,15 @@ def _decode(
         else [replace(options, prompt=prompt) for prompt in prompts]
     )
     starts = [initial_tokens(tokenizer, o, n_ctx, sample_len) for o in window_options]
+    suppress = (
+        suppress_token_list(tokenizer, options.suppress_tokens) if options.suppress_tokens else []
+    )
+    n_vocab = model.config.n_vocab
+    if any(not 0 <= t < n_vocab for t in [*suppress, *(t for start in starts for t in start)]):
+        raise InvalidOptionError(
+            f"token ids in a prompt, prefix or suppress_tokens must lie in 0..{n_vocab - 1} "
+            "(-1 in suppress_tokens: the non-speech symbols)"
+        )
     sample_begin = max(len(start) for start in starts)
     sot_index = sample_begin - len(starts[0]) + starts[0].index(tokenizer.sot)
     n_group = options.beam_size or options.best_of or 1
@@ -592,6 +637,11 @@ def _decode(
     padding = None  # rows all full: the plain cache path, bit for bit as before
     if any(pad):
         padding = torch.tensor(pad, device=audio_features.device).repeat_interleave(n_group)
+    # faster-whisper's prefix counts as sampled: it is the window's text, the timestamp rules
+    # see its <|0.00|>. The step loop below runs it (the device loop takes no sampled history).
+    prefix_sampled = options.prefix_in_text and bool(options.prefix)
+    if prefix_sampled:
+        sample_begin -= len(forced_tokens(tokenizer, options, n_ctx, sample_len))
 
     filters: list[LogitFilter] = []
     if options.repetition_penalty != 1:  # first, as CTranslate2 does: on the model's scores
@@ -600,8 +650,8 @@ def _decode(
         filters.append(NoRepeatNgram(options.no_repeat_ngram_size, sample_begin))
     if options.suppress_blank:
         filters.append(SuppressBlank(tokenizer, sample_begin))
-    if options.suppress_tokens:
-        filters.append(SuppressTokens(suppress_token_list(tokenizer, options.suppress_tokens)))
+    if suppress:
+        filters.append(SuppressTokens(suppress))
     if not options.without_timestamps:
         precision = CHUNK_LENGTH / model.config.n_audio_ctx  # 0.02 s per timestamp token
         max_index = None
@@ -632,6 +682,7 @@ def _decode(
         device_filters += (ApplyTimestampRules,)
     if (
         device_loop is not None
+        and not prefix_sampled
         and (isinstance(search, GreedySearch) or (isinstance(search, BeamSearch) and on_device))
         and all(isinstance(f, device_filters) for f in filters)
     ):

@@ -80,6 +80,16 @@ class Job:
     deadline: float = math.inf  # time.monotonic() after which nobody waits for the result
     future: Future = field(default_factory=Future)
 
+    def abandon(self) -> None:
+        """Nobody waits for the result any more (a client left, a request timed out): a queued
+        job is dropped, a running one stops at its next window."""
+        self.deadline = -math.inf
+        self.future.cancel()
+
+    @property
+    def abandoned(self) -> bool:
+        return time.monotonic() > self.deadline
+
 
 class Backend(Protocol):
     """The seam between the worker loop and the model (see the module docstring)."""
@@ -136,6 +146,9 @@ class SequentialBackend:
                 segments.append(segment)
                 if job.on_segment is not None:
                     job.on_segment(segment)
+                if job.abandoned:  # spend no more windows on it
+                    segments_iter.close()
+                    raise TimeoutError("nobody waits for this transcription any more")
             job.future.set_result((segments, info))
         except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
             job.future.set_exception(error)
@@ -207,7 +220,7 @@ class BatchedBackend:
     def _step(self) -> None:
         groups: dict[tuple, list[_Running]] = {}
         for running in self._jobs:
-            if time.monotonic() > running.job.deadline:  # nobody waits for it: spend no more
+            if running.job.abandoned:  # nobody waits for it: spend no more
                 running.steps.close()
                 running.job.future.set_exception(TimeoutError("the request timed out"))
                 continue
@@ -321,7 +334,7 @@ class Engine:
                     continue
                 if job is None:
                     return
-                if time.monotonic() > job.deadline:
+                if job.abandoned:
                     job.future.cancel()  # its request already timed out
                     continue
                 backend.admit(job)
@@ -395,7 +408,7 @@ def _segments(engine: Engine, job: Job, arrived: queue.SimpleQueue) -> Iterator[
             yield segment
         job.future.result()  # what stopped the job midway, if anything did
     finally:
-        job.deadline = -math.inf  # closed early: the worker drops the job at its next step
+        job.abandon()  # closed early: the worker drops the job at its next window
 
 
 def _check_worker(engine: Engine, job: Job) -> None:

@@ -9,6 +9,10 @@ class AudioError(WhisperforgeError):
     """The audio could not be read, or holds no samples."""
 
 
+class AudioTooLongError(AudioError):
+    """The audio is longer than the caller's limit (`load_audio`'s max_seconds)."""
+
+
 class ModelNotFoundError(WhisperforgeError):
     """A model name or path that resolves to nothing loadable."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import math
@@ -36,7 +37,7 @@ import numpy as np
 
 from .audio import SAMPLE_RATE, load_audio
 from .engine import Backend, Engine, Job, QueueFull, make_backend
-from .errors import AudioError, InvalidOptionError
+from .errors import AudioError, AudioTooLongError, InvalidOptionError
 from .results import Segment, TranscriptionInfo
 from .streaming import StreamingEvent, StreamingOptions, StreamingTranscriber
 from .tokenizer import LANGUAGES, normalize_language
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("word", "segment")
 ALIASES = ("whisper-1",)  # what OpenAI examples send; served by the loaded model
+DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
 
 
 @dataclass
@@ -69,6 +71,9 @@ class ServerConfig:
     threads: int = 0
     beam_size: int = 5
     max_upload_mb: float = 25.0  # OpenAI's limit
+    # 25 MB of compressed silence decodes to days of samples: the audio's own limit (4 hours:
+    # ~0.4 GB of samples and mel while it is transcribed).
+    max_audio_s: float = 4 * 3600.0
     request_timeout_s: float = 300.0
     max_queue: int = 256
     api_key: str | None = None
@@ -249,7 +254,12 @@ class App:
         if len(data) > self.max_bytes:
             raise self._too_large()
         try:
-            audio = await run_in_threadpool(load_audio, data)
+            audio = await run_in_threadpool(
+                functools.partial(load_audio, data, max_seconds=self.config.max_audio_s)
+            )
+        except AudioTooLongError as error:
+            raise APIError(400, f"{str(error).removeprefix('<audio bytes>: ')} (this server's "
+                           "--max-audio-s)", "file", "audio_too_long") from None  # fmt: skip
         except AudioError as error:
             name = upload.filename or "the upload"
             reason = str(error).removeprefix("<audio bytes>: ")
@@ -277,17 +287,28 @@ class App:
             raise APIError(429, "the server's queue is full; retry in a few seconds", None,
                            "queue_full", "server_busy") from None  # fmt: skip
 
-    async def wait(self, future: Future) -> tuple[list[Segment], TranscriptionInfo]:
+    async def wait(self, job: Job, request: Any) -> tuple[list[Segment], TranscriptionInfo]:
+        """The job's result. A client that leaves, or a request past its timeout, abandons the
+        job: the worker spends no more windows on it (`Job.abandon`)."""
+        future = asyncio.wrap_future(job.future)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.request_timeout_s
         try:
-            timeout = self.config.request_timeout_s
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-        except asyncio.TimeoutError:
-            future.cancel()
-            raise self._timeout() from None
+            while not future.done():
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise self._timeout()
+                await asyncio.wait({future}, timeout=min(left, DISCONNECT_POLL_S))
+                if not future.done() and await request.is_disconnected():
+                    raise APIError(499, "the client closed the request", None, "client_closed")
+            return future.result()
         except InvalidOptionError as error:
             raise APIError(400, str(error)) from None
         except AudioError as error:
             raise APIError(400, str(error), "file") from None
+        finally:
+            if not job.future.done():
+                job.abandon()
 
     def _timeout(self) -> APIError:
         return APIError(504, f"the transcription did not finish within the server's "
@@ -300,8 +321,14 @@ class App:
 
         parsed = await self.parse(request, task)
         if parsed.stream:
-            return StreamingResponse(self.sse(parsed), media_type="text/event-stream")
-        segments, info = await self.wait(self.submit(parsed.job()))
+            loop = asyncio.get_running_loop()
+            deltas: asyncio.Queue[Segment] = asyncio.Queue()
+            job = parsed.job(on_segment=lambda s: loop.call_soon_threadsafe(deltas.put_nowait, s))
+            self.submit(job)  # a full queue is a 429 before the stream begins
+            return StreamingResponse(self.sse(job, deltas), media_type="text/event-stream")
+        job = parsed.job()
+        self.submit(job)
+        segments, info = await self.wait(job, request)
         text = "".join(s.text for s in segments).strip()
         fmt = parsed.response_format
         if fmt == "json":
@@ -315,16 +342,19 @@ class App:
             return PlainTextResponse(out.getvalue(), media_type=media_type)
         return JSONResponse(verbose_json(segments, info, task, parsed.words))
 
-    async def sse(self, parsed: ParsedRequest) -> AsyncIterator[str]:
-        """transcript.text.delta per segment as it is final, then transcript.text.done."""
-        loop = asyncio.get_running_loop()
-        deltas: asyncio.Queue[Segment] = asyncio.Queue()
-        job = parsed.job(on_segment=lambda s: loop.call_soon_threadsafe(deltas.put_nowait, s))
+    async def sse(self, job: Job, deltas: asyncio.Queue[Segment]) -> AsyncIterator[str]:
+        """transcript.text.delta per segment as it is final, then transcript.text.done. A client
+        that leaves closes this generator: the job is abandoned."""
         try:
-            future = asyncio.wrap_future(self.submit(job))
-        except APIError as error:
-            yield f"data: {json.dumps(error.body())}\n\n"
-            return
+            async for event in self._sse_events(job, deltas):
+                yield event
+        finally:
+            if not job.future.done():
+                job.abandon()
+
+    async def _sse_events(self, job: Job, deltas: asyncio.Queue[Segment]) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        future = asyncio.wrap_future(job.future)
         deadline = loop.time() + self.config.request_timeout_s
         parts: list[str] = []
         while True:
@@ -339,7 +369,7 @@ class App:
                 continue
             getter.cancel()
             if not done:
-                job.future.cancel()
+                job.abandon()
                 yield f"data: {json.dumps(self._timeout().body())}\n\n"
                 return
             break
@@ -374,7 +404,7 @@ class App:
             try:
                 segments, info = future.result(self.config.request_timeout_s)
             except TimeoutError:
-                future.cancel()
+                job.abandon()
                 raise self._timeout() from None
             return segments, info.language
 
@@ -432,16 +462,25 @@ class App:
             raise APIError(400, f"only sample_rate={SAMPLE_RATE} is supported; resample the "
                            "audio to 16 kHz mono s16le", "sample_rate")  # fmt: skip
         language = params.get("language")
-        try:
-            if language:
+        if language:
+            try:
                 language = normalize_language(language, self.model.supported_languages)
-            min_chunk = float(params.get("min_chunk_s", 1.0))
-            gate = params.get("silence_db")
-            return StreamingOptions(language=language or None, min_chunk_s=min_chunk,
-                                    silence_db=float(gate) if gate else None,
-                                    agreement=int(params.get("agreement", 2)))  # fmt: skip
-        except (InvalidOptionError, ValueError) as error:
-            raise APIError(400, str(error)) from None
+            except InvalidOptionError as error:
+                raise APIError(400, str(error), "language") from None
+        values: dict[str, Any] = {}
+        for name, kind, hint in (("min_chunk_s", float, "seconds, e.g. 1.0"),
+                                 ("silence_db", float, "dBFS, e.g. -45"),
+                                 ("agreement", int, "a whole number of hypotheses, e.g. 2")):  # fmt: skip
+            if params.get(name):
+                try:
+                    values[name] = kind(params[name])
+                except ValueError:
+                    raise APIError(400, f"{name} {params[name]!r} must be {hint}", name) from None
+        try:
+            return StreamingOptions(language=language or None, **values)
+        except InvalidOptionError as error:  # its message starts with the option's name
+            name = str(error).split()[0]
+            raise APIError(400, str(error), name if name in values else None) from None
 
     # --- auth -----------------------------------------------------------------------------
 
@@ -471,12 +510,15 @@ def verbose_json(segments: list[Segment], info: TranscriptionInfo, task: str, wo
     """OpenAI's verbose_json: language by name, segments with their decoding figures."""
     body: dict[str, Any] = {
         "task": task,
-        "language": LANGUAGES.get(info.language, info.language),
+        # A translation's language is its output's (OpenAI's API: always english).
+        "language": "english"
+        if task == "translate"
+        else LANGUAGES.get(info.language, info.language),
         "duration": round(info.duration, 3),
         "text": "".join(s.text for s in segments).strip(),
         "segments": [
             {
-                "id": s.id,
+                "id": number,  # OpenAI's count from 0
                 "seek": s.seek,
                 "start": round(s.start, 3),
                 "end": round(s.end, 3),
@@ -487,7 +529,7 @@ def verbose_json(segments: list[Segment], info: TranscriptionInfo, task: str, wo
                 "compression_ratio": s.compression_ratio,
                 "no_speech_prob": s.no_speech_prob,
             }
-            for s in segments
+            for number, s in enumerate(segments)
         ],
         "usage": _usage(info),
     }

@@ -22,6 +22,7 @@ on a simulated clock, so tests and benchmarks are fast and give the same figures
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import time
 import zlib
@@ -84,8 +85,12 @@ class StreamingOptions:
     tail_log_prob_threshold: float | None = -1.0
 
     def __post_init__(self) -> None:
-        if self.min_chunk_s <= 0:
-            raise InvalidOptionError(f"min_chunk_s must be positive, got {self.min_chunk_s}")
+        if not 0 < self.min_chunk_s < math.inf:
+            raise InvalidOptionError(
+                f"min_chunk_s must be positive seconds, got {self.min_chunk_s}"
+            )
+        if self.silence_db is not None and not -math.inf < self.silence_db <= 0:
+            raise InvalidOptionError(f"silence_db is a level in dBFS (<= 0), got {self.silence_db}")
         if self.agreement < 2:
             raise InvalidOptionError(f"agreement must be at least 2, got {self.agreement}")
         if not 0 < self.trim_s < self.max_buffer_s:

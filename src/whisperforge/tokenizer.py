@@ -64,6 +64,9 @@ class HuggingFaceCodec:
             self._tokenizer = HFTokenizer.from_file(str(path))
         except Exception as error:  # noqa: BLE001 (tokenizers raises a bare Exception)
             raise ModelFormatError(f"{path}: not a readable tokenizer.json ({error})") from None
+        # Text is text: a prompt that spells "<|endoftext|>" must not become the control token
+        # (tiktoken's `disallowed_special=()` below does the same).
+        self._tokenizer.encode_special_tokens = True
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids

@@ -10,6 +10,7 @@ conditioning on previous text, clip timestamps and hallucination-silence skippin
 from __future__ import annotations
 
 import ctypes
+import math
 import numbers
 import os
 import sys
@@ -17,6 +18,7 @@ import threading
 import warnings
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -147,7 +149,8 @@ class TranscriptionOptions:
             raise InvalidOptionError(
                 f"chunk_length is the seconds of audio a window holds, 1 to {CHUNK_LENGTH}"
             )
-        validate_options(options.decoding_options(0.0, "en", "transcribe", []))  # now, not lazily
+        for t in options.temperatures:  # now, not lazily at the first window
+            validate_options(options.decoding_options(t, "en", "transcribe", []))
         return options
 
     @property
@@ -176,6 +179,7 @@ class TranscriptionOptions:
             length_exponent=self.length_penalty,
             prompt=prompt or None,
             prefix=self.prefix,
+            prefix_in_text=True,  # faster-whisper's
             suppress_tokens=list(self.suppress_tokens) if self.suppress_tokens else None,
             suppress_blank=self.suppress_blank,
             without_timestamps=self.without_timestamps,
@@ -215,12 +219,23 @@ def parse_clip_timestamps(clips: str | Iterable[float]) -> tuple[float, ...]:
     """openai-whisper's clip_timestamps, "start,end,start,..." seconds (or the numbers)."""
     try:
         if isinstance(clips, str):
-            return tuple(float(t) for t in clips.split(",") if t.strip())
-        return tuple(float(t) for t in clips)
+            times = tuple(float(t) for t in clips.split(",") if t.strip())
+        else:
+            times = tuple(float(t) for t in clips)
     except (TypeError, ValueError):
         raise InvalidOptionError(
             f"clip_timestamps {clips!r} must be seconds, start,end,start,... e.g. '0,10,20'"
         ) from None
+    if not all(math.isfinite(t) and t >= 0 for t in times):
+        raise InvalidOptionError(f"clip_timestamps {clips!r} must be seconds from 0 on, finite")
+    if any(later < earlier for earlier, later in pairwise(times)) or any(
+        end == start for start, end in zip(times[::2], times[1::2])
+    ):
+        raise InvalidOptionError(
+            f"clip_timestamps {clips!r} must be stretches of the audio in order, "
+            "start,end,start,... each ending after it starts"
+        )
+    return times
 
 
 def clip_spans(clips: Iterable[float], per_second: int, end: int) -> list[tuple[int, int]]:
@@ -260,10 +275,12 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         resolved = torch.device(device)
-    except RuntimeError:
-        raise InvalidOptionError(f"unknown device {device!r}; use auto, cpu or cuda") from None
+    except (RuntimeError, TypeError):
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda"):  # mps, xpu, meta: not run here
+        raise InvalidOptionError(f"unsupported device {device!r}; use auto, cpu or cuda[:N]")
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidOptionError("device='cuda' but no CUDA GPU is visible; use device='cpu'")
+        raise InvalidOptionError(f"device={device!r} but no CUDA GPU is visible; use device='cpu'")
     return resolved
 
 
@@ -660,6 +677,11 @@ class WhisperModel:
             language = normalize_language(language, self.supported_languages)
         samples = load_audio(audio)
         duration = len(samples) / SAMPLE_RATE
+        if options.clip_timestamps and options.clip_timestamps[0] >= duration:
+            raise InvalidOptionError(
+                f"clip_timestamps start at {options.clip_timestamps[0]:g} s, past the end of "
+                f"the audio ({duration:.2f} s)"
+            )
         timeline = None
         vad_options = None
         if vad_filter:  # transcribe only the speech, then map times back to the original
@@ -782,7 +804,7 @@ class WhisperModel:
             all_tokens.extend(initial_prompt_tokens)
             remaining_prompt_length -= len(initial_prompt_tokens)
 
-        segment_id = 0
+        segment_id = 1  # faster-whisper counts from 1 (openai-whisper's dicts from 0)
         last_speech_timestamp = 0.0
         clip_index = 0
         seek = seek_clips[0][0]

@@ -122,8 +122,8 @@ def openai_result(segments: Sequence[Segment], info: Mapping[str, Any] | object)
     audio's duration where known."""
     info = _info_dict(info)
     rows = []
-    for segment in segments:
-        row = asdict(segment)
+    for number, segment in enumerate(segments):
+        row = asdict(segment) | {"id": number}  # openai-whisper counts from 0, faster-whisper 1
         if segment.words is None:
             del row["words"]  # openai-whisper has the key only with word timestamps
         rows.append(row)
@@ -353,7 +353,13 @@ def write_result(
     except (FileExistsError, NotADirectoryError):
         raise WhisperforgeError(f"{folder} is not a folder; choose another --output-dir") from None
     paths = output_paths(input_path, folder, formats)
+    failed = []  # one format that cannot be written does not cost the others
     for path in paths:
-        with open(path, "w", encoding="utf-8") as file:
-            WRITERS[path.suffix[1:]](segments, info, file, opts)
+        try:
+            with open(path, "w", encoding="utf-8") as file:
+                WRITERS[path.suffix[1:]](segments, info, file, opts)
+        except OSError as error:
+            failed.append(f"{path} ({error.strerror or error})")
+    if failed:
+        raise WhisperforgeError(f"could not write {', '.join(failed)}")
     return paths
