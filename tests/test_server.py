@@ -203,6 +203,9 @@ def test_other_errors_and_the_server_keeps_serving(client):
         headers={"content-type": "multipart/form-data; boundary=x"},
     )
     assert_openai_error(response, 413, "file")
+    cards = (DEV_DIR / "pocketsphinx__cards__001.wav").read_bytes()
+    two = [("file", ("a.wav", cards)), ("file", ("b.wav", cards))]
+    assert_openai_error(post(client, {"model": "tiny.en"}, two), 400, "file")
     assert_openai_error(client.get("/v1/audio/nothing"), 404, None)
     assert_openai_error(client.get("/v1/audio/transcriptions"), 405, None)
     assert_openai_error(client.get("/v1/models/whisper-9"), 404, "model")

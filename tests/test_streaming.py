@@ -265,6 +265,12 @@ def test_stream_command_on_raw_pcm_from_stdin_in_real_time(model, capsys, monkey
     )
 
 
-def test_stream_command_missing_file(model, capsys):
+def test_stream_command_missing_file(model, capsys, tmp_path):
     assert cli.main(["stream", "nope.wav"]) == 1
     assert "no such file" in capsys.readouterr().err
+    assert cli.main(["stream", str(tmp_path)]) == 1
+    assert "is a folder" in capsys.readouterr().err
+    not_audio = tmp_path / "notes.wav"  # a named file is raw PCM by its name only, not this
+    not_audio.write_text("meeting notes, not a recording")
+    assert cli.main(["stream", str(not_audio)]) == 1
+    assert f"{not_audio}: not a readable audio file" in capsys.readouterr().err

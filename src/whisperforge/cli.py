@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidOptionError, WhisperforgeError
-from .tokenizer import parse_token_ids
+from .tokenizer import LANGUAGES, parse_token_ids
 from .writers import (
     FORMATS,
     WriterOptions,
@@ -434,7 +434,7 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int = 0) -> Non
 STREAM_EPILOG = """\
 input: a file path or - for stdin. Raw PCM (signed 16-bit little-endian, 16 kHz, mono) is read
   as it arrives; any other audio file (wav, flac, mp3, ...) is decoded first. --input-format
-  auto tells them apart by the file's first bytes (and .raw/.pcm names).
+  auto takes a file named .raw, .pcm or .s16le for raw PCM, and stdin by its first bytes.
 
 examples:
   whisperforge stream talk.flac --realtime
@@ -675,6 +675,8 @@ def _transcribe_one(
         )
     if header and (stdout_text or args.verbose):
         print(f"==> {path} <==", flush=True)
+    if args.verbose and args.language is None and model.is_multilingual:  # as openai-whisper
+        print(f"Detected language: {LANGUAGES[info.language].title()}", flush=True)
     segments = []
     # A bar in a log file is noise: shown only on a terminal.
     for segment in with_progress(
@@ -861,15 +863,19 @@ def _stream_chunks(args: argparse.Namespace, chunk_bytes: int) -> Any:
     """(float32 array | s16le bytes) chunks of the input, read as they arrive where raw."""
     from .audio import load_audio
 
+    stdin = args.input == "-"
     raw_name = args.input.lower().endswith((".raw", ".pcm", ".s16le"))
-    source = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
+    source = sys.stdin.buffer if stdin else open(args.input, "rb")  # noqa: SIM115
     with source:
         head = source.read(12)
+        # auto: a named file is raw PCM by its name only (a damaged .wav is an error, not
+        # noise); stdin by its first bytes.
         raw = args.input_format == "s16le" or (
-            args.input_format == "auto" and (raw_name or not _looks_like_container(head))
+            args.input_format == "auto"
+            and (raw_name or (stdin and not _looks_like_container(head)))
         )
         if not raw:  # a container: decode it whole, then hand it out in chunks
-            audio = load_audio(head + source.read())
+            audio = load_audio(head + source.read() if stdin else args.input)
             step = chunk_bytes // 2
             for i in range(0, audio.size, step):
                 yield audio[i : i + step]
@@ -888,8 +894,9 @@ def run_stream(args: argparse.Namespace) -> int:
 
     from .streaming import StreamingOptions, StreamingTranscriber
 
-    if args.input != "-" and not os.path.isfile(args.input):
-        _error(f"{args.input}: no such file; check the path, or use - for stdin")
+    if args.input != "-" and (not os.path.exists(args.input) or os.path.isdir(args.input)):
+        what = "is a folder" if os.path.isdir(args.input) else "no such file"
+        _error(f"{args.input}: {what}; check the path, or use - for stdin")
         return 1
     options = StreamingOptions(
         language=args.language, beam_size=args.beam_size, min_chunk_s=args.min_chunk,

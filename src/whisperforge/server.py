@@ -154,6 +154,7 @@ class App:
     # --- parsing ---------------------------------------------------------------------------
 
     async def read_form(self, request: Any) -> Any:
+        from starlette.requests import ClientDisconnect
         from starlette.requests import Request as StarletteRequest
 
         length = request.headers.get("content-length")
@@ -175,6 +176,8 @@ class App:
             return await limited.form(max_files=4, max_fields=64)
         except UploadTooLarge:
             raise self._too_large() from None
+        except ClientDisconnect:  # gone during its upload: nobody to answer, nothing to log
+            raise APIError(499, "the client closed the request", None, "client_closed") from None
 
     def _too_large(self) -> APIError:
         return APIError(413, f"the upload is larger than this server's limit of "
@@ -191,7 +194,9 @@ class App:
         if not uploads:
             raise APIError(400, "no audio file: send it as the multipart/form-data field 'file'",
                            "file")  # fmt: skip
-        upload = uploads[-1]
+        if len(uploads) > 1:
+            raise APIError(400, f"send one audio file a request, not {len(uploads)}", "file")
+        upload = uploads[0]
         if not isinstance(upload, UploadFile):
             raise APIError(400, "'file' must be a file upload (multipart/form-data with a "
                            "filename), not a text field", "file")  # fmt: skip
@@ -267,7 +272,8 @@ class App:
                            "mp4, m4a, ogg, wav, webm, ...)", "file", "invalid_file_format",
                            ) from None  # fmt: skip
 
-        words = "word" in granularities
+        # As OpenAI's: timestamp granularities are verbose_json's (words cost a DTW pass).
+        words = "word" in granularities and response_format == "verbose_json"
         try:
             options = TranscriptionOptions.from_arguments(
                 beam_size=self.config.beam_size, temperature=temperature_ladder(temperature),
@@ -582,7 +588,8 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
 
     @app.exception_handler(APIError)
     async def api_error(_: Any, error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        retry = {"Retry-After": "1"} if error.status == 429 else None  # the openai client waits
+        return JSONResponse(error.body(), status_code=error.status, headers=retry)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Any, error: HTTPException) -> JSONResponse:
