@@ -163,8 +163,9 @@ class OpenAIWhisper:
         """openai-whisper's `transcribe`: its result dict. `verbose`: True prints each segment
         as it is decoded, False shows a progress bar, None neither. `decode_options` are its
         `DecodingOptions`: task, language, best_of, beam_size, patience, length_penalty,
-        prefix (the first window's; openai-whisper forces it at the start of every window,
-        which a transcript seldom wants), suppress_tokens (a "-1,..." string or ids),
+        prefix (the first window's, as `WhisperModel.transcribe` takes it; openai-whisper forces
+        it before the first timestamp of every window, which often ends the window at once;
+        `decode` keeps openai-whisper's way), suppress_tokens (a "-1,..." string or ids),
         suppress_blank, without_timestamps, max_initial_timestamp, sample_len (tokens a window
         may sample), and fp16 (False: decode in float32, see `_model`)."""
         unknown = set(decode_options) - SAME_NAMES - OTHER_NAMES
