@@ -28,6 +28,7 @@ from whisperforge import (
 from whisperforge.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim
 from whisperforge.decoding import (
     DecodingOptions,
+    DecodingResult,
     RepetitionPenalty,
     decode,
     initial_tokens,
@@ -517,3 +518,26 @@ def test_bad_option_values_are_refused_by_name(tiny_en, options, named):
     cards = DEV_DIR / "pocketsphinx__cards__003.wav"
     with pytest.raises(InvalidOptionError, match=named):
         list(tiny_en.transcribe(cards, **options)[0])
+
+
+def test_when_every_temperature_fails_the_most_probable_decode_is_kept(tiny_en):
+    """faster-whisper's rule (openai-whisper keeps the last, hottest sample): the best average
+    log-probability among the decodes not too repetitive, reported at the last temperature."""
+    from whisperforge.transcribe import best_of_failed
+
+    options = TranscriptionOptions.from_arguments(compression_ratio_threshold=2.4)
+    tried = [
+        DecodingResult([1], "a a a a", -0.1, 0.0, 0.0, 3.0),  # most probable, but repetitive
+        DecodingResult([2], "seven", -0.6, 0.0, 0.5, 1.0),
+        DecodingResult([3], "heaven", -1.4, 0.0, 1.0, 1.1),
+    ]
+    kept = best_of_failed(tried, options)
+    assert (kept.text, kept.temperature) == ("seven", 1.0)
+    assert best_of_failed(tried[:1], options).text == "a a a a"  # nothing else to keep
+    # On real audio: with thresholds no decode meets, the kept one is the likeliest tried.
+    cards = DEV_DIR / "pocketsphinx__cards__005.wav"
+    strict = {"beam_size": 1, "compression_ratio_threshold": 10, "log_prob_threshold": 0.0,
+              "no_speech_threshold": None, "without_timestamps": True}  # fmt: skip
+    (kept,) = tiny_en.transcribe(cards, temperature=[0.0, 0.5, 1.0], **strict)[0]
+    (greedy,) = tiny_en.transcribe(cards, temperature=0.0, **strict)[0]
+    assert kept.avg_logprob >= greedy.avg_logprob and kept.temperature == 1.0

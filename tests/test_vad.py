@@ -3,6 +3,7 @@ and `vad_filter=True` in the sequential transcription."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -97,6 +98,24 @@ def test_vad_filter_transcribes_speech_at_original_times(tiny_en, jfk_in_silence
     # The second jfk starts at 71 s (+ its own lead-in) on the original timeline.
     assert any(70.5 <= w.start <= 72.5 for s in segments for w in s.words)
     assert all(w.start >= 39.5 for s in segments for w in s.words)
+
+
+def test_words_never_span_the_silence_cut_between_speech_regions(tiny_en):
+    """A word is restored through the region of its middle (faster-whisper's way); times are
+    plain floats."""
+    from conftest import DEV_DIR
+
+    audio = load_audio(DEV_DIR / "whisper-timestamped__words.wav")
+    vad = {"min_silence_duration_ms": 500}
+    regions = detect_speech(audio, VadOptions(**vad))
+    assert len(regions) > 1
+    segments, _ = tiny_en.transcribe(audio, vad_filter=True, vad_parameters=vad, beam_size=1,
+                                     word_timestamps=True, temperature=0.0)  # fmt: skip
+    words = [w for s in segments for w in s.words]
+    assert words and all(type(w.start) is float and type(w.end) is float for w in words)
+    gaps = [(a.end / SR, b.start / SR) for a, b in itertools.pairwise(regions)]
+    for w in words:  # (" damage," once ran 6.49-9.15 s, across the silence cut at 6.67-8.02)
+        assert not any(w.start <= cut_start and w.end >= cut_end for cut_start, cut_end in gaps), w
 
 
 def test_all_silent_file_returns_empty_quickly(tiny_en):

@@ -47,6 +47,7 @@ from .transcribe import (
     WhisperModel,
     WindowRequest,
     WindowResult,
+    best_of_failed,
     clip_spans,
     good_enough,
     is_no_speech,
@@ -587,26 +588,30 @@ class BatchedInferencePipeline:
         prompts: list[list[int]],
     ) -> list[DecodingResult]:
         """Decode every window after its prompt; the ones failing the thresholds again, batched,
-        one temperature up."""
+        one temperature up (those that fail at every one: `best_of_failed`)."""
+        tried: list[list[DecodingResult]] = [[] for _ in range(features.shape[0])]
         results: list[DecodingResult | None] = [None] * features.shape[0]
         pending = list(range(features.shape[0]))
-        for i, t in enumerate(options.temperatures):
+        for t in options.temperatures:
             decode_options = options.decoding_options(
                 t, tokenizer.language or "en", tokenizer.task, []
             )
-            last = i == len(options.temperatures) - 1
             decoded = decode(
                 self.model.decode_model, tokenizer, features[pending], decode_options,
                 [prompts[index] for index in pending],
             )  # fmt: skip
             still_pending = []
             for index, result in zip(pending, decoded):
-                results[index] = result
-                if not (last or good_enough(result, options)):
+                tried[index].append(result)
+                if good_enough(result, options):
+                    results[index] = result
+                else:
                     still_pending.append(index)
             pending = still_pending
             if not pending:
                 break
+        for index in pending:
+            results[index] = best_of_failed(tried[index], options)
         return results  # type: ignore[return-value]
 
     def _window_segments(

@@ -11,7 +11,6 @@ defaults (greedy decoding, one sample a temperature) are kept; the work is `Whis
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from collections.abc import Iterable
 from dataclasses import replace
@@ -199,16 +198,20 @@ class OpenAIWhisper:
             **options,
         )
         language = decode_options.get("language")
+        detect = language is None and model.is_multilingual
+        if detect and verbose:  # openai-whisper's lines, word for word
+            print("Detecting language using up to the first 30 seconds. Use `--language` to "
+                  "specify the language")  # fmt: skip
         segments, info = model.transcribe_with(
             audio, transcription, language, decode_options.get("task", "transcribe")
         )
-        if verbose is not None and language is None:
+        if detect and verbose is not None:
             print(f"Detected language: {LANGUAGES[info.language].title()}")
         done: list[Segment] = []
         for segment in with_progress(segments, info.duration, shown=verbose is False):
             done.append(segment)
             if verbose:
-                print(timed_line(segment), file=sys.stdout, flush=True)
+                print(timed_line(segment), flush=True)
         return openai_result(done, info)
 
 

@@ -743,17 +743,17 @@ class WhisperModel:
         options: TranscriptionOptions,
         prompt: list[int],
     ) -> DecodingResult:
-        """Decode one window at rising temperatures until the result passes the thresholds."""
-        result = None
+        """Decode one window at rising temperatures until the result passes the thresholds
+        (if none does, `best_of_failed`)."""
+        tried = []
         for t in options.temperatures:
             decode_options = options.decoding_options(
                 t, tokenizer.language or "en", tokenizer.task, prompt
             )
-            result = decode(self.decode_model, tokenizer, audio_features, decode_options)[0]
-            if good_enough(result, options):
-                break
-        assert result is not None
-        return result
+            tried.append(decode(self.decode_model, tokenizer, audio_features, decode_options)[0])
+            if good_enough(tried[-1], options):
+                return tried[-1]
+        return best_of_failed(tried, options)
 
     def span_steps(
         self,
@@ -981,6 +981,17 @@ def good_enough(result: DecodingResult, options: TranscriptionOptions) -> bool:
     return silent or not (too_repetitive or too_improbable)
 
 
+def best_of_failed(tried: list[DecodingResult], options: TranscriptionOptions) -> DecodingResult:
+    """Where every temperature failed the thresholds: the most probable decode of those not too
+    repetitive (else of all), at the last temperature (for prompt_reset_on_temperature), as
+    faster-whisper keeps it. openai-whisper keeps the last, a sample at the highest temperature,
+    which is often garbage (base translating Japanese: four segments to 24 s of a 5.4 s clip)."""
+    threshold = options.compression_ratio_threshold
+    varied = [r for r in tried if threshold is None or r.compression_ratio <= threshold]
+    best = max(varied or tried, key=lambda r: r.avg_logprob)
+    return replace(best, temperature=tried[-1].temperature)
+
+
 def is_no_speech(result: DecodingResult, options: TranscriptionOptions) -> bool:
     """The no-speech skip: likely silence and not confidently decoded, or (faster-whisper's
     `log_prob_low_threshold`) decoded too improbably to keep, however likely speech.
@@ -1065,12 +1076,18 @@ def split_segments(
 
 
 def restore_times(segment: Segment, timeline: TimelineMap) -> Segment:
-    """A segment of the speech-only audio, with times on the original audio's timeline."""
-    segment.start = round(timeline.original_time(segment.start), 3)
-    segment.end = round(timeline.original_time(segment.end, is_end=True), 3)
+    """A segment of the speech-only audio, with times on the original audio's timeline. A word
+    is mapped through the region of its middle (it never spans a silence cut out between
+    two), and a segment with words spans them, as faster-whisper restores them."""
     for word in segment.words or []:
-        word.start = round(timeline.original_time(word.start), 3)
-        word.end = round(timeline.original_time(word.end, is_end=True), 3)
+        region = timeline.region_of((word.start + word.end) / 2)
+        word.start = round(timeline.original_time(word.start, region=region), 3)
+        word.end = round(timeline.original_time(word.end, region=region), 3)
+    if segment.words:
+        segment.start, segment.end = segment.words[0].start, segment.words[-1].end
+    else:
+        segment.start = round(timeline.original_time(segment.start), 3)
+        segment.end = round(timeline.original_time(segment.end, is_end=True), 3)
     return segment
 
 

@@ -257,14 +257,24 @@ class TimelineMap:
             np.concatenate([[0], np.cumsum(lengths)[:-1]]) if regions else np.zeros(0)
         )
 
-    def original_time(self, seconds: float, is_end: bool = False) -> float:
+    def region_of(self, seconds: float, is_end: bool = False) -> int:
+        """The region a time of the concatenation lies in; an end exactly on a boundary
+        belongs to the region before it."""
+        side = "left" if is_end else "right"
+        return max(
+            0, int(np.searchsorted(self.concat_starts, seconds * SAMPLE_RATE, side=side)) - 1
+        )
+
+    def original_time(
+        self, seconds: float, is_end: bool = False, region: int | None = None
+    ) -> float:
+        """`seconds` of the concatenation on the original timeline, through its own region or
+        the one given (a word's, so that it never spans the silence cut between two)."""
         if not self.regions:
             return seconds
+        index = self.region_of(seconds, is_end) if region is None else region
         sample = seconds * SAMPLE_RATE
-        # An end exactly on a boundary belongs to the region before it.
-        side = "left" if is_end else "right"
-        index = max(0, int(np.searchsorted(self.concat_starts, sample, side=side)) - 1)
-        return (self.regions[index].start + sample - self.concat_starts[index]) / SAMPLE_RATE
+        return float(self.regions[index].start + sample - self.concat_starts[index]) / SAMPLE_RATE
 
 
 def collect_speech(audio: np.ndarray, regions: list[SpeechRegion]) -> np.ndarray:

@@ -51,9 +51,10 @@ def format_timestamp(
 
 
 def timed_line(segment: Segment) -> str:
-    """A segment as `--verbose` prints it: `[00:00.000 --> 00:07.740] text`."""
+    """A segment as openai-whisper's `verbose` prints it: `[00:00.000 --> 00:07.740]  text`
+    (the text as it is, its leading space too)."""
     start, end = format_timestamp(segment.start), format_timestamp(segment.end)
-    return f"[{start} --> {end}] {segment.text.strip()}"
+    return f"[{start} --> {end}] {segment.text}"
 
 
 def _info_dict(info: Mapping[str, Any] | object) -> dict[str, Any]:
