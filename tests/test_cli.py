@@ -277,6 +277,10 @@ def test_download_writes_a_ctranslate2_folder(tmp_path, capsys, monkeypatch):
     assert cli.main(["download", "base", "--output-dir", str(tmp_path / "base")]) == 0
     folder = Path(capsys.readouterr().out.strip())
     assert folder == tmp_path / "base" and (folder / "model.bin").is_file()
+    assert cli.main(["download", "base", "--output-dir", str(folder)]) == 0  # again: the same
+    capsys.readouterr()
+    assert cli.main(["download", "tiny.en", "--output-dir", str(folder)]) == 1  # never over it
+    assert "already holds other files" in error_lines(capsys.readouterr().err)[0]
     assert cli.main(["download", "no-such-model"]) == 1
     assert "no-such-model" in error_lines(capsys.readouterr().err)[0]
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

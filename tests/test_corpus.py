@@ -90,11 +90,28 @@ def test_inputs(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"file": "x.wav"}\n')
     with pytest.raises(WhisperforgeError, match="`path` or `audio` column"):
         list_inputs(str(tmp_path / "bad.jsonl"))
+    assert list_inputs(tmp_path / "a") == list_inputs(str(tmp_path / "a"))  # a Path is a folder
+    # A manifest's rows: objects, each with a path (none skipped without a word).
+    for lines, error in ((['{"path": "a.wav"}', '"b.wav"'], "line 2: not a JSON object"),
+                         (['{"path": "a.wav"}', '{"path": null}'], "row 2: its `path` is None"),
+                         (['{"path": "a.wav"}', '{"path": ""}'], "row 2"),
+                         (['{"speaker": "x"}', '{"path": 3}'], "row 1: its `path` is None")):  # fmt: skip
+        (tmp_path / "rows.jsonl").write_text("\n".join(lines) + "\n")
+        with pytest.raises(WhisperforgeError, match=error):
+            list_inputs(str(tmp_path / "rows.jsonl"))
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(WhisperforgeError, match="not a readable Parquet file"):
+        list_inputs(str(tmp_path / "junk.parquet"))
 
 
 def test_bad_output(corpus, tmp_path):
     with pytest.raises(WhisperforgeError, match=r"\.jsonl or \.parquet"):
         transcribe_corpus(str(corpus), tmp_path / "out.csv")
+    with pytest.raises(WhisperforgeError, match="is the input"):
+        transcribe_corpus(str(corpus), corpus)
+    with pytest.raises(ValueError, match="beam_size"):  # refused before any row: no empty OUT
+        transcribe_corpus(str(corpus), tmp_path / "early.jsonl", beam_size=0)
+    assert not (tmp_path / "early.jsonl").exists()
     (tmp_path / "file").write_text("")
     with pytest.raises(WhisperforgeError, match="cannot write there"):
         transcribe_corpus(str(corpus), tmp_path / "file" / "out.jsonl")
@@ -116,6 +133,17 @@ def test_local_rows(corpus, local_rows):
 
 def _texts(rows: dict[str, dict]) -> dict[str, str | None]:
     return {path: row["text"] for path, row in rows.items()}
+
+
+def test_a_rerun_with_other_settings_says_its_rows_are_kept(tiny_en, tmp_path):
+    listing = tmp_path / "one.txt"
+    listing.write_text(f"{_clips()[2]}\n")
+    out = tmp_path / "out.jsonl"
+    transcribe_corpus(str(listing), out, tiny_en, beam_size=1)
+    assert json.loads(_rows(out)[str(_clips()[2])]["settings"])["beam_size"] == 1
+    with pytest.warns(UserWarning, match="other settings"):
+        summary = transcribe_corpus(str(listing), out, tiny_en, beam_size=2)
+    assert summary.skipped == 1
 
 
 def test_cli_crash_resume_and_parquet(corpus, local_rows, tiny_en, tmp_path, capsys):

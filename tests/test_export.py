@@ -226,5 +226,9 @@ def test_bad_inputs_get_clear_errors(onnx_dir, tmp_path, capsys):
     with pytest.raises(InvalidOptionError, match="export with --format onnx"):
         WhisperModel(broken, device="cpu")
 
-    with pytest.raises(InvalidOptionError, match="float32 export"):
+    with pytest.raises(
+        InvalidOptionError, match="float32 export.*quantized types run on the model"
+    ):
+        WhisperModel(onnx_dir, device="cpu", compute_type="int8")
+    with pytest.warns(UserWarning, match="using float32"):  # as the model itself on the CPU
         WhisperModel(onnx_dir, device="cpu", compute_type="float16")

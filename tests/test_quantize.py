@@ -89,9 +89,15 @@ def test_int8_on_cpu_keeps_the_wer_of_fp32(tiny_en, int8_tiny_en, int8_greedy):
     assert wer["fp32"] < 0.15  # a broken decoder lands far above
 
 
-def test_quantized_folder_loads_in_a_new_process_to_the_same_transcript(tmp_path, int8_greedy):
+def test_quantized_folder_loads_in_a_new_process_to_the_same_transcript(
+    tmp_path, int8_greedy, capsys
+):
     out = tmp_path / "tiny.en-int8"
     assert cli.main(["quantize", "tiny.en", str(out)]) == 0
+    # int8 weights are never rounded again to float8 (both formats' errors): from the floats.
+    again = ["quantize", str(out), str(tmp_path / "fp8"), "--compute-type", "float8"]
+    assert cli.main(again) == 1 and not (tmp_path / "fp8").exists()
+    assert "holds int8 weights already" in capsys.readouterr().err
     source = packaged_model_folders("tiny.en")[0] / "model.bin"
     assert (out / "model.safetensors").stat().st_size < 0.6 * source.stat().st_size
     clips = [c["audio"] for c in exact_english_clips()[:ROUND_TRIP_CLIPS]]

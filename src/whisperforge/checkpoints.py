@@ -522,6 +522,12 @@ def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "in
             f"compute_type {compute_type!r} has float weights: nothing to quantize; "
             f"use one of {', '.join(quantized)}"
         )
+    saved = COMPUTE_TYPES.get(checkpoint.compute_type or "", (None, None))[1]
+    if saved is not None and saved != weights:  # rounding twice adds both formats' errors
+        raise InvalidOptionError(
+            f"{checkpoint.source} holds {saved} weights already; quantize the original float "
+            f"model to {compute_type} instead"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     saved_scales = checkpoint.weight_scales or {}
     layers = checkpoint.config.n_text_layer
@@ -877,6 +883,15 @@ def download_model(
         return str(folders[0])
     default = Path(cache_dir or Path.home() / ".cache" / "whisperforge") / size_or_id
     target = Path(output_dir).expanduser() if output_dir is not None else default
+    if output_dir is not None and target.is_dir() and any(target.iterdir()):
+        # Written again where this model is (same config), never over another's files.
+        config = next((f / "config.json" for f in folders if (f / "config.json").is_file()), None)
+        mine = target / "config.json"
+        if config is None or not mine.is_file() or mine.read_bytes() != config.read_bytes():
+            raise ModelNotFoundError(
+                f"{target} already holds other files (another model's?); pass an empty or new "
+                "output_dir"
+            )
     try:
         return str(_write_ct2_folder(folders, target))
     except OSError as error:

@@ -1022,11 +1022,15 @@ def run_quantize(args: argparse.Namespace) -> int:
     if out.is_file() or (out.is_dir() and any(out.iterdir())):
         raise InvalidOptionError(f"{out} exists and is not an empty folder; pass a new folder")
     checkpoint = resolve_checkpoint(args.model)
-    save_quantized(checkpoint, out, args.compute_type)
-    before = sum(t.nbytes for t in checkpoint.state_dict.values()) / 1e6
+    try:
+        save_quantized(checkpoint, out, args.compute_type)
+    except OSError as error:
+        raise WhisperforgeError(f"cannot write {out}: {error.strerror or error}; pass a folder "
+                                "you can write to") from None  # fmt: skip
     after = sum(f.stat().st_size for f in out.iterdir()) / 1e6
-    print(f"quantized {args.model} ({args.compute_type}) to {out}: {after:.1f} MB on disk "
-          f"(weights were {before:.1f} MB)")  # fmt: skip
+    before = sum(t.nbytes for t in checkpoint.state_dict.values()) / 1e6
+    was = "" if checkpoint.compute_type else f" (its float weights: {before:.1f} MB)"
+    print(f"quantized {args.model} ({args.compute_type}) to {out}: {after:.1f} MB on disk{was}")
     print(f"transcribe with it: whisperforge transcribe FILE --model {out}")
     return 0
 

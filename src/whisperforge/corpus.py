@@ -34,6 +34,7 @@ import os
 import socket
 import sys
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -107,6 +108,8 @@ def audio_length(seconds: float) -> str:
 def list_inputs(spec: str | Iterable[str]) -> list[Source]:
     """The files of INPUT (see the module's docstring), each once, in a stable order. A list
     of paths (Python) is taken as is."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
     if not isinstance(spec, str):
         return _unique(Source(str(p), str(p)) for p in spec)
     path = Path(spec).expanduser()
@@ -165,10 +168,18 @@ def _path_list(listing: Path) -> list[Source]:
 
 
 def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
-    column = next((c for c in ("path", "audio") if rows and c in rows[0]), None)
+    if not rows:
+        raise WhisperforgeError(f"INPUT {listing}: the manifest has no rows")
+    column = next((c for c in ("path", "audio") if any(c in row for row in rows)), None)
     if column is None:
         raise WhisperforgeError(f"INPUT {listing}: the manifest needs a `path` or `audio` column")
-    return [_located(listing, str(row[column])) for row in rows if row.get(column)]
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row.get(column), str) or not row[column].strip():
+            raise WhisperforgeError(
+                f"INPUT {listing}, row {number}: its `{column}` is {row.get(column)!r}, not a "
+                "file's path; fix or drop the row"
+            )
+    return [_located(listing, row[column]) for row in rows]
 
 
 def _jsonl_rows(listing: Path) -> list[dict]:
@@ -177,17 +188,30 @@ def _jsonl_rows(listing: Path) -> list[dict]:
         for number, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError as error:
                     raise WhisperforgeError(f"INPUT {listing}, line {number}: {error}") from None
+                if not isinstance(row, dict):
+                    raise WhisperforgeError(
+                        f'INPUT {listing}, line {number}: not a JSON object ({{"path": ...}})'
+                    )
+                rows.append(row)
     return rows
 
 
-def _parquet_rows(listing: Path) -> list[dict]:
+def _parquet_rows(listing: Path, columns: tuple[str, ...] = ("path", "audio")) -> list[dict]:
+    """The rows of a Parquet file (its first of `columns`, or all of them where empty)."""
     pq = _pyarrow_parquet()
-    names = pq.read_schema(listing).names
-    columns = [c for c in ("path", "audio") if c in names][:1]
-    return pq.read_table(listing, columns=columns).to_pylist() if columns else [{}]
+    import pyarrow as pa
+
+    try:
+        names = pq.read_schema(listing).names
+        read = [c for c in columns if c in names][:1] if columns else None
+        if read == []:
+            return [{} for _ in range(pq.read_metadata(listing).num_rows)]
+        return pq.read_table(listing, columns=read).to_pylist()
+    except (pa.ArrowException, OSError) as error:
+        raise WhisperforgeError(f"{listing}: not a readable Parquet file ({error})") from None
 
 
 def _pyarrow_parquet() -> Any:
@@ -476,7 +500,7 @@ def _user_error(error: BaseException | None) -> WhisperforgeError | None:
 class Journal:
     """OUT as an append-only JSONL journal (see the module's docstring)."""
 
-    def __init__(self, output: str | Path, retry_errors: bool = False):
+    def __init__(self, output: str | Path, retry_errors: bool = False, settings: str = ""):
         out = Path(output).expanduser()
         suffix = out.suffix.lower()
         if suffix not in (".jsonl", ".parquet"):
@@ -485,6 +509,7 @@ class Journal:
         self.path = out.with_name(out.name + ".journal.jsonl") if self.parquet else out
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.created = not self.path.exists()  # removed again if no row comes
             rows = self._load()
             if retry_errors and any(r.get("error") for r in rows):
                 rows = [r for r in rows if not r.get("error")]
@@ -496,10 +521,20 @@ class Journal:
                 "pick a writable path"
             ) from None
         self.done = {r["path"] for r in rows}
+        self.written = 0
+        # Rows made otherwise (another model, language, ...) are still skipped as done: say so.
+        other = next((r["settings"] for r in rows if _differ(r.get("settings"), settings)), None)
+        if other is not None:
+            warnings.warn(
+                f"--output {output} holds rows made with other settings ({other}; now "
+                f"{settings}): those files are skipped as done; write to another --output to "
+                "transcribe them with these settings",
+                stacklevel=3,
+            )
 
     def _load(self) -> list[dict]:
         if not self.path.exists() and self.parquet is not None and self.parquet.exists():
-            rows = _pyarrow_parquet().read_table(self.parquet).to_pylist()
+            rows = _parquet_rows(self.parquet, columns=())
             self._rewrite(rows)  # seed the journal with the finished Parquet's rows
             return rows
         if not self.path.exists():
@@ -529,9 +564,13 @@ class Journal:
         self.file.write(json.dumps(row, ensure_ascii=False) + "\n")
         self.file.flush()  # a crash after this loses nothing
         self.done.add(row["path"])
+        self.written += 1
 
     def close(self, merge: bool = True) -> None:
         self.file.close()
+        if self.created and not self.written and self.path.stat().st_size == 0:
+            self.path.unlink()  # a job that stopped before its first row leaves no empty file
+            return
         if merge and self.parquet is not None:
             self._merge(self.parquet)
 
@@ -552,7 +591,7 @@ class Journal:
         schema = pa.schema(
             [("path", pa.string()), ("language", pa.string()), ("duration", pa.float64()),
              ("text", pa.string()), ("segments", pa.list_(segment)), ("error", pa.string()),
-             ("timings", timings), ("worker", pa.string())]
+             ("timings", timings), ("worker", pa.string()), ("settings", pa.string())]
         )  # fmt: skip
         temporary = target.with_name(target.name + ".tmp")
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), temporary)
@@ -613,7 +652,11 @@ def transcribe_corpus(
     """
     start = time.perf_counter()
     sources = list_inputs(inputs)
-    journal = Journal(output, retry_errors)
+    same = isinstance(inputs, (str, os.PathLike)) and os.path.exists(output)
+    if same and os.path.exists(inputs) and os.path.samefile(inputs, output):
+        raise WhisperforgeError(f"--output {output} is the input; write to another file")
+    settings = _settings(model, compute_type, options)
+    journal = Journal(output, retry_errors, settings)
     todo = [s for s in sources if s.path not in journal.done]
     summary = Summary(listed=len(sources), skipped=len(sources) - len(todo))
     bar = Progress(len(todo), progress)
@@ -631,7 +674,7 @@ def transcribe_corpus(
         for row in rows:
             if row["path"] in journal.done:
                 continue  # a retried Ray task never repeats a row, but the journal makes sure
-            journal.write(row)
+            journal.write(row | {"settings": settings})
             summary.ok += row["error"] is None
             summary.failed += row["error"] is not None
             summary.audio_s += row["duration"] or 0.0
@@ -645,6 +688,24 @@ def transcribe_corpus(
         if summary.ok + summary.failed:
             bar.update(summary, final=True)
     return summary
+
+
+def _settings(model: Any, compute_type: str, options: dict[str, Any]) -> str:
+    """What decides a row's text, as each row records it: the model (by name or path), the
+    compute type and the options given (None and False ones are the defaults: left out)."""
+    settings = {"compute_type": compute_type, **options}
+    if isinstance(model, (str, os.PathLike)):  # not a loaded model or a function making one
+        settings["model"] = os.fspath(model)
+    kept = {k: v for k, v in settings.items() if v is not None and v is not False}
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def _differ(recorded: str | None, settings: str) -> bool:
+    """Whether a row was made with other settings: a key both name, with another value."""
+    if recorded is None:  # a row of an older whisperforge
+        return False
+    theirs, ours = json.loads(recorded), json.loads(settings)
+    return any(theirs[key] != ours[key] for key in theirs.keys() & ours.keys())
 
 
 def _positive_float(text: str) -> float:

@@ -651,10 +651,18 @@ def load_onnx_export(
             "device='cpu', or the model itself on CUDA (the GPU runtime is faster)"
         )
     graphs = OnnxGraphs(folder, cpu_threads)
-    if compute_type not in ("default", graphs.compute_type):
+    accepted = {"default", graphs.compute_type}
+    if graphs.compute_type == "float32":  # what 16-bit types fall back to on the CPU (warned)
+        accepted |= {"float16", "bfloat16"}
+    if compute_type not in accepted:
+        again = (
+            f"export again with --compute-type {compute_type}"
+            if compute_type in ("float32", "float16")
+            else "quantized types run on the model itself, not on an export"
+        )
         raise InvalidOptionError(
-            f"{graphs.folder} is a {graphs.compute_type} export; pass compute_type='default' "
-            f"or export again with --compute-type {compute_type}"
+            f"{graphs.folder} is a {graphs.compute_type} export; pass compute_type='default', "
+            f"or {again}"
         )
     manifest = graphs.manifest
     checkpoint = Checkpoint(
