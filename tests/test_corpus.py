@@ -109,6 +109,9 @@ def test_bad_output(corpus, tmp_path):
         transcribe_corpus(str(corpus), tmp_path / "out.csv")
     with pytest.raises(WhisperforgeError, match="is the input"):
         transcribe_corpus(str(corpus), corpus)
+    (tmp_path / "folder.parquet").mkdir()
+    with pytest.raises(WhisperforgeError, match="is a folder"):  # before any transcription
+        transcribe_corpus(str(corpus), tmp_path / "folder.parquet")
     with pytest.raises(ValueError, match="beam_size"):  # refused before any row: no empty OUT
         transcribe_corpus(str(corpus), tmp_path / "early.jsonl", beam_size=0)
     assert not (tmp_path / "early.jsonl").exists()
@@ -245,3 +248,9 @@ def test_ray_actor_killed_mid_run(ray_cluster, corpus, local_rows, tmp_path):
     assert _texts(rows) == _texts(local_rows)
     workers = {r["worker"] for r in rows.values()}
     assert killed and len(workers) == 2, "the restarted actor did the files after the kill"
+
+
+def test_batch_command_translates_with_a_multilingual_model_only(tmp_path, capsys):
+    command = ["batch", str(_clips()[2]), "--output", str(tmp_path / "t.jsonl"), "--task"]
+    assert main([*command, "translate"]) == 1  # tiny.en, the default model
+    assert "cannot translate" in capsys.readouterr().err

@@ -1022,6 +1022,8 @@ def run_quantize(args: argparse.Namespace) -> int:
     if out.is_file() or (out.is_dir() and any(out.iterdir())):
         raise InvalidOptionError(f"{out} exists and is not an empty folder; pass a new folder")
     checkpoint = resolve_checkpoint(args.model)
+    if args.compute_type == "float8" and not _has_fp8_gpu():
+        _warn("float8 weights load only on a GPU with fp8 tensor cores (Ada, Hopper): not here")
     try:
         save_quantized(checkpoint, out, args.compute_type)
     except OSError as error:
@@ -1033,6 +1035,12 @@ def run_quantize(args: argparse.Namespace) -> int:
     print(f"quantized {args.model} ({args.compute_type}) to {out}: {after:.1f} MB on disk{was}")
     print(f"transcribe with it: whisperforge transcribe FILE --model {out}")
     return 0
+
+
+def _has_fp8_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
 
 # --- entry point -----------------------------------------------------------------------------

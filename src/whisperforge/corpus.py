@@ -8,7 +8,9 @@ the file (as the list or manifest writes it), which is what a rerun matches on.
 OUT is written as an append-only JSONL journal, one row per file, flushed per row, so a crash
 loses no finished row and a rerun skips every path already in it. Rows with an error are
 skipped too (a corrupt file stays corrupt) unless `retry_errors`, which drops them from the
-journal first so each path keeps exactly one row. A `.parquet` OUT is the journal
+journal first so each path keeps exactly one row. Each row records the `settings` that made
+it (model name or path, compute type, options given); a rerun with other settings still skips
+the rows done, and warns that it does. A `.parquet` OUT is the journal
 `OUT.journal.jsonl` merged into Parquet when the job ends; the journal is then removed (a rerun
 seeds it from the Parquet file). A job that dies before the merge leaves the journal, and the
 rerun merges it.
@@ -507,6 +509,10 @@ class Journal:
             raise WhisperforgeError(f"--output {output}: must end in .jsonl or .parquet")
         self.parquet = out if suffix == ".parquet" else None
         self.path = out.with_name(out.name + ".journal.jsonl") if self.parquet else out
+        if out.is_dir():  # found now, not after the whole corpus when the rows are merged
+            raise WhisperforgeError(
+                f"--output {output} is a folder; name a .jsonl or .parquet file"
+            )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.created = not self.path.exists()  # removed again if no row comes
@@ -754,6 +760,8 @@ def add_batch_parser(commands: Any) -> None:
                    help="windows per batch (default: as many as fit the device)")  # fmt: skip
     b.add_argument("--language", metavar="LANG", default=None,
                    help="spoken language; detected per file when omitted")  # fmt: skip
+    b.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
+                   help="translate: into English, with a multilingual model (default: %(default)s)")  # fmt: skip
     b.add_argument("--beam-size", metavar="N", type=_positive_int, default=5,
                    help="(default: %(default)s)")  # fmt: skip
     b.add_argument("--word-timestamps", action="store_true", help="add each segment's words")
@@ -787,6 +795,7 @@ def run_batch(args: Any) -> int:
         num_gpus_per_actor=args.num_gpus_per_actor, files_per_task=args.files_per_task,
         progress=args.progress or sys.stderr.isatty(), language=args.language,
         beam_size=args.beam_size, word_timestamps=args.word_timestamps,
+        task=args.task,
     )  # fmt: skip
     print(f"{args.output}: {summary.line()}", file=sys.stderr)
     if summary.failed:
