@@ -136,6 +136,9 @@ def test_openai_whisper_api_gives_openai_whispers_result(
         whisperforge.load_model(str(path), device="cpu").transcribe(audio, suppress_tokens="x")
     with pytest.raises(TypeError, match="beam_width"):
         whisperforge.load_model(str(path), device="cpu").transcribe(audio, beam_width=5)
+    ours = whisperforge.load_model(str(path), device="cpu").eval()  # what scripts ask of it
+    assert ours.num_languages == reference.num_languages and vars(ours.dims) == vars(reference.dims)
+    assert next(ours.parameters()).device == next(reference.parameters()).device
 
 
 def test_openai_whisper_readme_example_runs_on_whisperforge(

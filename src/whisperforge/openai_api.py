@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -105,6 +105,18 @@ class OpenAIWhisper:
     def dims(self) -> ModelConfig:
         """openai-whisper's `dims`: the architecture, in its field names."""
         return self.model.checkpoint.config
+
+    @property
+    def num_languages(self) -> int:
+        """openai-whisper's count, from the vocabulary (99 for an English-only model too)."""
+        return self.dims.n_vocab - 51765 - int(self.is_multilingual)
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        """The network's weights (`next(model.parameters()).device`, as scripts ask)."""
+        return self.model.model.parameters()
+
+    def eval(self) -> OpenAIWhisper:
+        return self  # always in inference mode
 
     def detect_language(self, mel: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """openai-whisper's: the likeliest language's token and every language's probability,
