@@ -313,8 +313,7 @@ class BatchedInferencePipeline:
     def _check(self, language: str | None, task: str, batch_size: int | None) -> None:
         if batch_size is not None and batch_size < 1:
             raise InvalidOptionError("batch_size must be at least 1 (or None to pick one)")
-        if task == "translate" and not self.model.is_multilingual:
-            raise InvalidOptionError("this model is English-only and cannot translate")
+        self.model.check_task(task)
         if language is not None:
             normalize_language(language, self.model.supported_languages)
 

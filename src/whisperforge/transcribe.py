@@ -655,6 +655,14 @@ class WhisperModel:
             segments = locked(self.decode_sequentially(steps), self.lock)
         return (with_progress(segments, info.duration) if log_progress else segments), info
 
+    def check_task(self, task: str) -> None:
+        if task not in ("transcribe", "translate"):
+            raise InvalidOptionError(f"unknown task {task!r}; use transcribe or translate")
+        if not self.is_multilingual and task == "translate":
+            raise InvalidOptionError(
+                "this model is English-only and cannot translate; use a multilingual model such as base"
+            )
+
     def long_form(
         self,
         audio: AudioInput,
@@ -668,12 +676,7 @@ class WhisperModel:
         found now, and the long-form loop comes back as a generator that yields a `WindowRequest`
         per window (send back its `WindowResult`) and each final `Segment`. The server's batched
         backend runs many loops at once and decodes their windows together."""
-        if task not in ("transcribe", "translate"):
-            raise InvalidOptionError(f"unknown task {task!r}; use transcribe or translate")
-        if not self.is_multilingual and task == "translate":
-            raise InvalidOptionError(
-                "this model is English-only and cannot translate; use a multilingual model such as base"
-            )
+        self.check_task(task)
         if language is not None:
             language = normalize_language(language, self.supported_languages)
         samples = load_audio(audio)
