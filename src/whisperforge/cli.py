@@ -1016,13 +1016,16 @@ def _add_quantize_parser(commands: Any) -> None:
 
 
 def run_quantize(args: argparse.Namespace) -> int:
-    from .checkpoints import resolve_checkpoint, save_quantized  # torch: only when needed
+    import torch  # only when needed
+
+    from .checkpoints import resolve_checkpoint, save_quantized
+    from .quantize import has_fp8
 
     out = Path(args.out)
     if out.is_file() or (out.is_dir() and any(out.iterdir())):
         raise InvalidOptionError(f"{out} exists and is not an empty folder; pass a new folder")
     checkpoint = resolve_checkpoint(args.model)
-    if args.compute_type == "float8" and not _has_fp8_gpu():
+    if args.compute_type == "float8" and not has_fp8(torch.device("cuda")):
         _warn("float8 weights load only on a GPU with fp8 tensor cores (Ada, Hopper): not here")
     try:
         save_quantized(checkpoint, out, args.compute_type)
@@ -1035,12 +1038,6 @@ def run_quantize(args: argparse.Namespace) -> int:
     print(f"quantized {args.model} ({args.compute_type}) to {out}: {after:.1f} MB on disk{was}")
     print(f"transcribe with it: whisperforge transcribe FILE --model {out}")
     return 0
-
-
-def _has_fp8_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
 
 # --- entry point -----------------------------------------------------------------------------

@@ -686,7 +686,6 @@ def _decode(
         and (isinstance(search, GreedySearch) or (isinstance(search, BeamSearch) and on_device))
         and all(isinstance(f, device_filters) for f in filters)
     ):
-        suppress = [t for f in filters if isinstance(f, SuppressTokens) for t in f.suppress]
         first = tokenizer.encode(" ") + [tokenizer.eot] if options.suppress_blank else []
         rules = next((f.rules() for f in filters if isinstance(f, ApplyTimestampRules)), None)
         candidates = search.max_candidates if isinstance(search, BeamSearch) else None

@@ -96,6 +96,15 @@ class ComputeType:
     weights: str | None  # "int8" or "float8"; None: float weights
 
 
+def has_fp8(device: torch.device) -> bool:
+    """Whether `device` has fp8 tensor cores (Ada, Hopper), which float8 weights need."""
+    return (
+        device.type == "cuda"
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability(device) >= (8, 9)
+    )
+
+
 def resolve_compute_type(
     compute_type: str, device: torch.device, saved: str | None = None
 ) -> ComputeType:
@@ -110,9 +119,7 @@ def resolve_compute_type(
             f"unsupported compute_type {name!r}; use one of default, {', '.join(COMPUTE_TYPES)}"
         )
     dtype, weights = COMPUTE_TYPES[name]
-    if weights == "float8" and not (
-        device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
-    ):
+    if weights == "float8" and not has_fp8(device):
         raise InvalidOptionError(
             f"compute_type {name!r} needs an NVIDIA GPU with fp8 tensor cores (Ada or Hopper); "
             "use int8 (or float32) here"

@@ -614,7 +614,8 @@ class WhisperModel:
         is words the first window's speech is taken to begin with, its decode going on from
         them, and the first segment's text begins with them (faster-whisper's: after <|0.00|>;
         openai-whisper forces them in every window, before the first timestamp, where they
-        often end the window at once). Segment ids count from 1, as faster-whisper's. The options faster-whisper adds: `hotwords` (words to favour, in the
+        often end the window at once). Segment ids count from 1, as faster-whisper's. The
+        options faster-whisper adds: `hotwords` (words to favour, in the
         prompt unless a `prefix` is given), `repetition_penalty` and `no_repeat_ngram_size` (on
         each window's sampled tokens; on a GPU they run the step loop on the host),
         `multilingual` (each window in its own language), the language found over
