@@ -11,6 +11,7 @@ import pytest
 from conftest import DEV_DIR, JFK, LONG_FILE
 
 from whisperforge import BatchedInferencePipeline, InvalidOptionError, load_audio
+from whisperforge.decoding import compression_ratio
 
 SR = 16000
 
@@ -52,8 +53,11 @@ def test_same_words_as_sequential_on_a_lecture(lecture, pipeline):
     from whisper.normalizers import EnglishTextNormalizer
 
     audio, sequential = lecture
-    batched = "".join(s.text for s in pipeline.transcribe(audio, batch_size=8, beam_size=1)[0])
+    segments = list(pipeline.transcribe(audio, batch_size=8, beam_size=1)[0])
+    batched = "".join(s.text for s in segments)
     assert jiwer.wer(sequential, EnglishTextNormalizer()(batched)) < 0.1
+    # As faster-whisper's batched pipeline: each segment's ratio is its own text's.
+    assert [s.compression_ratio for s in segments] == [compression_ratio(s.text) for s in segments]
 
 
 def test_windows_cut_short_are_continued(tiny_en, pipeline):

@@ -20,6 +20,7 @@ from whisperforge.writers import (
     WriterOptions,
     expand_formats,
     format_timestamp,
+    openai_result,
     output_paths,
     safe_stem,
     write,
@@ -318,3 +319,30 @@ def test_write_accepts_transcription_info(jfk_result):
     assert result["language"] == "en" and result["duration"] == pytest.approx(11.0)
     assert "ask not what your country can do for you" in result["text"].lower()
     assert len(result["segments"][0]["words"]) == len(segments[0].words)
+
+
+def test_get_writer_writes_what_openai_whispers_does(jfk_result, tmp_path):
+    """`whisper.utils.get_writer` under `import whisperforge as whisper`: the same files as
+    openai-whisper's writers make from the same result dict, options as a dict or keywords."""
+    import json
+
+    import whisper.utils
+
+    import whisperforge
+
+    result = openai_result(*jfk_result)
+    options = {"max_line_width": 20, "max_line_count": 2, "highlight_words": True}
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir(), theirs.mkdir()
+    whisperforge.utils.get_writer("all", ours)(result, "talk.flac", options)
+    whisper.utils.get_writer("all", str(theirs))(result, "talk.flac", options)
+    for fmt in ("txt", "srt", "vtt", "tsv"):
+        assert (ours / f"talk.{fmt}").read_text() == (theirs / f"talk.{fmt}").read_text(), fmt
+    assert json.loads((ours / "talk.json").read_text()) == json.loads(
+        (theirs / "talk.json").read_text()
+    )
+    whisperforge.utils.get_writer("srt", ours)(result, "plain.flac", max_words_per_line=3)
+    whisper.utils.get_writer("srt", str(theirs))(result, "plain.flac", max_words_per_line=3)
+    assert (ours / "plain.srt").read_text() == (theirs / "plain.srt").read_text()
+    with pytest.raises(InvalidOptionError, match="segment 0"):
+        whisperforge.utils.get_writer("srt", ours)({"segments": [{"text": "hi"}]}, "bad.flac")

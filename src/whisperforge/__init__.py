@@ -1,5 +1,6 @@
 """whisperforge: OpenAI Whisper speech recognition, reference-exact and fast."""
 
+from . import utils  # openai-whisper's `whisper.utils.get_writer`
 from .audio import decode_audio, load_audio, log_mel_spectrogram, pad_or_trim
 from .batched import BatchedInferencePipeline
 from .checkpoints import available_models, download_model
@@ -45,4 +46,5 @@ __all__ = [
     "log_mel_spectrogram",
     "pad_or_trim",
     "transcribe",
+    "utils",
 ]

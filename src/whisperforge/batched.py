@@ -36,7 +36,7 @@ from .audio import (
     log_mel_spectrogram,
     pad_or_trim,
 )
-from .decoding import DecodingResult, decode
+from .decoding import DecodingResult, compression_ratio, decode
 from .errors import InvalidOptionError, WhisperforgeError
 from .results import Segment, TranscriptionInfo
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
@@ -640,6 +640,9 @@ class BatchedInferencePipeline:
                 min(segment.start, window_end),
                 min(segment.end, window_end),
             )
+            # faster-whisper's batched pipeline gives each segment its own text's ratio (the
+            # window-level figure stays on the window's decode, where the fallback reads it).
+            segment.compression_ratio = compression_ratio(segment.text)
         rest = None
         if 0 < consumed and size - consumed >= MIN_CONTINUATION_FRAMES:
             start = window.start + consumed * HOP_LENGTH

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -29,7 +29,7 @@ from .results import Segment
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from .tokenizer import LANGUAGES, parse_token_ids
 from .transcribe import TranscriptionOptions, WhisperModel, with_progress
-from .writers import openai_result, timed_line
+from .writers import expand_formats, openai_result, result_segments, timed_line, write_result
 
 # openai-whisper's decode options that `TranscriptionOptions` names the same way.
 SAME_NAMES = {
@@ -244,3 +244,26 @@ def decode(
 def detect_language(model: OpenAIWhisper, mel: torch.Tensor) -> tuple[torch.Tensor, Any]:
     """openai-whisper's `whisper.detect_language(model, mel)`."""
     return model.detect_language(mel)
+
+
+def get_writer(output_format: str, output_dir: str | os.PathLike) -> Callable[..., None]:
+    """openai-whisper's `whisper.utils.get_writer`: a function `writer(result, audio_path,
+    options=None, **options)` that writes a `transcribe` result dict as
+    `<output_dir>/<audio's name>.<format>` ("all": txt, srt, vtt, tsv and json), with the
+    subtitle options (max_line_width, max_line_count, highlight_words, max_words_per_line)
+    as a dict or keywords, as openai-whisper's writers take them."""
+    formats = expand_formats(output_format)
+
+    def write_files(
+        result: Mapping[str, Any],
+        audio_path: str | os.PathLike,
+        options: Mapping[str, Any] | None = None,
+        **more_options: Any,
+    ) -> None:
+        segments = result_segments(result)
+        info = {"language": result.get("language"), "duration": result.get("duration")}
+        write_result(
+            segments, info, audio_path, output_dir, formats, {**(options or {}), **more_options}
+        )
+
+    return write_files

@@ -25,7 +25,6 @@ import difflib
 import math
 import re
 import time
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from .audio import SAMPLE_RATE, to_float32
+from .decoding import compression_ratio
 from .errors import InvalidOptionError
 from .results import Segment, Word
 
@@ -183,10 +183,10 @@ def peak_frame_db(samples: np.ndarray, frame: int = 480) -> float:
 
 
 def _repetitive(words: Sequence[Word], threshold: float | None) -> bool:
-    text = "".join(w.word for w in words).encode()
-    if threshold is None or len(text) < 40:  # short texts never compress well
+    text = "".join(w.word for w in words)
+    if threshold is None or len(text.encode()) < 40:  # short texts never compress well
         return False
-    return len(text) / len(zlib.compress(text)) > threshold
+    return compression_ratio(text) > threshold
 
 
 def _without_unspoken_tail(words: list[Word]) -> list[Word]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .errors import InvalidOptionError, WhisperforgeError
-from .results import Segment
+from .results import Segment, Word
 
 FORMATS = ("txt", "srt", "vtt", "tsv", "json")
 
@@ -136,6 +136,30 @@ def openai_result(segments: Sequence[Segment], info: Mapping[str, Any] | object)
     if info.get("duration") is not None:
         result["duration"] = info["duration"]
     return result
+
+
+def result_segments(result: Mapping[str, Any]) -> list[Segment]:
+    """The segments of openai-whisper's result dict (`openai_result`'s inverse), for writing a
+    result that openai-whisper code made or changed. Only start, end and text are required."""
+    segments = []
+    for number, row in enumerate(result.get("segments") or []):
+        try:
+            words = row.get("words")
+            segments.append(Segment(
+                id=row.get("id", number), seek=row.get("seek", 0),
+                start=float(row["start"]), end=float(row["end"]), text=str(row["text"]),
+                tokens=list(row.get("tokens", [])), avg_logprob=row.get("avg_logprob", 0.0),
+                compression_ratio=row.get("compression_ratio", 0.0),
+                no_speech_prob=row.get("no_speech_prob", 0.0),
+                words=None if words is None else [Word(**word) for word in words],
+                temperature=row.get("temperature"),
+            ))  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise InvalidOptionError(
+                f"result segment {number} is not openai-whisper's segment dict (start, end, "
+                f"text; words with word, start, end, probability): {error}"
+            ) from None
+    return segments
 
 
 # --- subtitles -------------------------------------------------------------------------------
