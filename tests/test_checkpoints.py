@@ -471,6 +471,21 @@ def test_faster_whispers_other_model_arguments(tiny_en) -> None:
         WhisperModel("tiny.en", device="cpu", flash_attention=True)
 
 
+def test_damaged_pt_files_say_what_is_wrong(openai_pt: Path, tmp_path: Path) -> None:
+    """Not torch.load's own advice (to load unsafely), but what is wrong with the file."""
+    data = openai_pt.read_bytes()
+    cases = {
+        "cut.pt": (data[: len(data) // 2], "cut off or damaged"),
+        "junk.pt": (bytes(range(256)) * 20, "not a PyTorch checkpoint"),
+    }
+    for name, (content, reason) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ModelFormatError) as error:
+            load_path(tmp_path / name)
+        assert_clear(error, name, reason)
+        assert "weights_only" not in str(error.value)
+
+
 def test_missing_path_is_not_found() -> None:
     with pytest.raises(ModelNotFoundError) as error:
         resolve_checkpoint("./models/nothing-here.pt")

@@ -293,6 +293,9 @@ def test_usage_errors_exit_2(capsys):
     assert cli.main(["transcribe"]) == 2
     assert cli.main(["transcribe", str(JFK), "--beam-size", "0"]) == 2
     assert cli.main(["transcribe", str(JFK), "--output-format", "docx"]) == 2
+    assert cli.main(["serve", "--port", "99999"]) == 2  # before the model loads
+    assert cli.main(["serve", "--max-upload-mb", "-1"]) == 2
+    assert cli.main(["serve", "--request-timeout", "nan"]) == 2
     assert "usage:" in capsys.readouterr().err
     assert cli.main(["transcribe", "--help"]) == 0
     assert "printed to stdout" in capsys.readouterr().out

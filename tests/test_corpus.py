@@ -85,8 +85,12 @@ def test_inputs(tmp_path):
 
     with pytest.raises(WhisperforgeError, match="no such file or folder"):
         list_inputs(str(tmp_path / "missing"))
-    with pytest.raises(WhisperforgeError, match="no audio files"):
+    with pytest.raises(WhisperforgeError, match="the glob matches no files"):
         list_inputs(str(tmp_path / "*.mp3"))
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "notes.txt").write_text("not audio")
+    with pytest.raises(WhisperforgeError, match="no audio files"):
+        list_inputs(str(tmp_path / "texts"))
     (tmp_path / "bad.jsonl").write_text('{"file": "x.wav"}\n')
     with pytest.raises(WhisperforgeError, match="`path` or `audio` column"):
         list_inputs(str(tmp_path / "bad.jsonl"))
@@ -118,6 +122,13 @@ def test_bad_output(corpus, tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(WhisperforgeError, match="cannot write there"):
         transcribe_corpus(str(corpus), tmp_path / "file" / "out.jsonl")
+
+
+def test_parquet_output_without_pyarrow_is_refused_first(corpus, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # as if pyarrow were missing
+    with pytest.raises(WhisperforgeError, match="needs pyarrow"):  # not after the corpus
+        transcribe_corpus(str(corpus), tmp_path / "out.parquet", model="no-such-model")
+    assert not list(tmp_path.iterdir())
 
 
 def test_local_rows(corpus, local_rows):

@@ -432,6 +432,7 @@ def test_batched_backend_shares_windows(client, batched_server, tiny_en):
     def health() -> dict:
         return httpx.get(f"{batched_server}/health").json()
 
+    completed = health()["completed"]
     with ThreadPoolExecutor(len(uploads)) as pool:
         lecture_answer = pool.submit(transcribe, "lecture.wav")
         for _ in range(200):  # bounded (20 s): let the lecture start, so the clips join it
@@ -444,6 +445,11 @@ def test_batched_backend_shares_windows(client, batched_server, tiny_en):
     assert stats["batched"] and stats["batch_size"] == 8
     assert stats["max_batch_windows"] > 1  # windows of different requests in one batch
     assert stats["windows"] > stats["batches"]
+    for _ in range(50):  # a job is counted just after its answer is set: allow for that
+        if health()["completed"] - completed >= len(uploads):
+            break
+        time.sleep(0.1)
+    assert health()["completed"] - completed == len(uploads)  # requests, not decode steps
     for name in short:  # one window each: the same decode as alone, whatever shared its batch
         assert answers[name] == sequential[name], name
     # Longer audio too: each window is prompted with its own request's previous text.

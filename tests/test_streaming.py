@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import itertools
 import sys
 from dataclasses import dataclass, replace
 
@@ -213,6 +214,7 @@ def test_replay_of_a_dev_clip_matches_offline(tiny_en):
     # Committed text only grows: each event adds words after the last, in time order.
     ends = [w.end for w in run.words]
     assert ends == sorted(ends) and ends[-1] <= audio.size / SR + 0.05
+    assert all(a.end <= b.start <= b.end for a, b in itertools.pairwise(run.words))  # no overlap
     text = ""
     for event in run.events:
         text += event.committed_text

@@ -444,6 +444,18 @@ def load_hf(folder: Path) -> Checkpoint:
 # --- OpenAI .pt ------------------------------------------------------------------------------
 
 
+def _why(error: Exception) -> str:
+    """torch.load's failure in a few words (its own text advises unsafe loading)."""
+    text = str(error)
+    if "central directory" in text or "zip archive" in text:
+        return "the zip archive is cut off or damaged"
+    if "Weights only load failed" in text:
+        if "GLOBAL" in text or "Unsupported global" in text:
+            return "it holds Python objects besides tensors, which are not loaded for safety"
+        return "not a PyTorch checkpoint"
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
 def load_openai(path: Path) -> Checkpoint:
     """An openai-whisper `.pt` file: {"dims": ..., "model_state_dict": ...}."""
     hint = "pass a .pt saved by openai-whisper or whisperforge"
@@ -454,8 +466,9 @@ def load_openai(path: Path) -> Checkpoint:
         mapped = zipfile.is_zipfile(path)
         data = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
     except Exception as error:  # noqa: BLE001 - pickle, zip and torch errors all mean "not this"
-        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-        raise ModelFormatError(f"{path}: not a loadable checkpoint ({reason}); {hint}") from None
+        raise ModelFormatError(
+            f"{path}: not a loadable checkpoint ({_why(error)}); {hint}"
+        ) from None
     if not (isinstance(data, dict) and "dims" in data and "model_state_dict" in data):
         raise ModelFormatError(
             f"{path}: not an openai-whisper checkpoint (no 'dims' and 'model_state_dict'); {hint}"

@@ -1,12 +1,16 @@
-"""The `whisperforge` command: `transcribe` audio files, list the `models` available here.
+"""The `whisperforge` command: `transcribe` audio files, list the `models` available here,
+`download` one, `stream` live audio, `serve` the OpenAI-compatible HTTP API, `batch` a corpus
+(`corpus.py`), `export` to ONNX and `quantize` a checkpoint.
 
-Options follow openai-whisper's `whisper` command (with dashes instead of underscores).
+`transcribe`'s options follow openai-whisper's `whisper` command, spelled with dashes or, as
+openai-whisper spells them, with underscores (`--word_timestamps True`).
 User errors print one `error: ...` line on stderr and exit 1; usage errors exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -93,6 +97,26 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
     return value
 
 
@@ -519,7 +543,7 @@ def _add_serve_parser(commands: Any) -> None:
         default="127.0.0.1",
         help="address to listen on; 0.0.0.0 exposes it to the network (default: %(default)s)",
     )
-    v.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
+    v.add_argument("--port", type=_port, default=8000, help="(default: %(default)s)")
     v.add_argument(
         "--api-key",
         default=os.environ.get("WHISPERFORGE_API_KEY"),
@@ -527,20 +551,20 @@ def _add_serve_parser(commands: Any) -> None:
     )
     v.add_argument(
         "--max-upload-mb",
-        type=float,
+        type=_positive_float,
         default=25.0,
         help="largest accepted upload (default: %(default)s)",
     )
     v.add_argument(
         "--max-audio-s",
-        type=float,
+        type=_positive_float,
         default=4 * 3600.0,
         metavar="SECONDS",
         help="longest accepted audio, however small its file (default: %(default)s)",
     )
     v.add_argument(
         "--request-timeout",
-        type=float,
+        type=_positive_float,
         default=300.0,
         metavar="SECONDS",
         help="give up on a request after this long (default: %(default)s)",
@@ -1034,7 +1058,8 @@ def run_quantize(args: argparse.Namespace) -> int:
                                 "you can write to") from None  # fmt: skip
     after = sum(f.stat().st_size for f in out.iterdir()) / 1e6
     before = sum(t.nbytes for t in checkpoint.state_dict.values()) / 1e6
-    was = "" if checkpoint.compute_type else f" (its float weights: {before:.1f} MB)"
+    stored = str(next(iter(checkpoint.state_dict.values())).dtype).removeprefix("torch.")
+    was = "" if checkpoint.compute_type else f" (its weights as stored, {stored}: {before:.1f} MB)"
     print(f"quantized {args.model} ({args.compute_type}) to {out}: {after:.1f} MB on disk{was}")
     print(f"transcribe with it: whisperforge transcribe FILE --model {out}")
     return 0

@@ -31,7 +31,6 @@ import argparse
 import glob
 import json
 import logging
-import math
 import os
 import socket
 import sys
@@ -131,6 +130,8 @@ def list_inputs(spec: str | Iterable[str]) -> list[Source]:
     elif glob.has_magic(spec):
         found = sorted(p for p in glob.glob(os.path.expanduser(spec), recursive=True))
         sources = [Source(p, p) for p in found if os.path.isfile(p)]
+        if not sources:
+            raise WhisperforgeError(f"INPUT {spec}: the glob matches no files; check the pattern")
     else:
         raise WhisperforgeError(
             f"INPUT {spec}: no such file or folder; pass a folder, a glob in quotes, a text file "
@@ -434,10 +435,18 @@ def run_ray(
     An already initialized Ray is used as it is."""
     ray = _import_ray()
     if not ray.is_initialized():
-        if address == "local":
-            ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
-        else:
-            ray.init(address=address, logging_level=logging.WARNING)
+        try:
+            if address == "local":
+                ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+            else:
+                ray.init(address=address, logging_level=logging.WARNING)
+        except (ConnectionError, ValueError, RuntimeError) as error:
+            # e.g. "ray://..." without ray[client], or no cluster at the address
+            raise WhisperforgeError(
+                f"--ray-address {address}: Ray could not start or connect "
+                f"({str(error).splitlines()[0]}); check the address (auto, local, HOST:PORT, or "
+                "ray://HOST:PORT with pip install 'ray[client]')"
+            ) from None
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the job prints its own progress line and summary
     context.print_on_execution_start = False
@@ -508,6 +517,8 @@ class Journal:
         if suffix not in (".jsonl", ".parquet"):
             raise WhisperforgeError(f"--output {output}: must end in .jsonl or .parquet")
         self.parquet = out if suffix == ".parquet" else None
+        if self.parquet is not None:
+            _pyarrow_parquet()  # missing: said now, not after the whole corpus is transcribed
         self.path = out.with_name(out.name + ".journal.jsonl") if self.parquet else out
         if out.is_dir():  # found now, not after the whole corpus when the rows are merged
             raise WhisperforgeError(
@@ -714,16 +725,6 @@ def _differ(recorded: str | None, settings: str) -> bool:
     return any(theirs[key] != ours[key] for key in theirs.keys() & ours.keys())
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
-    return value
-
-
 # --- the command -----------------------------------------------------------------------------
 
 BATCH_EPILOG = """\
@@ -731,7 +732,10 @@ INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text 
   or a .parquet/.jsonl manifest with a `path` or `audio` column (relative paths are relative to
   the list's folder); .npy files hold 16 kHz samples.
 OUT: .jsonl, written row by row as files finish, or .parquet, merged from OUT.journal.jsonl at
-  the end. One row per file: path, language, duration, text, segments, error, timings, worker.
+  the end. One row per file: path, language, duration, text, segments, error, timings, worker,
+  settings (the model and options that made it, as a JSON string). timings: seconds decoding
+  the file, and from the previous row to this one (files share batches: a file finished in the
+  same batch as the one before shows about 0).
 Rerunning with the same OUT skips the files already in it, failed ones too unless
   --retry-errors.
 
@@ -744,7 +748,7 @@ examples:
 
 def add_batch_parser(commands: Any) -> None:
     """`whisperforge batch`, for cli.py."""
-    from .cli import _add_model_options, _positive_int
+    from .cli import _add_model_options, _positive_float, _positive_int
 
     b = commands.add_parser(
         "batch",

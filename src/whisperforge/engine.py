@@ -29,11 +29,13 @@ need a prefill of the newcomer's prompt into free rows of the running runtime ba
 
 from __future__ import annotations
 
+import atexit
 import math
 import queue
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -279,7 +281,8 @@ class QueueFull(Exception):
 class Engine:
     """The worker thread that owns the model; `submit` is safe from any thread. With `idle_s`,
     the thread starts with the first job and ends after that long without one (the next
-    `submit` starts another), so nothing holds the model while it is not used."""
+    `submit` starts another), so nothing holds the model while it is not used. `completed`
+    counts the jobs finished (answered, failed or dropped)."""
 
     def __init__(self, backend: Backend, max_queue: int = 256, idle_s: float | None = None):
         self.backend = backend
@@ -289,6 +292,8 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="whisperforge-engine", daemon=True)
         self._lock = threading.Lock()  # a job is never queued as the thread decides to end
         self.completed = 0
+        self._count_lock = threading.Lock()
+        _ENGINES.add(self)
 
     def start(self) -> None:
         self._thread.start()
@@ -310,12 +315,17 @@ class Engine:
             if self._queue.qsize() >= self.max_queue:
                 raise QueueFull
             self._queue.put(job)
+            job.future.add_done_callback(self._count)
             if self.idle_s is not None and not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="whisperforge-engine", daemon=True
                 )
                 self._thread.start()
         return job.future
+
+    def _count(self, _: Future) -> None:
+        with self._count_lock:
+            self.completed += 1
 
     def _run(self) -> None:
         backend = self.backend
@@ -343,7 +353,19 @@ class Engine:
                     backend.step()
                 except Exception as error:  # noqa: BLE001 -- a bug fails its jobs, not the worker
                     backend.fail_step(error)
-                self.completed += 1
+
+
+# Every engine, so that their threads end before the interpreter does: a daemon thread that
+# has run torch and still waits for work at exit can abort the process as it finalizes
+# ("terminate called without an active exception", half the runs with num_workers=2).
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_engines() -> None:
+    for engine in list(_ENGINES):
+        if engine.alive:
+            engine.stop(timeout=5.0)
 
 
 class ConcurrentTranscriber:

@@ -18,8 +18,8 @@ What is quantized, and how (`compute_type`, faster-whisper's names plus `float8`
   outliers); and activations get 8 bits, not torch's default 7, wherever fbgemm's kernel cannot
   overflow with them (VNNI; see `int8_overflows`). The price: a greedy step's linears cost more
   than float32's (~190 vs ~65 us at one row on AVX2), so int8 transcribes 1.35x faster than
-  float32 on an AVX2 CPU, not 1.68x as without these choices (1.25x on an AVX-512 VNNI one, 1.29x
-  faster than faster-whisper's int8 there; RESULTS.md, session 34).
+  float32 on an AVX2 CPU, not 1.68x as without these choices (on an AVX-512 VNNI one, greedy,
+  0.78x float32's time and 0.75x faster-whisper int8's; RESULTS.md, session 41).
 - `int8`, `int8_float16`, `int8_bfloat16` on CUDA: weight-only int8 for the decoder's per-step
   linears (fp16/bf16 activations), through a Triton stream kernel for up to 64 rows (a step's,
   in the config tuned for the matmul's role) and dequantize + cuBLAS for more. The encoder

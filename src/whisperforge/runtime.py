@@ -35,10 +35,11 @@ The API that batching, streaming and serving build on:
     logits = rt.step(batch, next_tokens)         # one token per row -> logits [rows, n_vocab]
     rt.reorder(batch, source)                    # beam search: row i continues row source[i]
     result = rt.greedy(batch, 128, eot, suppress)  # or the whole greedy loop on the device
-    result = rt.beam(batch, 5, 128, eot, suppress)   # or beam search's (group = beams)
+    result = rt.beam(batch, 5, 128, eot, suppress)   # or beam search's (group = beams; CUDA)
 
 The buffers belong to the runtime: one batch is decoded at a time. On the CPU (tests) the same
-step code runs eagerly. `RuntimeWhisper` lets `decoding.decode` use the runtime unchanged.
+step code runs eagerly; the device loops with timestamp rules and beams need CUDA (on the CPU,
+`decoding.decode` runs them through `RuntimeWhisper`). `RuntimeWhisper` lets `decoding.decode` use the runtime unchanged.
 """
 
 from __future__ import annotations
@@ -848,7 +849,10 @@ class Runtime:
         (`CompletionFlag`) to stop, unless `stop` is False (a forced length, for benchmarks).
         """
         if rules is not None and not self.fused:
-            raise ValueError("the timestamp rules run on the device in the fused step only")
+            raise ValueError(
+                "the timestamp rules run on the device with CUDA only (the fused step); on the "
+                "CPU decode through RuntimeWhisper and decoding.decode"
+            )
         self._rules, self._sample = rules, temperature > 0
         if self._sample:
             self.temperature.fill_(temperature)
@@ -925,7 +929,10 @@ class Runtime:
         nothing: the host reads that flag a step late (`CompletionFlag`) to stop, unless `stop`
         is False (a forced length)."""
         if not self.fused:
-            raise ValueError("the beam loop runs on the fused step only")
+            raise ValueError(
+                "the beam loop runs on the device with CUDA only (the fused step); on the CPU "
+                "decode through RuntimeWhisper and decoding.decode"
+            )
         beam, W = batch.group, batch.windows
         finished = self._beam_finished.get(max_candidates)
         if finished is None:

@@ -332,8 +332,7 @@ class StreamingTranscriber:
             return self._event([], final, 0.0)
         if final and new_audio.size == 0 and self.updates:
             # The last hypothesis already covers all the audio: commit it as it stands.
-            agreed, self._tentative = self._tentative, []
-            self.committed.extend(agreed)
+            agreed, self._tentative = self._commit(self._tentative), []
             return self._event(agreed, final, 0.0)
 
         started = time.perf_counter()
@@ -363,7 +362,7 @@ class StreamingTranscriber:
             keep = self.options.agreement - 2  # older hypotheses the next update compares with
             self._older = [h[len(agreed) :] for h in history][len(history) - keep :] if keep else []
             self._tentative = hypothesis[len(agreed) :]
-        self.committed.extend(agreed)
+        agreed = self._commit(agreed)
         if not final:
             agreed += self._trim(segments)
         return self._event(agreed, final, compute)
@@ -380,6 +379,17 @@ class StreamingTranscriber:
             size += len(parts[-1])
         before = "".join(reversed(parts))
         return before[-self.options.prompt_chars :].strip() or None
+
+    def _commit(self, words: list[Word]) -> list[Word]:
+        """Append `words` to the committed text, each starting where the one before it ends at
+        the earliest: words aligned in different hypotheses may overlap by a few frames."""
+        end, done = self._committed_end(), []
+        for word in words:
+            start = max(word.start, end)
+            done.append(Word(start, max(word.end, start), word.word, word.probability))
+            end = done[-1].end
+        self.committed.extend(done)
+        return done
 
     def _committed_end(self) -> float:
         return self.committed[-1].end if self.committed else 0.0
@@ -437,7 +447,7 @@ class StreamingTranscriber:
         forced = [w for w in self._tentative if w.end <= horizon]
         self._tentative = self._tentative[len(forced) :]
         self._older = []
-        self.committed.extend(forced)
+        forced = self._commit(forced)
         self._cut(max(horizon, self._committed_end()))
         return forced
 
