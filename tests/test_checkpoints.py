@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import JFK
+from conftest import JFK, manifest
 
 from whisperforge import WhisperModel
 from whisperforge.checkpoints import (
@@ -333,6 +333,22 @@ def test_lone_pt_uses_openai_vocabulary_with_the_same_ids(
     text = " Say <|endoftext|> or <|startoftranscript|> now"
     assert ours.encode(text) == hf.encode(text)
     assert not {hf.eot, hf.sot} & set(hf.encode(text))
+
+
+@pytest.mark.parametrize("name", ["tiny.en", "base"])
+def test_packaged_vocabularies_encode_as_openai_whispers(name: str, request) -> None:
+    """The packaged tokenizer.json files give openai-whisper's (tiktoken's) tokens for every
+    dev reference text, in every language: base's file lacks a merge that is put back."""
+    import whisper.tokenizer
+
+    from whisperforge.transcribe import build_tokenizer
+
+    checkpoint = request.getfixturevalue(f"{name.replace('.', '_')}_checkpoint")
+    ours = build_tokenizer(checkpoint)
+    theirs = whisper.tokenizer.get_tokenizer(checkpoint.config.n_vocab >= 51865)
+    texts = [row["text"] for row in manifest()] + [" the", " to that this", "tttt ttt"]
+    for text in texts:
+        assert ours.encode(" " + text) == theirs.encode(" " + text), text
 
 
 # --- errors -----------------------------------------------------------------------------------

@@ -229,9 +229,12 @@ def test_multilingual_words_are_timed_in_their_windows_language(base):
 
 def test_multilingual_in_the_batched_pipeline(base):
     pipeline = BatchedInferencePipeline(base)
-    segments, _ = pipeline.transcribe(MULTILINGUAL, batch_size=4, multilingual=True, beam_size=1)
+    segments, info = pipeline.transcribe(MULTILINGUAL, batch_size=4, multilingual=True, beam_size=1)
     words = {w for text in window_texts(segments) for w in text.split()}
     assert "permission" in words and len(GERMAN & words) >= 4
+    # The detection's every language, as faster-whisper's batched pipeline reports it.
+    assert info.all_language_probs[0] == (info.language, info.language_probability)
+    assert len(info.all_language_probs) == len(base.supported_languages)
 
 
 @pytest.fixture(scope="module")

@@ -137,6 +137,10 @@ def test_openai_whisper_api_gives_openai_whispers_result(
     with pytest.raises(TypeError, match="beam_width"):
         whisperforge.load_model(str(path), device="cpu").transcribe(audio, beam_width=5)
     ours = whisperforge.load_model(str(path), device="cpu").eval()  # what scripts ask of it
+    mel = whisperforge.log_mel_spectrogram(whisperforge.pad_or_trim(audio))
+    for model in (ours, reference):  # an English-only model has no language to detect
+        with pytest.raises(ValueError, match="language tokens"):
+            model.detect_language(mel)
     assert ours.num_languages == reference.num_languages and vars(ours.dims) == vars(reference.dims)
     assert next(ours.parameters()).device == next(reference.parameters()).device
 
@@ -168,6 +172,13 @@ def test_openai_whisper_readme_example_runs_on_whisperforge(
     assert (result.language, result.tokens, result.text) == (
         expected.language, expected.tokens, expected.text
     )  # fmt: skip
+    # The encoder's output in place of the mel, as openai-whisper takes it.
+    features = model.embed_audio(mel[None])
+    assert torch.allclose(features, base_reference.embed_audio(reference_mel[None]), atol=1e-3)
+    assert model.detect_language(features)[1][0] == pytest.approx(probs, abs=1e-5)
+    assert whisperforge.decode(model, features[0], fp16=False).tokens == expected.tokens
+    # openai-whisper gives the language as it was given.
+    assert model.transcribe(audio, language="German", temperature=0.0)["language"] == "German"
     with pytest.raises(whisperforge.InvalidOptionError, match="pad_or_trim"):
         whisperforge.decode(model, whisperforge.log_mel_spectrogram(audio[:16000]))
 

@@ -122,4 +122,5 @@ def test_all_silent_file_returns_empty_quickly(tiny_en):
     start = time.perf_counter()
     segments, info = tiny_en.transcribe(np.zeros(120 * SR, dtype=np.float32), vad_filter=True)
     assert list(segments) == [] and info.duration_after_vad == 0.0
+    assert info.language == "en" and info.language_probability == 1.0  # the only language
     assert time.perf_counter() - start < 10

@@ -374,19 +374,19 @@ class BatchedInferencePipeline:
         with conditioning on, its windows joined into up to `size` chains."""
         model = self.model
         speech = sum(r.end - r.start for w in windows for r in w.regions) / SAMPLE_RATE
-        language_probability = 1.0
+        language_probability, all_language_probs = 1.0, None
         if language is None:
             language = "en"
             if model.is_multilingual and windows:
                 mels = self._mels(samples, windows[: options.language_detection_segments])
-                language, language_probability, _ = model.language_of(
+                language, language_probability, all_language_probs = model.language_of(
                     mels, options.language_detection_threshold
                 )
         else:
             language = normalize_language(language, model.supported_languages)
         duration = len(samples) / SAMPLE_RATE
         info = TranscriptionInfo(
-            language, language_probability, duration, speech, None, options, vad
+            language, language_probability, duration, speech, all_language_probs, options, vad
         )
         tokenizer = model.tokenizer.with_options(language, task)
         result = FileTranscription(index, info=info)

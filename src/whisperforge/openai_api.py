@@ -111,6 +111,22 @@ class OpenAIWhisper:
         """openai-whisper's count, from the vocabulary (99 for an English-only model too)."""
         return self.dims.n_vocab - 51765 - int(self.is_multilingual)
 
+    @property
+    def encoder(self) -> torch.nn.Module:
+        """The plain network's encoder (openai-whisper's `model.encoder`)."""
+        return self.model.model.encoder
+
+    @property
+    def decoder(self) -> torch.nn.Module:
+        """The plain network's decoder (openai-whisper's `model.decoder`)."""
+        return self.model.model.decoder
+
+    def embed_audio(self, mel: torch.Tensor) -> torch.Tensor:
+        """openai-whisper's: the encoder's output [B, 1500, d] for mels [B, n_mels, 3000], on
+        the fast path where there is one; `decode` and `detect_language` take it too."""
+        with self.model.lock:
+            return self._features(self.model, mel)
+
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         """The network's weights (`next(model.parameters()).device`, as scripts ask)."""
         return self.model.model.parameters()
@@ -121,9 +137,11 @@ class OpenAIWhisper:
     def detect_language(self, mel: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """openai-whisper's: the likeliest language's token and every language's probability,
         for a mel [n_mels, 3000] (a dict) or each of a batch [B, n_mels, 3000] (a list)."""
+        if not self.is_multilingual:
+            raise ValueError("This model doesn't have language tokens so it can't perform lang id")
         single = mel.ndim == 2
         with self.model.lock:
-            features = self.model.encode(self._windows(mel))
+            features = self._features(self.model, mel)
             codes, probs = languages_of(self.model.model, self.model.tokenizer, features)
         tokens = torch.tensor([self.model.tokenizer.language_token(code) for code in codes])
         return (tokens[0], probs[0]) if single else (tokens, probs)
@@ -137,20 +155,24 @@ class OpenAIWhisper:
         single = mel.ndim == 2
         model = self._model(options.fp16)
         with model.lock:
-            features = model.encode(self._windows(mel))
+            features = self._features(model, mel)
             results = decode_windows(model.decode_model, model.tokenizer, features, options)
         return results[0] if single else results
 
-    def _windows(self, mel: torch.Tensor) -> torch.Tensor:
-        """mel as a batch of 30 s windows [B, n_mels, 3000], or a clear error."""
+    def _features(self, model: WhisperModel, mel: torch.Tensor) -> torch.Tensor:
+        """The encoder's output for a mel of 30 s windows [n_mels, 3000] or [B, n_mels, 3000];
+        openai-whisper's way, the encoder's output itself [(B,) 1500, d] is taken as it is."""
         windows = mel[None] if mel.ndim == 2 else mel
+        encoded = (self.dims.n_audio_ctx, self.dims.n_audio_state)
+        if windows.ndim == 3 and tuple(windows.shape[1:]) == encoded:
+            return windows.to(model.device, model.dtype)
         shape = (self.dims.n_mels, N_FRAMES)
         if windows.ndim != 3 or tuple(windows.shape[1:]) != shape:
             raise InvalidOptionError(
                 f"expected a mel of shape {shape} (or a batch of them), got {tuple(mel.shape)}; "
                 f"make it with log_mel_spectrogram(pad_or_trim(audio), n_mels={shape[0]})"
             )
-        return windows
+        return model.encode(windows)
 
     def transcribe(
         self,
@@ -224,7 +246,10 @@ class OpenAIWhisper:
             done.append(segment)
             if verbose:
                 print(timed_line(segment), flush=True)
-        return openai_result(done, info)
+        result = openai_result(done, info)
+        if language is not None:
+            result["language"] = language  # as openai-whisper gives it: as it was given
+        return result
 
 
 def transcribe(

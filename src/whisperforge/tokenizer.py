@@ -8,6 +8,8 @@ v3) vocabularies all work.
 
 from __future__ import annotations
 
+import itertools
+import json
 import string
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -54,6 +56,41 @@ class TextCodec(Protocol):
     def token_to_id(self, token: str) -> int | None: ...
 
 
+def _restore_merges(spec: dict) -> bool:
+    """Put back the BPE merges a converted tokenizer.json lost; True if any were missing.
+
+    Whisper's vocabulary is tiktoken's, where a token's id is the rank of the merge that makes
+    it, so every token past the 256 bytes has a merge. The `base` package's file lacks its very
+    first one ("Ġ t"), which cost every word starting " t" its token (" the" became " " + "the",
+    prompts and prefixes unlike openai-whisper's). A lost merge is found as BPE finds it: the
+    token's bytes merged with the ranks below its own leave two parts."""
+    model = spec.get("model") or {}
+    vocab, merges = model.get("vocab"), model.get("merges")
+    if model.get("type") != "BPE" or not isinstance(vocab, dict) or not isinstance(merges, list):
+        return False
+    pairs = [m.split(" ") if isinstance(m, str) else list(m) for m in merges]
+    made = {"".join(pair) for pair in pairs}
+    special = {token["content"] for token in spec.get("added_tokens", [])}
+    lost = []
+    for token, rank in vocab.items():
+        if rank < 256 or len(token) < 2 or token in made or token in special:
+            continue
+        parts = list(token)  # byte-level: one character a byte
+        while len(parts) > 2:
+            ranks = [vocab.get(a + b, rank) for a, b in itertools.pairwise(parts)]
+            best = min(range(len(ranks)), key=ranks.__getitem__)
+            if ranks[best] >= rank:
+                break
+            parts[best : best + 2] = [parts[best] + parts[best + 1]]
+        if len(parts) == 2 and all(part in vocab for part in parts):
+            lost.append(parts)
+    if not lost:
+        return False
+    pairs = sorted(pairs + lost, key=lambda pair: vocab.get("".join(pair), len(vocab)))
+    model["merges"] = [" ".join(p) if isinstance(merges[0], str) else p for p in pairs]
+    return True
+
+
 class HuggingFaceCodec:
     """A `tokenizer.json` read with the `tokenizers` library."""
 
@@ -61,7 +98,11 @@ class HuggingFaceCodec:
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
-            self._tokenizer = HFTokenizer.from_file(str(path))
+            spec = json.loads(path.read_text(encoding="utf-8"))
+            if _restore_merges(spec):
+                self._tokenizer = HFTokenizer.from_str(json.dumps(spec))
+            else:
+                self._tokenizer = HFTokenizer.from_file(str(path))
         except Exception as error:  # noqa: BLE001 (tokenizers raises a bare Exception)
             raise ModelFormatError(f"{path}: not a readable tokenizer.json ({error})") from None
         # Text is text: a prompt that spells "<|endoftext|>" must not become the control token
@@ -320,6 +361,10 @@ def parse_token_ids(text: str) -> list[int]:
 
 def normalize_language(language: str, codes: tuple[str, ...]) -> str:
     """A language code from a code or a name; a clear error for anything else."""
+    if not isinstance(language, str):
+        raise InvalidOptionError(
+            f"language must be a code or a name such as en, de or German, not {language!r}"
+        )
     key = language.lower().strip()
     code = key if key in LANGUAGES else TO_LANGUAGE_CODE.get(key)
     if code is None:
@@ -327,10 +372,10 @@ def normalize_language(language: str, codes: tuple[str, ...]) -> str:
     if code not in codes:
         if codes == ("en",):
             raise InvalidOptionError(
-                f"this model is English-only and cannot transcribe {LANGUAGES[code]}; "
+                f"this model is English-only and cannot transcribe {LANGUAGES[code].title()}; "
                 "use a multilingual model such as base"
             )
         raise InvalidOptionError(
-            f"this model does not know {LANGUAGES[code]}; it knows {', '.join(codes)}"
+            f"this model does not know {LANGUAGES[code].title()}; it knows {', '.join(codes)}"
         )
     return code

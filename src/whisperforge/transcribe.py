@@ -695,8 +695,10 @@ class WhisperModel:
             samples = collect_speech(samples, regions)
             timeline = TimelineMap(regions)
         if len(samples) == 0:  # VAD found no speech at all: nothing to decode
+            # A language given (or the only one a model knows) is certain; none was heard.
+            certain = language is not None or not self.is_multilingual
             info = TranscriptionInfo(
-                language or "en", 0.0, duration, 0.0, None, options, vad_options
+                language or "en", float(certain), duration, 0.0, None, options, vad_options
             )
             return _no_windows(), info
         mel = self.long_form_mel(samples)
