@@ -116,6 +116,10 @@ def test_clip_timestamps_in_both_modes(model, mode, capsys):
     assert cli.main(["transcribe", str(JFK), *FAST, *mode, "--clip-timestamps", "0,3.5"]) == 0
     out = capsys.readouterr().out.lower()
     assert "fellow americans" in out and "country" not in out
+    # A clip ending past the audio ends with it (openai-whisper's loop never ends there).
+    assert cli.main(["transcribe", str(JFK), *FAST, *mode, "--clip-timestamps", "0,5,8,20"]) == 0
+    out = capsys.readouterr().out.lower()
+    assert "fellow americans" in out and "your country" in out
 
 
 def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
@@ -154,6 +158,14 @@ def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
                        "--word_timestamps", "True", "--highlight_words=False"]  # fmt: skip
     parsed = parser.parse_args(cli._openai_spelling(openai_switches, cli._option_strings(parser)))
     assert parsed.word_timestamps and not parsed.highlight_words
+    # openai-whisper's "None" for its optional numbers
+    nones = ["transcribe", "x.wav", "--beam_size", "None", "--best_of", "None", "--patience",
+             "None", "--max_line_width", "None", "--max_line_count", "None",
+             "--max_words_per_line", "None", "--hallucination_silence_threshold", "None"]  # fmt: skip
+    unset = parser.parse_args(cli._openai_spelling(nones, cli._option_strings(parser)))
+    assert unset.beam_size is unset.max_line_width is unset.hallucination_silence_threshold
+    assert cli.main(["transcribe", str(JFK), "--beam_size", "None", "--patience", "None"]) == 0
+    assert JFK_WORDS in capsys.readouterr().out.lower()
     assert parsed.condition_on_previous_text is False and parsed.files == ["x.wav"]
     parsed = cli.build_parser().parse_args(["transcribe", "x.wav", "--fp16", "False"])
     assert cli._compute_type(parsed) == "float32"

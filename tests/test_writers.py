@@ -336,11 +336,18 @@ def test_get_writer_writes_what_openai_whispers_does(jfk_result, tmp_path):
     ours.mkdir(), theirs.mkdir()
     whisperforge.utils.get_writer("all", ours)(result, "talk.flac", options)
     whisper.utils.get_writer("all", str(theirs))(result, "talk.flac", options)
-    for fmt in ("txt", "srt", "vtt", "tsv"):
+    for fmt in ("txt", "srt", "vtt", "tsv", "json"):
         assert (ours / f"talk.{fmt}").read_text() == (theirs / f"talk.{fmt}").read_text(), fmt
-    assert json.loads((ours / "talk.json").read_text()) == json.loads(
-        (theirs / "talk.json").read_text()
-    )
+    # A diarizer's extra keys are let be; a word needs no probability.
+    result["speakers"] = ["SPK1"]
+    for word in result["segments"][0]["words"]:
+        word["speaker"] = "SPK1"
+        del word["probability"]
+    whisperforge.utils.get_writer("all", ours)(result, "spoken.flac", options)
+    whisper.utils.get_writer("all", str(theirs))(result, "spoken.flac", options)
+    for fmt in ("txt", "srt", "vtt", "tsv", "json"):
+        assert (ours / f"spoken.{fmt}").read_text() == (theirs / f"spoken.{fmt}").read_text(), fmt
+    assert json.loads((ours / "spoken.json").read_text())["speakers"] == ["SPK1"]
     whisperforge.utils.get_writer("srt", ours)(result, "plain.flac", max_words_per_line=3)
     whisper.utils.get_writer("srt", str(theirs))(result, "plain.flac", max_words_per_line=3)
     assert (ours / "plain.srt").read_text() == (theirs / "plain.srt").read_text()

@@ -120,6 +120,11 @@ def _port(text: str) -> int:
     return value
 
 
+def _optional_positive_int(text: str) -> int | None:
+    """A whole number of at least 1, or None for "none" (openai-whisper's flags take it)."""
+    return None if text.strip().lower() == "none" else _positive_int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="whisperforge", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -150,16 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument(
         "--beam-size",
         metavar="N",
-        type=_positive_int,
+        type=_optional_positive_int,
         default=5,
-        help="beams at temperature 0; 1 is greedy (default: %(default)s)",
+        help="beams at temperature 0; 1 or none is greedy (default: %(default)s)",
     )
     decode.add_argument(
         "--best-of",
         metavar="N",
-        type=_positive_int,
+        type=_optional_positive_int,
         default=5,
-        help="samples per window above temperature 0 (default: %(default)s)",
+        help="samples per window above temperature 0; none is 1 (default: %(default)s)",
     )
     decode.add_argument(
         "--temperature",
@@ -253,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     decode.add_argument(
         "--hallucination-silence-threshold",
-        type=float,
+        type=_optional_float,
         default=None,
         metavar="SECONDS",
         help="skip silences longer than this around likely hallucinations",
@@ -263,14 +268,14 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument(
         "--patience",
         metavar="P",
-        type=float,
+        type=_optional_float,
         default=1.0,
         help="beam search: finish after P x beam-size candidates (default: %(default)s)",
     )
     search.add_argument(
         "--length-penalty",
         metavar="P",
-        type=float,
+        type=_optional_float,
         default=None,
         help="rank beams and samples by log-prob / ((5 + length) / 6)^P, the Google NMT "
         "alpha, as openai-whisper's --length_penalty (faster-whisper's Python argument of "
@@ -363,24 +368,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     out.add_argument(
         "--max-line-width",
-        type=_positive_int,
+        type=_optional_positive_int,
         default=None,
         metavar="N",
         help="srt/vtt: characters per line before a line break",
     )
     out.add_argument(
         "--max-line-count",
-        type=_positive_int,
+        type=_optional_positive_int,
         default=None,
         metavar="N",
         help="srt/vtt: lines per subtitle (needs --max-line-width)",
     )
     out.add_argument(
         "--max-words-per-line",
-        type=_positive_int,
+        type=_optional_positive_int,
         default=None,
         metavar="N",
-        help="srt/vtt: words per subtitle (no effect with --max-line-width)",
+        help="srt/vtt: words per subtitle (no effect with --max-line-width and --max-line-count)",
     )
     t.set_defaults(run=run_transcribe)
 
@@ -624,8 +629,8 @@ def _writer_options(args: argparse.Namespace) -> WriterOptions:
     )
     if options.max_line_count and not options.max_line_width:
         _warn("--max-line-count has no effect without --max-line-width")
-    if options.max_words_per_line and options.max_line_width:
-        _warn("--max-words-per-line has no effect with --max-line-width")
+    if options.max_words_per_line and options.max_line_width and options.max_line_count:
+        _warn("--max-words-per-line has no effect with --max-line-width and --max-line-count")
     return options
 
 
@@ -654,8 +659,8 @@ def _transcribe_one(
     from .transcribe import TranscriptionOptions, temperature_ladder, with_progress
 
     options: dict[str, Any] = {
-        "beam_size": args.beam_size,
-        "best_of": args.best_of,
+        "beam_size": args.beam_size or 1,  # openai-whisper's "None": no beam search
+        "best_of": args.best_of or 1,
         "temperature": temperature_ladder(args.temperature, args.temperature_increment_on_fallback),
         "initial_prompt": args.initial_prompt,
         "word_timestamps": args.word_timestamps,
@@ -663,7 +668,7 @@ def _transcribe_one(
         "repetition_penalty": args.repetition_penalty,
         "no_repeat_ngram_size": args.no_repeat_ngram_size,
         "multilingual": args.multilingual,
-        "patience": args.patience,
+        "patience": 1.0 if args.patience is None else args.patience,
         "nmt_length_penalty": args.length_penalty,  # openai-whisper's CLI: the NMT alpha
         "compression_ratio_threshold": args.compression_ratio_threshold,
         "log_prob_threshold": args.log_prob_threshold,

@@ -10,10 +10,12 @@ defaults (greedy decoding, one sample a temperature) are kept; the work is `Whis
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +31,14 @@ from .results import Segment
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from .tokenizer import LANGUAGES, parse_token_ids
 from .transcribe import TranscriptionOptions, WhisperModel, with_progress
-from .writers import expand_formats, openai_result, result_segments, timed_line, write_result
+from .writers import (
+    expand_formats,
+    openai_result,
+    output_paths,
+    result_segments,
+    timed_line,
+    write_result,
+)
 
 # openai-whisper's decode options that `TranscriptionOptions` names the same way.
 SAME_NAMES = {
@@ -278,6 +287,7 @@ def get_writer(output_format: str, output_dir: str | os.PathLike) -> Callable[..
     subtitle options (max_line_width, max_line_count, highlight_words, max_words_per_line)
     as a dict or keywords, as openai-whisper's writers take them."""
     formats = expand_formats(output_format)
+    layouts = [name for name in formats if name != "json"]
 
     def write_files(
         result: Mapping[str, Any],
@@ -287,8 +297,14 @@ def get_writer(output_format: str, output_dir: str | os.PathLike) -> Callable[..
     ) -> None:
         segments = result_segments(result)
         info = {"language": result.get("language"), "duration": result.get("duration")}
-        write_result(
-            segments, info, audio_path, output_dir, formats, {**(options or {}), **more_options}
-        )
+        if layouts:
+            write_result(
+                segments, info, audio_path, output_dir, layouts, {**(options or {}), **more_options}
+            )
+        if "json" in formats:  # the dict as it is, every key kept, as openai-whisper writes it
+            Path(output_dir).expanduser().mkdir(parents=True, exist_ok=True)
+            (path,) = output_paths(audio_path, output_dir, ["json"])
+            with open(path, "w", encoding="utf-8") as file:
+                json.dump(result, file)
 
     return write_files

@@ -239,9 +239,10 @@ def parse_clip_timestamps(clips: str | Iterable[float]) -> tuple[float, ...]:
 
 
 def clip_spans(clips: Iterable[float], per_second: int, end: int) -> list[tuple[int, int]]:
-    """clip_timestamps' (start, end) pairs, counted `per_second` (mel frames or samples); none
-    is all the audio, and an odd last start runs to `end`."""
-    points = [round(t * per_second) for t in clips] or [0]
+    """clip_timestamps' (start, end) pairs, counted `per_second` (mel frames or samples), each
+    point at most `end` (the audio's); none is all the audio, and an odd last start runs to
+    `end`. (openai-whisper does not clamp: a clip ending past the audio loops forever there.)"""
+    points = [min(round(t * per_second), end) for t in clips] or [0]
     return list(zip(points[::2], [*points[1::2], end]))
 
 

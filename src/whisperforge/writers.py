@@ -140,7 +140,8 @@ def openai_result(segments: Sequence[Segment], info: Mapping[str, Any] | object)
 
 def result_segments(result: Mapping[str, Any]) -> list[Segment]:
     """The segments of openai-whisper's result dict (`openai_result`'s inverse), for writing a
-    result that openai-whisper code made or changed. Only start, end and text are required."""
+    result that openai-whisper code made or changed. Only start, end and text are required (and
+    a word's word, start and end); other keys, such as a diarizer's speakers, are let be."""
     segments = []
     for number, row in enumerate(result.get("segments") or []):
         try:
@@ -151,13 +152,17 @@ def result_segments(result: Mapping[str, Any]) -> list[Segment]:
                 tokens=list(row.get("tokens", [])), avg_logprob=row.get("avg_logprob", 0.0),
                 compression_ratio=row.get("compression_ratio", 0.0),
                 no_speech_prob=row.get("no_speech_prob", 0.0),
-                words=None if words is None else [Word(**word) for word in words],
+                words=None if words is None else [
+                    Word(float(w["start"]), float(w["end"]), str(w["word"]),
+                         float(w.get("probability", 0.0)))
+                    for w in words
+                ],
                 temperature=row.get("temperature"),
             ))  # fmt: skip
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise InvalidOptionError(
                 f"result segment {number} is not openai-whisper's segment dict (start, end, "
-                f"text; words with word, start, end, probability): {error}"
+                f"text; words with word, start, end): {error}"
             ) from None
     return segments
 
