@@ -235,6 +235,7 @@ class OpenAIWhisper:
             append_punctuations=append_punctuations,
             clip_timestamps=clip_timestamps,
             hallucination_silence_threshold=hallucination_silence_threshold,
+            keep_empty_segments=True,
             suppress_tokens=suppress or None,
             max_new_tokens=decode_options.get("sample_len"),
             nmt_length_penalty=decode_options.get("length_penalty"),

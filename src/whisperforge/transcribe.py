@@ -106,6 +106,9 @@ class TranscriptionOptions:
     # Seconds of audio a window holds, at most 30 (the encoder's input stays 30 s, zero-padded
     # past them); None: 30.
     chunk_length: float | None = None
+    # openai-whisper keeps the instantaneous or textless segments a window cuts, emptied (its
+    # result dicts, files and ids count them); faster-whisper drops them (the default here).
+    keep_empty_segments: bool = False
 
     @classmethod
     def from_arguments(
@@ -897,7 +900,7 @@ class WhisperModel:
             ):
                 prompt_reset_since = len(all_tokens)  # a high-temperature window is no good context
             for segment in current:
-                if segment.text:
+                if segment.text or options.keep_empty_segments:
                     segment.id = segment_id
                     segment_id += 1
                     yield segment if timeline is None else restore_times(segment, timeline)
