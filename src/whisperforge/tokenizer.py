@@ -87,7 +87,8 @@ def _restore_merges(spec: dict) -> bool:
     if not lost:
         return False
     pairs = sorted(pairs + lost, key=lambda pair: vocab.get("".join(pair), len(vocab)))
-    model["merges"] = [" ".join(p) if isinstance(merges[0], str) else p for p in pairs]
+    as_text = not merges or isinstance(merges[0], str)  # the file's own spelling of a merge
+    model["merges"] = [" ".join(p) if as_text else p for p in pairs]
     return True
 
 
