@@ -18,9 +18,9 @@ import tempfile
 import textwrap
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import InvalidOptionError, WhisperforgeError
 from .tokenizer import LANGUAGES, parse_token_ids
@@ -90,34 +90,29 @@ def _token_ids(text: str) -> list[int] | None:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return value
+T = TypeVar("T", int, float)
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
-    return value
+def _number(
+    kind: Callable[[str], T], valid: Callable[[T], bool], expected: str
+) -> Callable[[str], T]:
+    """An argparse type: `text` as a `kind` for which `valid` holds, else "expected ..."."""
+
+    def parse(text: str) -> T:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not valid(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
-    return value
+_positive_int = _number(int, lambda n: n >= 1, "a whole number of at least 1")
+_positive_float = _number(float, lambda x: x > 0 and math.isfinite(x), "a number above 0")
+_port = _number(int, lambda n: 0 <= n <= 65535, "a port number from 0 to 65535")
 
 
 def _optional_positive_int(text: str) -> int | None:

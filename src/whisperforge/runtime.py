@@ -38,8 +38,8 @@ The API that batching, streaming and serving build on:
     result = rt.beam(batch, 5, 128, eot, suppress)   # or beam search's (group = beams; CUDA)
 
 The buffers belong to the runtime: one batch is decoded at a time. On the CPU (tests) the same
-step code runs eagerly; the device loops with timestamp rules and beams need CUDA (on the CPU,
-`decoding.decode` runs them through `RuntimeWhisper`). `RuntimeWhisper` lets `decoding.decode` use the runtime unchanged.
+step code runs eagerly, and the device loops with timestamp rules or beams are CUDA's only.
+`RuntimeWhisper` lets `decoding.decode` use the runtime unchanged (on the CPU too).
 """
 
 from __future__ import annotations

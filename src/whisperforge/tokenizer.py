@@ -99,11 +99,11 @@ class HuggingFaceCodec:
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
-            spec = json.loads(path.read_text(encoding="utf-8"))
-            if _restore_merges(spec):
-                self._tokenizer = HFTokenizer.from_str(json.dumps(spec))
-            else:
-                self._tokenizer = HFTokenizer.from_file(str(path))
+            text = path.read_text(encoding="utf-8")
+            spec = json.loads(text)
+            self._tokenizer = HFTokenizer.from_str(
+                json.dumps(spec) if _restore_merges(spec) else text
+            )
         except Exception as error:  # noqa: BLE001 (tokenizers raises a bare Exception)
             raise ModelFormatError(f"{path}: not a readable tokenizer.json ({error})") from None
         # Text is text: a prompt that spells "<|endoftext|>" must not become the control token
