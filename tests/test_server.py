@@ -479,3 +479,8 @@ def test_pcm_wav_without_pyav():
         read_pcm_wav(io.BytesIO(JFK.read_bytes()), "jfk.flac")
     with pytest.raises(AudioError, match="16 kHz"):  # LJSpeech is 22.05 kHz
         read_pcm_wav(DEV_DIR / "coqui-tts-ljspeech__LJ001-0002.wav")
+    cut = data[: len(data) // 2 + 1]  # cut off inside a sample: what is whole is kept, and said
+    with pytest.warns(UserWarning, match="cut off"):
+        kept = read_pcm_wav(io.BytesIO(cut))
+    assert np.array_equal(kept, read_pcm_wav(io.BytesIO(data))[: len(kept)])
+    assert abs(len(kept) - len(samples) / 2) < 30

@@ -137,7 +137,8 @@ def read_pcm_wav(
     try:
         with wave.open(str(source) if isinstance(source, Path) else source, "rb") as wav:
             rate, channels, width = wav.getframerate(), wav.getnchannels(), wav.getsampwidth()
-            data = wav.readframes(wav.getnframes())
+            n_frames = wav.getnframes()
+            data = wav.readframes(n_frames)
     except (wave.Error, EOFError) as error:
         raise AudioError(
             f"{name}: not a PCM WAV file ({error}); without PyAV only 16 kHz PCM WAV can be "
@@ -150,6 +151,14 @@ def read_pcm_wav(
             f"{sampling_rate / 1000:g} kHz PCM WAV of 8, 16 or 32 bits can be read: install "
             "PyAV (pip install av), or convert it first"
         )
+    whole = len(data) // (width * channels)  # a cut-off file can end inside a frame
+    if whole < n_frames:
+        warnings.warn(
+            f"{name}: the WAV header promises {n_frames / rate:.2f} s but the file holds "
+            f"{whole / rate:.2f} s (it may be cut off); transcribing what is there",
+            stacklevel=3,
+        )
+    data = data[: whole * width * channels]
     samples = to_float32(np.frombuffer(data, dtype=dtype).reshape(-1, channels))
     if split_stereo:
         return samples[:, 0].copy(), samples[:, min(1, channels - 1)].copy()
