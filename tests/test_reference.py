@@ -150,6 +150,11 @@ def test_openai_whisper_api_gives_openai_whispers_result(
             model.detect_language(mel)
     assert ours.num_languages == reference.num_languages and vars(ours.dims) == vars(reference.dims)
     assert next(ours.parameters()).device == next(reference.parameters()).device
+    network = ours.model  # nn.Module's moves, as scripts chain them: the same device stays put
+    assert ours.to("cpu").cpu().half().float().to(torch.float16) is ours and ours.model is network
+    if not torch.cuda.is_available():
+        with pytest.raises(whisperforge.InvalidOptionError, match="no CUDA GPU"):
+            ours.cuda()
 
 
 def test_openai_whisper_readme_example_runs_on_whisperforge(

@@ -30,7 +30,7 @@ from .model import ModelConfig
 from .results import Segment
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from .tokenizer import LANGUAGES, parse_token_ids
-from .transcribe import TranscriptionOptions, WhisperModel, with_progress
+from .transcribe import TranscriptionOptions, WhisperModel, resolve_device, with_progress
 from .writers import (
     expand_formats,
     openai_result,
@@ -142,6 +142,43 @@ class OpenAIWhisper:
 
     def eval(self) -> OpenAIWhisper:
         return self  # always in inference mode
+
+    def to(self, *args: Any, **kwargs: Any) -> OpenAIWhisper:
+        """`nn.Module.to`, as scripts call it on openai-whisper's model (`.to("cuda")`): a
+        device other than the model's loads it again there, from `source`, in that device's
+        default compute type, and the model is moved in place. A dtype changes nothing: as in
+        openai-whisper, each call's `fp16` says what the model computes in."""
+        devices = [a for a in (*args, kwargs.get("device")) if isinstance(a, (str, torch.device))]
+        if not devices:
+            return self
+        device = resolve_device(str(devices[0]))
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device == self.model.device:
+            return self
+        if self.source is None:
+            raise InvalidOptionError(
+                f"this model was wrapped without its source, so it cannot move to {device}; "
+                f"load it there: WhisperModel(..., device={str(device)!r})"
+            )
+        name, download_root = self.source
+        with self.model.lock:
+            self.model = WhisperModel(name, str(device), download_root=download_root)
+            self.float32_model = None
+        return self
+
+    def cuda(self, device: int | str | torch.device | None = None) -> OpenAIWhisper:
+        index = device if isinstance(device, int) else None
+        return self.to(f"cuda:{index}" if index is not None else device or "cuda")
+
+    def cpu(self) -> OpenAIWhisper:
+        return self.to("cpu")
+
+    def half(self) -> OpenAIWhisper:
+        return self  # each call's fp16 (True unless asked) decides, as in openai-whisper
+
+    def float(self) -> OpenAIWhisper:
+        return self  # fp16=False computes in float32, as in openai-whisper
 
     def detect_language(self, mel: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """openai-whisper's: the likeliest language's token and every language's probability,
