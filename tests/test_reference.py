@@ -184,6 +184,13 @@ def test_openai_whisper_readme_example_runs_on_whisperforge(
     assert (result.language, result.tokens, result.text) == (
         expected.language, expected.tokens, expected.text
     )  # fmt: skip
+    assert torch.allclose(result.audio_features, expected.audio_features, atol=1e-3)
+    found, reference_found = (  # openai-whisper's task for the language alone
+        api.decode(m, mel, api.DecodingOptions(task="lang_id", fp16=False))
+        for api, m in ((whisperforge, model), (whisper, base_reference))
+    )
+    assert (found.language, found.tokens, found.text) == ("de", reference_found.tokens, "")
+    assert found.language_probs == pytest.approx(reference_found.language_probs, abs=1e-5)
     # The encoder's output in place of the mel, as openai-whisper takes it.
     features = model.embed_audio(mel[None])
     assert torch.allclose(features, base_reference.embed_audio(reference_mel[None]), atol=1e-3)

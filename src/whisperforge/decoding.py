@@ -29,7 +29,7 @@ from .tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class DecodingOptions:
-    task: str = "transcribe"
+    task: str = "transcribe"  # or "translate"; "lang_id" (openai-whisper's): the language only
     language: str | None = None  # None: detect from the audio
     temperature: float = 0.0
     sample_len: int | None = None  # most tokens to sample; default n_text_ctx // 2
@@ -68,6 +68,10 @@ class DecodingResult:
     temperature: float
     compression_ratio: float
     language: str | None = None
+    # openai-whisper's: every language's probability (task "lang_id" only), and the window's
+    # encoder output (`OpenAIWhisper.decode` only).
+    language_probs: dict[str, float] | None = None
+    audio_features: Tensor | None = None
 
 
 def compression_ratio(text: str) -> float:
@@ -597,6 +601,13 @@ def _decode(
     n_audio = audio_features.shape[0]
     if prompts is not None and len(prompts) != n_audio:
         raise ValueError(f"{len(prompts)} prompts for {n_audio} windows")
+    if options.task == "lang_id":  # openai-whisper's: only the language, nothing decoded
+        languages, probs = detect_language(model, tokenizer, audio_features)
+        nan = float("nan")
+        return [
+            DecodingResult([], "", nan, nan, options.temperature, nan, language, language_probs)
+            for language, language_probs in zip(languages, probs)
+        ]
     if options.language is None:
         languages, _ = detect_language(model, tokenizer, audio_features)
         if len(set(languages)) > 1:  # one tokenizer per call: decode each language apart

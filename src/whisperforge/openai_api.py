@@ -196,13 +196,16 @@ class OpenAIWhisper:
         self, mel: torch.Tensor, options: DecodingOptions | None = None, **changes: Any
     ) -> DecodingResult | list[DecodingResult]:
         """openai-whisper's `decode`: one 30 s window's mel [n_mels, 3000] (a result), or a
-        batch [B, n_mels, 3000] (a list), with `options` and `changes` to them."""
+        batch [B, n_mels, 3000] (a list), with `options` and `changes` to them; task "lang_id"
+        detects the language only (`language`, `language_probs`)."""
         options = replace(options or DecodingOptions(), **changes)
         single = mel.ndim == 2
         model = self._model(options.fp16)
         with model.lock:
             features = self._features(model, mel)
             results = decode_windows(model.decode_model, model.tokenizer, features, options)
+        for result, window_features in zip(results, features):
+            result.audio_features = window_features  # openai-whisper's results hold them
         return results[0] if single else results
 
     def _features(self, model: WhisperModel, mel: torch.Tensor) -> torch.Tensor:
