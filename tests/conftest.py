@@ -41,6 +41,23 @@ def short_english_clips() -> list[dict]:
     return [r for r in manifest() if r["language"] == "en" and r["duration_s"] <= 30]
 
 
+def hub_cache_of_tiny_en(cache: Path, repo_id: str, ref: str = "main") -> Path:
+    """A Hugging Face hub cache at `cache` holding tiny.en's CTranslate2 files as `repo_id` at
+    `ref` (links to the installed package's), as a download would leave it; its snapshot."""
+    from whisperforge.checkpoints import packaged_model_folders
+
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    commit = "0123456789abcdef" * 2 + "01234567"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / ref).write_text(commit)
+    for path in packaged_model_folders("tiny.en")[0].iterdir():
+        if path.suffix in (".json", ".bin", ".txt"):
+            (snapshot / path.name).symlink_to(path)
+    return snapshot
+
+
 @pytest.fixture(scope="session")
 def tiny_en_checkpoint():
     """tiny.en's weights as loaded (a `WhisperModel` keeps only its description)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import JFK, manifest
+from conftest import JFK, hub_cache_of_tiny_en, manifest
 
 from whisperforge import WhisperModel
 from whisperforge.checkpoints import (
@@ -442,14 +442,7 @@ def test_a_hub_revision_comes_from_the_cache(no_hub: str, monkeypatch: pytest.Mo
     from whisperforge import WhisperModel, download_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    repo, commit = Path(no_hub) / "models--someone--tiny-en", "0123456789abcdef" * 2 + "01234567"
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "v1").write_text(commit)
-    for path in packaged_model_folders("tiny.en")[0].iterdir():
-        if path.suffix in (".json", ".bin", ".txt"):
-            (snapshot / path.name).symlink_to(path)
+    snapshot = hub_cache_of_tiny_en(Path(no_hub), "someone/tiny-en", "v1")
     model = WhisperModel(
         "someone/tiny-en", device="cpu", download_root=no_hub, revision="v1", use_auth_token=False
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DEV_DIR
+from conftest import DEV_DIR, hub_cache_of_tiny_en
 
 from whisperforge.cli import main
 from whisperforge.corpus import list_inputs, transcribe_corpus
@@ -265,3 +265,17 @@ def test_batch_command_translates_with_a_multilingual_model_only(tmp_path, capsy
     command = ["batch", str(_clips()[2]), "--output", str(tmp_path / "t.jsonl"), "--task"]
     assert main([*command, "translate"]) == 1  # tiny.en, the default model
     assert "cannot translate" in capsys.readouterr().err
+
+
+def test_batch_command_reads_model_dir_and_fp16(local_rows, tmp_path, monkeypatch):
+    """The model options `transcribe` honours, `batch` honours too: --model-dir is where a hub
+    name is found (a cache holding tiny.en's files) and --fp16 False computes in float32."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the cache or nothing
+    hub_cache_of_tiny_en(tmp_path / "models", "someone/tiny-en")
+    out, jfk = tmp_path / "out.jsonl", str(_clips()[2])
+    command = ["batch", jfk, "--output", str(out), "--model", "someone/tiny-en", "--beam-size",
+               "1", "--model-dir", str(tmp_path / "models"), "--fp16", "False"]  # fmt: skip
+    assert main(command) == 0
+    row = _rows(out)[jfk]
+    assert row["text"] == local_rows[jfk]["text"]
+    assert json.loads(row["settings"])["compute_type"] == "float32"

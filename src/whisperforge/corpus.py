@@ -332,14 +332,17 @@ def _worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _load_model(model: Any, device: str, compute_type: str, threads: int) -> WhisperModel:
+def _load_model(
+    model: Any, device: str, compute_type: str, threads: int, download_root: str | None = None
+) -> WhisperModel:
     from .transcribe import WhisperModel
 
     if isinstance(model, WhisperModel):
         return model
     if callable(model):
         return model()
-    return WhisperModel(model, device=device, compute_type=compute_type, cpu_threads=threads)
+    return WhisperModel(model, device=device, compute_type=compute_type, cpu_threads=threads,
+                        download_root=download_root)  # fmt: skip
 
 
 def run_local(
@@ -350,11 +353,13 @@ def run_local(
     threads: int = 0,
     batch_size: int | None = None,
     options: dict[str, Any] | None = None,
+    download_root: str | None = None,
 ) -> Iterator[dict]:
     """Rows for `sources`, transcribed in this process with the batched pipeline."""
     from .batched import BatchedInferencePipeline
 
-    pipeline = BatchedInferencePipeline(_load_model(model, device, compute_type, threads))
+    loaded = _load_model(model, device, compute_type, threads, download_root)
+    pipeline = BatchedInferencePipeline(loaded)
     yield from transcribe_decoded(
         pipeline, decode_ahead(sources), batch_size, options or {}, _worker_name()
     )
@@ -394,10 +399,11 @@ class RayTranscriber:
         threads: int,
         batch_size: int | None,
         options: dict[str, Any],
+        download_root: str | None = None,
     ):
         from .batched import BatchedInferencePipeline
 
-        loaded = _load_model(model, device, compute_type, threads)
+        loaded = _load_model(model, device, compute_type, threads, download_root)
         self.pipeline = BatchedInferencePipeline(loaded)
         self.batch_size = batch_size
         self.options = options
@@ -429,6 +435,7 @@ def run_ray(
     num_gpus_per_actor: float = 1.0,
     files_per_task: int = 16,
     num_cpus: int | None = None,
+    download_root: str | None = None,
 ) -> Iterator[dict]:
     """Rows for `sources` from a Ray cluster, as they stream back. `address`: "local" starts
     Ray in this process (`num_cpus` of this machine), anything else is `ray.init`'s address.
@@ -472,7 +479,7 @@ def run_ray(
     )
     actor_arguments = {
         "model": model, "device": device, "compute_type": compute_type, "threads": threads,
-        "batch_size": batch_size, "options": options or {},
+        "batch_size": batch_size, "options": options or {}, "download_root": download_root,
     }  # fmt: skip
     dataset = dataset.map_batches(
         RayTranscriber,
@@ -649,6 +656,7 @@ def transcribe_corpus(
     device: str = "auto",
     compute_type: str = "default",
     threads: int = 0,
+    download_root: str | None = None,
     batch_size: int | None = None,
     retry_errors: bool = False,
     ray_address: str | None = None,
@@ -663,7 +671,8 @@ def transcribe_corpus(
     """Transcribe every file of `inputs` not yet in `output`; see the module's docstring.
 
     model: a name or path, a loaded `WhisperModel` (this process only), or a function that
-    returns one (on Ray it must pickle: a module-level function). options: as
+    returns one (on Ray it must pickle: a module-level function); a name is looked for in
+    `download_root` as `WhisperModel` does. options: as
     `BatchedInferencePipeline.transcribe_many` (language, word_timestamps, beam_size, ...).
     on_row: called with each row once it is written.
     """
@@ -682,11 +691,13 @@ def transcribe_corpus(
         if not todo:
             rows: Iterable[dict] = ()
         elif ray_address is None:
-            rows = run_local(todo, model, device, compute_type, threads, batch_size, options)
+            rows = run_local(
+                todo, model, device, compute_type, threads, batch_size, options, download_root
+            )
         else:
             rows = run_ray(
                 todo, model, ray_address, compute_type, threads, batch_size, options, actors,
-                num_gpus_per_actor, files_per_task, ray_num_cpus,
+                num_gpus_per_actor, files_per_task, ray_num_cpus, download_root,
             )  # fmt: skip
         for row in rows:
             if row["path"] in journal.done:
@@ -790,11 +801,14 @@ def add_batch_parser(commands: Any) -> None:
 
 
 def run_batch(args: Any) -> int:
+    from .cli import _compute_type  # --fp16 False, as `transcribe` reads it
+
     if args.local and args.ray_address:
         raise WhisperforgeError("--local and --ray-address contradict each other; drop one")
     summary = transcribe_corpus(
         args.input, args.output, args.model, device=args.device,
-        compute_type=args.compute_type, threads=args.threads, batch_size=args.batch_size,
+        compute_type=_compute_type(args), threads=args.threads, download_root=args.model_dir,
+        batch_size=args.batch_size,
         retry_errors=args.retry_errors, ray_address=args.ray_address, actors=args.actors,
         num_gpus_per_actor=args.num_gpus_per_actor, files_per_task=args.files_per_task,
         progress=args.progress or sys.stderr.isatty(), language=args.language,
