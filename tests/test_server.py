@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import srt
 import webvtt
-from conftest import DEV_DIR, JFK, manifest, plain_wer
+from conftest import DEV_DIR, JFK, hub_cache_of_tiny_en, manifest, plain_wer
 
 from whisperforge import AudioError, Segment, TranscriptionInfo, WhisperModel, load_audio
 from whisperforge.audio import decode_audio, read_pcm_wav
@@ -228,6 +228,16 @@ def test_api_key(tiny_en, monkeypatch):
         response = c.post("/v1/audio/transcriptions", files=jfk_file(), data={"model": "tiny.en"})
         assert_openai_error(response, 401, None)
         assert c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+def test_a_hub_name_is_found_in_model_dir(tmp_path, monkeypatch):
+    """`serve --model NAME --model-dir DIR` loads NAME from DIR, as `transcribe` does."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the cache or nothing
+    hub_cache_of_tiny_en(tmp_path / "models", "someone/tiny-en")
+    config = ServerConfig(model="someone/tiny-en", model_dir=str(tmp_path / "models"),
+                          device="cpu", beam_size=1)  # fmt: skip
+    with TestClient(create_app(config)) as c:
+        assert plain_wer(JFK_TEXT, post(c, {"model": "whisper-1"}, jfk_file()).json()["text"]) < 0.1
 
 
 def test_timeout_and_full_queue(tiny_en):

@@ -974,7 +974,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as error:
         raise WhisperforgeError(str(error)) from None
     config = ServerConfig(
-        model=args.model, device=args.device, compute_type=_compute_type(args),
+        model=args.model, model_dir=args.model_dir, device=args.device,
+        compute_type=_compute_type(args),
         threads=args.threads, beam_size=args.beam_size, max_upload_mb=args.max_upload_mb,
         max_audio_s=args.max_audio_s,
         request_timeout_s=args.request_timeout, max_queue=args.max_queue,

@@ -66,6 +66,7 @@ class ServerConfig:
     """How `whisperforge serve` runs. api_key None: no authentication."""
 
     model: str = "tiny.en"
+    model_dir: str | None = None  # where a hub name is looked for (--model-dir)
     device: str = "auto"
     compute_type: str = "default"
     threads: int = 0
@@ -572,7 +573,8 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
         from .transcribe import WhisperModel
 
         model = WhisperModel(config.model, device=config.device, compute_type=config.compute_type,
-                             cpu_threads=config.threads)  # fmt: skip
+                             cpu_threads=config.threads,
+                             download_root=config.model_dir)  # fmt: skip
     engine = Engine(backend or make_backend(model, config.batch_size), config.max_queue)
     state = App(config, model, engine)
 
