@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 import srt
@@ -331,12 +332,15 @@ def test_temperature_ladder():
 # --- the installed command ---------------------------------------------------------------------
 
 
-def whisperforge(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def whisperforge(
+    *args: str, cwd: Path | None = None, stdin: IO[bytes] | None = None
+) -> subprocess.CompletedProcess:
     script = shutil.which("whisperforge", path=str(Path(sys.executable).parent))
     command = [script] if script else [sys.executable, "-m", "whisperforge.cli"]
     return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False
-    )
+        [*command, *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False,
+        stdin=stdin,
+    )  # fmt: skip
 
 
 def test_command_transcribes_jfk():
@@ -353,6 +357,24 @@ def test_command_writes_all_formats(tmp_path):
     out = tmp_path / "tmp"
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{JFK.stem}.{f}" for f in FORMATS)
     assert JFK_WORDS in json.loads((out / f"{JFK.stem}.json").read_text())["text"].lower()
+
+
+def test_command_reads_stdin_as_dash(tmp_path):
+    """`ffmpeg ... | whisperforge transcribe -`: - is stdin's audio (an MP3 here), written as
+    stdin.*, beside a named file; - twice is refused before the model loads."""
+    mp3 = DEV_DIR / "whisper.cpp__jfk.mp3"
+    with open(mp3, "rb") as pipe:
+        result = whisperforge("transcribe", "-", str(JFK), *FAST, "-f", "txt", "-o", "out",
+                              cwd=tmp_path, stdin=pipe)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == sorted(["stdin.txt", f"{JFK.stem}.txt"])
+    assert JFK_WORDS in " ".join((out / "stdin.txt").read_text().lower().split())
+    with open(mp3, "rb") as pipe:
+        result = whisperforge("transcribe", "-", "-", stdin=pipe)
+    assert result.returncode == 1 and error_lines(result.stderr) == [
+        "error: - is given twice, but stdin holds one audio file"
+    ]
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "text", "language", "model"])

@@ -51,7 +51,10 @@ examples:
   whisperforge transcribe talk.flac
   whisperforge transcribe talk.flac --word-timestamps -f srt --max-line-width 42 -o subs/
   whisperforge transcribe *.wav --model base --language de --output-dir out/
+  ffmpeg -i talk.mp4 -f wav - | whisperforge transcribe - -f srt
 """
+
+STDIN = "-"  # the file name that reads the audio from stdin, as `stream -` does
 
 
 def _optional_float(text: str) -> float | None:
@@ -131,7 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=TRANSCRIBE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    t.add_argument("files", nargs="+", metavar="FILE", help="audio file(s) to transcribe")
+    t.add_argument(
+        "files", nargs="+", metavar="FILE",
+        help="audio file(s) to transcribe; - reads one from stdin (written as stdin.*)",
+    )  # fmt: skip
     _add_model_options(t)
 
     decode = t.add_argument_group("decoding")
@@ -645,6 +651,11 @@ def _file_error(path: str, error: BaseException) -> None:
     _error(f"{path}: {message}")
 
 
+def _output_name(path: str) -> str:
+    """The name the output files are named after: stdin's audio is written as stdin.*."""
+    return "stdin" if path == STDIN else path
+
+
 def _transcribe_one(
     model: WhisperModel, path: str, args: argparse.Namespace, stdout_text: bool, header: bool
 ) -> tuple[list[Segment], dict[str, Any]]:
@@ -677,6 +688,7 @@ def _transcribe_one(
     for name in ("prepend_punctuations", "append_punctuations"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
+    audio: str | bytes = sys.stdin.buffer.read() if path == STDIN else path
     if args.batch_size is not None:
         from .batched import BatchedInferencePipeline
 
@@ -684,7 +696,7 @@ def _transcribe_one(
             condition_on_previous_text=bool(args.condition_on_previous_text), **options
         )
         segments_iter, info = BatchedInferencePipeline(model).transcribe_with(
-            path, transcription, args.language, args.task, args.batch_size,
+            audio, transcription, args.language, args.task, args.batch_size,
             clip_timestamps=None if args.clip_timestamps == "0" else args.clip_timestamps,
         )  # fmt: skip
     else:
@@ -695,7 +707,7 @@ def _transcribe_one(
             **options,
         )
         segments_iter, info = model.transcribe_with(
-            path, transcription, args.language, args.task, args.vad_filter
+            audio, transcription, args.language, args.task, args.vad_filter
         )
     if header and (stdout_text or args.verbose):
         print(f"==> {path} <==", flush=True)
@@ -704,7 +716,7 @@ def _transcribe_one(
     segments = []
     # A bar in a log file is noise: shown only on a terminal.
     for segment in with_progress(
-        segments_iter, info.duration, Path(path).name, sys.stderr.isatty()
+        segments_iter, info.duration, Path(_output_name(path)).name, sys.stderr.isatty()
     ):
         segments.append(segment)
         if args.verbose:
@@ -741,7 +753,13 @@ def run_transcribe(args: argparse.Namespace) -> int:
     # A typo in a path should not cost a model load: report missing files first.
     files = []
     for path in args.files:
-        if not os.path.exists(path) or os.path.isdir(path):  # pipes and /dev/stdin are fine
+        if path == STDIN:
+            if args.files.count(STDIN) > 1:
+                raise InvalidOptionError("- is given twice, but stdin holds one audio file")
+            if sys.stdin.isatty():
+                raise InvalidOptionError("-: stdin is a terminal; pipe an audio file in")
+            files.append(path)
+        elif not os.path.exists(path) or os.path.isdir(path):  # pipes and /dev/stdin are fine
             what = "is a folder, not an audio file" if os.path.isdir(path) else "no such file"
             _error(f"{path}: {what}; check the path")
             failed = True
@@ -770,7 +788,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
     for path in files:
         try:
             if write_files:  # check the targets before spending time on the audio
-                targets = output_paths(path, output_dir, formats)
+                targets = output_paths(_output_name(path), output_dir, formats)
                 clash = next((p for p in targets if p.resolve() in written), None)
                 if clash is not None:
                     raise WhisperforgeError(
@@ -781,7 +799,9 @@ def run_transcribe(args: argparse.Namespace) -> int:
                 model, path, args, stdout_text=not write_files, header=len(args.files) > 1
             )
             if write_files:
-                paths = write_result(segments, info, path, output_dir, formats, options)
+                paths = write_result(
+                    segments, info, _output_name(path), output_dir, formats, options
+                )
                 written.update(p.resolve() for p in paths)
         except (InvalidOptionError, BrokenPipeError):
             raise  # an option no file can satisfy, or no reader left: stop here (main())
