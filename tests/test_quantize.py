@@ -100,6 +100,8 @@ def test_quantized_folder_loads_in_a_new_process_to_the_same_transcript(
     assert "holds int8 weights already" in capsys.readouterr().err
     source = packaged_model_folders("tiny.en")[0] / "model.bin"
     assert (out / "model.safetensors").stat().st_size < 0.6 * source.stat().st_size
+    modes = {f.name: f.stat().st_mode for f in out.iterdir()}  # readable as its other files
+    assert len(set(modes.values())) == 1, modes
     clips = [c["audio"] for c in exact_english_clips()[:ROUND_TRIP_CLIPS]]
     script = textwrap.dedent(f"""
         import json, warnings

@@ -562,6 +562,9 @@ def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "in
         "source": checkpoint.source,
     }
     (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+    # safetensors writes its file private (0600): given the mode the umask gives config.json,
+    # so that a server running as another user can load the folder too.
+    shutil.copymode(folder / "config.json", folder / "model.safetensors")
     if checkpoint.tokenizer_file is not None:
         (folder / "tokenizer.json").write_bytes(checkpoint.tokenizer_file.read_bytes())
 
