@@ -305,6 +305,7 @@ def test_usage_errors_exit_2(capsys):
     assert cli.main([]) == 2
     assert cli.main(["transcribe"]) == 2
     assert cli.main(["transcribe", str(JFK), "--beam-size", "0"]) == 2
+    assert cli.main(["transcribe", str(JFK), "--threads", "-2"]) == 2  # not torch's default
     assert cli.main(["transcribe", str(JFK), "--output-format", "docx"]) == 2
     assert cli.main(["serve", "--port", "99999"]) == 2  # before the model loads
     assert cli.main(["serve", "--max-upload-mb", "-1"]) == 2

@@ -114,6 +114,7 @@ def _number(
 
 
 _positive_int = _number(int, lambda n: n >= 1, "a whole number of at least 1")
+_threads = _number(int, lambda n: n >= 0, "a whole number of threads, or 0 for torch's choice")
 _positive_float = _number(float, lambda x: x > 0 and math.isfinite(x), "a number above 0")
 _port = _number(int, lambda n: 0 <= n <= 65535, "a port number from 0 to 65535")
 
@@ -455,7 +456,7 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int = 0) -> Non
     group.add_argument(
         "--threads",
         metavar="N",
-        type=int,
+        type=_threads,
         default=threads,
         help="CPU threads for torch (0: torch's choice; default: %(default)s)",
     )
@@ -1023,7 +1024,8 @@ def _add_export_parser(commands: Any) -> None:
     e.add_argument("model", metavar="MODEL", help="model name, model folder or OpenAI .pt file")
     e.add_argument("--format", choices=["onnx", "torch-export"], default="onnx",
                    help="(default: %(default)s)")  # fmt: skip
-    e.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder")
+    e.add_argument("--out", required=True, metavar="DIR",
+                   help="a new or empty folder, or an earlier export's (replaced)")  # fmt: skip
     e.add_argument("--compute-type", choices=["float32", "float16"], default="float32",
                    help="weights and activations (default: %(default)s)")  # fmt: skip
     e.set_defaults(run=run_export)
