@@ -185,10 +185,15 @@ def test_cli_crash_resume_and_parquet(corpus, local_rows, tiny_en, tmp_path, cap
         f.write('{"path": "' + str(_clips()[-1])[:10])  # a row cut off by the crash
 
     failed_left = not any(row["error"] for row in written)
-    assert main([*command, "--progress"]) == int(failed_left)  # 1: a file failed
+    assert main([*command, "--progress"]) == 1  # a file failed, in this run or the killed one
     err = capsys.readouterr().err
     assert f"files ({int(failed_left)} failed)" in err and "RTFx" in err  # the progress line
-    assert f"{len(written)} already done" in err  # the summary
+    earlier = "" if failed_left else " (1 of them failed)"
+    assert f"{len(written)} already done{earlier};" in err  # the summary
+    assert "1 file(s) failed" in err
+    # A rerun with nothing to do still says that OUT holds a failed file, and exits 1.
+    assert main(command) == 1
+    assert f"{len(local_rows)} already done (1 of them failed)" in capsys.readouterr().err
     rows = _rows(out)
     assert _texts(rows) == _texts(local_rows)
     assert [rows[row["path"]] for row in written] == written  # finished rows are kept as they are

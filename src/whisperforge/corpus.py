@@ -80,6 +80,7 @@ class Decoded:
 class Summary:
     listed: int  # files in INPUT
     skipped: int  # already in OUT
+    skipped_failed: int = 0  # of those, rows that hold an error (kept unless --retry-errors)
     ok: int = 0
     failed: int = 0
     audio_s: float = 0.0
@@ -90,8 +91,10 @@ class Summary:
         return self.audio_s / self.wall_s if self.wall_s > 0 else 0.0
 
     def line(self) -> str:
+        # A rerun skips the files an earlier run failed on: they are still not transcribed.
+        earlier = f" ({self.skipped_failed} of them failed)" if self.skipped_failed else ""
         return (
-            f"{self.ok} ok, {self.failed} failed, {self.skipped} already done; "
+            f"{self.ok} ok, {self.failed} failed, {self.skipped} already done{earlier}; "
             f"{audio_length(self.audio_s)} of audio in {self.wall_s:.1f} s (RTFx {self.rtfx:.1f})"
         )
 
@@ -545,6 +548,7 @@ class Journal:
                 "pick a writable path"
             ) from None
         self.done = {r["path"] for r in rows}
+        self.failed = {r["path"] for r in rows if r.get("error")}
         self.written = 0
         # Rows made otherwise (another model, language, ...) are still skipped as done: say so.
         other = next((r["settings"] for r in rows if _differ(r.get("settings"), settings)), None)
@@ -685,6 +689,7 @@ def transcribe_corpus(
     journal = Journal(output, retry_errors, settings)
     todo = [s for s in sources if s.path not in journal.done]
     summary = Summary(listed=len(sources), skipped=len(sources) - len(todo))
+    summary.skipped_failed = sum(s.path in journal.failed for s in sources)
     bar = Progress(len(todo), progress)
     finished = False
     try:
@@ -748,7 +753,7 @@ OUT: .jsonl, written row by row as files finish, or .parquet, merged from OUT.jo
   the file, and from the previous row to this one (files share batches: a file finished in the
   same batch as the one before shows about 0).
 Rerunning with the same OUT skips the files already in it, failed ones too unless
-  --retry-errors.
+  --retry-errors; the exit status is 1 while OUT holds a failed file of INPUT.
 
 examples:
   whisperforge batch recordings/ --output out.jsonl
@@ -816,11 +821,12 @@ def run_batch(args: Any) -> int:
         task=args.task,
     )  # fmt: skip
     print(f"{args.output}: {summary.line()}", file=sys.stderr)
-    if summary.failed:
+    failed = summary.failed + summary.skipped_failed
+    if failed:
         print(
-            f"{summary.failed} file(s) failed: their rows in {args.output} hold the error; "
+            f"{failed} file(s) failed: their rows in {args.output} hold the error; "
             "rerun with --retry-errors to try them again",
             file=sys.stderr,
         )
-        return 1
+        return 1  # OUT lacks their text, whichever run failed them
     return 0
