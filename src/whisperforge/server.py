@@ -314,8 +314,7 @@ class App:
         except AudioError as error:
             raise APIError(400, str(error), "file") from None
         finally:
-            if not job.future.done():
-                job.abandon()
+            _abandon(job, future)
 
     def _timeout(self) -> APIError:
         return APIError(504, f"the transcription did not finish within the server's "
@@ -352,16 +351,16 @@ class App:
     async def sse(self, job: Job, deltas: asyncio.Queue[Segment]) -> AsyncIterator[str]:
         """transcript.text.delta per segment as it is final, then transcript.text.done. A client
         that leaves closes this generator: the job is abandoned."""
+        future = asyncio.wrap_future(job.future)
         try:
-            async for event in self._sse_events(job, deltas):
+            async for event in self._sse_events(job, future, deltas):
                 yield event
         finally:
-            if not job.future.done():
-                job.abandon()
+            _abandon(job, future)
 
-    async def _sse_events(self, job: Job, deltas: asyncio.Queue[Segment]) -> AsyncIterator[str]:
+    async def _sse_events(self, job: Job, future: asyncio.Future,
+                          deltas: asyncio.Queue[Segment]) -> AsyncIterator[str]:  # fmt: skip
         loop = asyncio.get_running_loop()
-        future = asyncio.wrap_future(job.future)
         deadline = loop.time() + self.config.request_timeout_s
         parts: list[str] = []
         while True:
@@ -499,6 +498,15 @@ class App:
         if header and header.lower().startswith("bearer "):
             given = header[7:].strip()
         return hmac.compare_digest(given.encode(), key.encode())
+
+
+def _abandon(job: Job, waiter: asyncio.Future) -> None:
+    """Abandon `job` unless it is done. Its TimeoutError reaches `waiter` (the request's
+    asyncio view of it) after the request is gone; reading it here keeps asyncio from logging
+    "Future exception was never retrieved" for every client that leaves."""
+    if not job.future.done():
+        job.abandon()
+    waiter.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 def _json_type(text: str) -> str | None:
