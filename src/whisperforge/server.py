@@ -365,15 +365,17 @@ class App:
         parts: list[str] = []
         while True:
             getter = asyncio.ensure_future(deltas.get())
-            done, _ = await asyncio.wait({getter, future}, timeout=deadline - loop.time(),
-                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            try:
+                done, _ = await asyncio.wait({getter, future}, timeout=deadline - loop.time(),
+                                             return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            finally:  # also when the client leaves (this wait is cancelled): no task left behind
+                getter.cancel()
             if getter in done:
                 delta = getter.result().text
                 delta = delta.lstrip() if not parts else delta
                 parts.append(delta)
                 yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': delta})}\n\n"
                 continue
-            getter.cancel()
             if not done:
                 job.abandon()
                 yield f"data: {json.dumps(self._timeout().body())}\n\n"
