@@ -124,3 +124,15 @@ def test_all_silent_file_returns_empty_quickly(tiny_en):
     assert list(segments) == [] and info.duration_after_vad == 0.0
     assert info.language == "en" and info.language_probability == 1.0  # the only language
     assert time.perf_counter() - start < 10
+
+
+def test_clip_timestamps_with_vad_filter_are_times_of_the_file(tiny_en, jfk_in_silence):
+    """Clips name stretches of the file, not of the speech the VAD kept: only the speech inside
+    them is decoded, at its own times (the clip 70-82 s once gave the first jfk's words)."""
+    segments, info = tiny_en.transcribe(jfk_in_silence, vad_filter=True, beam_size=1,
+                                        clip_timestamps="70,82", temperature=0.0)  # fmt: skip
+    segments = list(segments)
+    assert segments and all(70 <= s.start < s.end <= 82 for s in segments)
+    assert "fellow americans" in " ".join(s.text for s in segments).lower()
+    assert 10 < info.duration_after_vad <= 12
+    assert info.transcription_options.clip_timestamps == (70.0, 82.0)

@@ -53,7 +53,14 @@ from .results import Segment, TranscriptionInfo, Word
 from .runtime import Runtime, RuntimeWhisper, current_device
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
 from .tokenizer import HuggingFaceCodec, TiktokenCodec, Tokenizer, normalize_language
-from .vad import SpeechRegion, TimelineMap, VadOptions, collect_speech, detect_speech
+from .vad import (
+    SpeechRegion,
+    TimelineMap,
+    VadOptions,
+    collect_speech,
+    detect_speech,
+    regions_within,
+)
 
 if TYPE_CHECKING:
     from .engine import ConcurrentTranscriber
@@ -626,7 +633,8 @@ class WhisperModel:
         `language_detection_segments` windows (see `language_of`), `log_progress` (a bar of
         the audio done, on stderr), `log_prob_low_threshold` (a window decoded below this
         average log-probability is dropped as silence) and `chunk_length` (seconds of audio a
-        window holds, up to 30).
+        window holds, up to 30). With `vad_filter`, `clip_timestamps` (times of the file) keep
+        the speech inside them (faster-whisper drops the VAD when given clips).
         """
         # locals(): the arguments, before any other name is set here
         options = TranscriptionOptions.from_arguments(**options_of(locals()))
@@ -693,9 +701,15 @@ class WhisperModel:
             )
         timeline = None
         vad_options = None
+        window_options = options
         if vad_filter:  # transcribe only the speech, then map times back to the original
             vad_options = vad_options_of(vad_parameters)
             regions = detect_speech(samples, vad_options)
+            # clip_timestamps are times of the file: the speech inside them is decoded, and the
+            # loop then runs over all of it (clipped again, the times would be the speech's).
+            clips = clip_spans(options.clip_timestamps, SAMPLE_RATE, len(samples))
+            regions = regions_within(regions, clips)
+            window_options = replace(options, clip_timestamps=())
             samples = collect_speech(samples, regions)
             timeline = TimelineMap(regions)
         if len(samples) == 0:  # VAD found no speech at all: nothing to decode
@@ -726,7 +740,7 @@ class WhisperModel:
         )
         tokenizer = self.tokenizer.with_options(language, task)
         steps = self.window_steps(
-            mel, tokenizer, options, frame_peaks(samples), timeline, prefix_once=True
+            mel, tokenizer, window_options, frame_peaks(samples), timeline, prefix_once=True
         )
         return steps, info
 

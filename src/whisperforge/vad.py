@@ -277,5 +277,15 @@ class TimelineMap:
         return float(self.regions[index].start + sample - self.concat_starts[index]) / SAMPLE_RATE
 
 
+def regions_within(regions: list[SpeechRegion], spans: list[tuple[int, int]]) -> list[SpeechRegion]:
+    """The parts of `regions` inside the (start, end) sample spans (both in order)."""
+    return [
+        SpeechRegion(max(r.start, start), min(r.end, end))
+        for start, end in spans
+        for r in regions
+        if max(r.start, start) < min(r.end, end)
+    ]
+
+
 def collect_speech(audio: np.ndarray, regions: list[SpeechRegion]) -> np.ndarray:
     return np.concatenate([audio[r.start : r.end] for r in regions]) if regions else audio[:0]
