@@ -136,3 +136,20 @@ def test_clip_timestamps_with_vad_filter_are_times_of_the_file(tiny_en, jfk_in_s
     assert "fellow americans" in " ".join(s.text for s in segments).lower()
     assert 10 < info.duration_after_vad <= 12
     assert info.transcription_options.clip_timestamps == (70.0, 82.0)
+
+
+def test_vad_parameters_may_be_faster_whispers_own_vad_options(tiny_en):
+    """Code that still builds faster_whisper.vad.VadOptions passes them as they are."""
+    from faster_whisper.vad import VadOptions as TheirVadOptions
+
+    from whisperforge import InvalidOptionError
+
+    options = {"min_silence_duration_ms": 300, "speech_pad_ms": 200}
+    theirs = tiny_en.transcribe(JFK, vad_filter=True, vad_parameters=TheirVadOptions(**options),
+                                beam_size=1, temperature=0.0)  # fmt: skip
+    ours = tiny_en.transcribe(JFK, vad_filter=True, vad_parameters=VadOptions(**options),
+                              beam_size=1, temperature=0.0)  # fmt: skip
+    assert theirs[1].vad_options == ours[1].vad_options == VadOptions(**options)
+    assert [s.text for s in theirs[0]] == [s.text for s in ours[0]]
+    with pytest.raises(InvalidOptionError, match="vad_parameters must be"):
+        tiny_en.transcribe(JFK, vad_filter=True, vad_parameters=[0.5])

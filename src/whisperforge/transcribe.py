@@ -16,8 +16,8 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields, replace
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -921,13 +921,21 @@ class WhisperModel:
 
 
 def vad_options_of(
-    parameters: VadOptions | dict | None, default: VadOptions | None = None
+    parameters: VadOptions | Mapping | None, default: VadOptions | None = None
 ) -> VadOptions:
     """`vad_parameters` as faster-whisper takes them: VadOptions, or a dict of the fields to
     change in `default` (VadOptions' own defaults where None), or None for `default`."""
     default = default or VadOptions()
     if isinstance(parameters, VadOptions):
         return parameters
+    if is_dataclass(parameters) and not isinstance(parameters, type):
+        # faster-whisper's own VadOptions, from code that still imports it: the same fields
+        parameters = asdict(parameters)
+    if parameters is not None and not isinstance(parameters, Mapping):
+        raise InvalidOptionError(
+            f"vad_parameters must be a VadOptions or a dict of its fields, not "
+            f"{type(parameters).__name__}"
+        )
     unknown = set(parameters or {}) - {f.name for f in fields(VadOptions)}
     if unknown:
         raise InvalidOptionError(
