@@ -8,7 +8,7 @@ from itertools import pairwise
 import jiwer
 import numpy as np
 import pytest
-from conftest import DEV_DIR, JFK, LONG_FILE
+from conftest import DEV_DIR, JFK, LONG_FILE, plain_words
 
 from whisperforge import BatchedInferencePipeline, InvalidOptionError, load_audio
 from whisperforge.decoding import compression_ratio
@@ -110,6 +110,17 @@ def test_clip_timestamps_choose_the_windows(pipeline, clips):
     text = " ".join(s.text for s in segments).lower()
     assert "fellow americans" in text and "country" not in text
     assert all(s.end <= 3.6 for s in segments)
+
+
+def test_the_audio_between_clips_is_not_transcribed(pipeline):
+    """Two clips of JFK that fit one window: "And so my fellow Americans" and "ask what you can
+    do for your country", without the "ask not what your country can do for you" between
+    them (each clip a window, as in faster-whisper: packed together, the gap was decoded)."""
+    segments, _ = pipeline.transcribe(JFK, clip_timestamps="0,2.3,8.1,11", beam_size=1)
+    segments = list(segments)
+    words = plain_words(" ".join(s.text for s in segments)).split()
+    assert "americans" in words and "country" in words and "not" not in words, words
+    assert all(s.end <= 2.4 or s.start >= 8.0 for s in segments)
 
 
 def test_without_vad_the_audio_is_cut_into_30_s_windows(pipeline):

@@ -170,7 +170,8 @@ class BatchedInferencePipeline:
         device's free memory.
 
         The windows come from the VAD, or from `clip_timestamps` where given: faster-whisper's
-        list of {"start": sample, "end": sample}, or `transcribe`'s seconds "start,end,...".
+        list of {"start": sample, "end": sample}, or `transcribe`'s seconds "start,end,...",
+        each clip in windows of its own (the audio between clips is never decoded).
         With `vad_filter=False` and no clips, the audio is cut into 30 s windows as it is.
         `chunk_length`: windows (and the VAD's speech) of at most that many seconds."""
         # locals(): the arguments, before any other name is set here
@@ -201,8 +202,9 @@ class BatchedInferencePipeline:
         samples = load_audio(audio)
         seconds = options.window_seconds
         with self.model.lock:  # the VAD and the mel run on the model's device
-            if clip_timestamps is not None:
-                windows = pack_windows(clip_regions(clip_timestamps, len(samples)), seconds)
+            if clip_timestamps is not None:  # each clip windowed alone: the gaps are left out
+                clips = clip_regions(clip_timestamps, len(samples))
+                windows = [w for clip in clips for w in pack_windows([clip], seconds)]
             elif vad_filter:
                 windows = self._windows([samples], vad, seconds)[0]
             else:  # load_audio: never empty
