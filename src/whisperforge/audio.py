@@ -302,6 +302,10 @@ def log_mel_spectrogram(
         audio = audio.to(device)
     if padding > 0:
         audio = F.pad(audio, (0, padding))
+    if audio.shape[-1] <= N_FFT // 2:
+        # torch.stft's reflect padding needs more than half a frame of samples (openai-whisper
+        # fails here): a few samples, such as the end of a file cut into 30 s windows, get zeros
+        audio = F.pad(audio, (0, N_FFT // 2 + 1 - audio.shape[-1]))
     if audio.dim() == 1 and audio.shape[0] > MEL_CHUNK_FRAMES * HOP_LENGTH:
         log_spec = _long_log_mel(audio, n_mels)
     else:
