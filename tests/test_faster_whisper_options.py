@@ -515,6 +515,19 @@ def test_language_of_the_speech_alone(base):
         ({"clip_timestamps": "nan"}, "clip_timestamps"), ({"clip_timestamps": "-1,3"}, "clip_timestamps"),
         ({"clip_timestamps": "5,2"}, "clip_timestamps"),
         ({"clip_timestamps": "100"}, "past the end"),  # of a 1.5 s clip
+        # Wrong types, refused by name before any decode: not a bare TypeError deep inside it,
+        # temperature="0.2" not the characters 0 . 2, word_timestamps="no" not true, a NaN
+        # threshold not a check silently off.
+        ({"temperature": "0.2"}, "temperature"), ({"temperature": ["a"]}, "temperature"),
+        ({"beam_size": "5"}, "beam_size"), ({"beam_size": True}, "beam_size"),
+        ({"initial_prompt": 42}, "initial_prompt"), ({"prefix": 42}, "prefix"),
+        ({"suppress_tokens": ["a"]}, "suppress_tokens"), ({"word_timestamps": "no"}, "word_timestamps"),
+        ({"condition_on_previous_text": "no"}, "condition_on_previous_text"),
+        ({"compression_ratio_threshold": "2.4"}, "compression_ratio_threshold"),
+        ({"no_speech_threshold": float("nan")}, "no_speech_threshold"),
+        ({"log_prob_threshold": float("nan")}, "log_prob_threshold"),
+        ({"max_initial_timestamp": -1}, "max_initial_timestamp"),
+        ({"prepend_punctuations": 5, "word_timestamps": True}, "prepend_punctuations"),
     ],
 )  # fmt: skip
 def test_bad_option_values_are_refused_by_name(tiny_en, options, named):

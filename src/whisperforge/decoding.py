@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -24,7 +24,7 @@ from . import kernels, runtime
 from .audio import CHUNK_LENGTH
 from .errors import InvalidOptionError
 from .model import KVCache, Whisper
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, parse_token_ids
 
 
 @dataclass(frozen=True)
@@ -443,18 +443,28 @@ def rank_by_likelihood(
 # --- the decode ------------------------------------------------------------------------------
 
 
+def token_ids_or_text(
+    name: str, value: str | Iterable[int] | None, text: bool = True
+) -> str | list[int] | None:
+    """A prompt (text, or token ids) or suppress_tokens (token ids, or openai-whisper's
+    comma-separated string of them) as a list, refused by name if it is neither."""
+    if value is None or (text and isinstance(value, str)):
+        return value
+    if isinstance(value, str):  # suppress_tokens="-1,50257", as openai-whisper's CLI spells it
+        return parse_token_ids(value)
+    if isinstance(value, Iterable):
+        ids = list(value)
+        if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
+            return [int(t) for t in ids]
+    kind = "text or a list of token ids" if text else "a list of token ids, e.g. [-1]"
+    raise InvalidOptionError(f"{name} must be {kind}, not {value!r}")
+
+
 def suppress_token_list(
     tokenizer: Tokenizer, suppress_tokens: str | Sequence[int] | None
 ) -> list[int]:
     """The tokens never sampled: the user's list (-1: non-speech symbols) plus task tokens."""
-    if isinstance(suppress_tokens, str):
-        try:
-            suppress_tokens = [int(t) for t in suppress_tokens.split(",") if t.strip()]
-        except ValueError:
-            raise InvalidOptionError(
-                f"suppress_tokens {suppress_tokens!r} must be token ids, e.g. '-1' or '-1,50257'"
-            ) from None
-    tokens = list(suppress_tokens or [])
+    tokens = token_ids_or_text("suppress_tokens", suppress_tokens, text=False) or []
     if -1 in tokens:
         tokens.remove(-1)
         tokens += tokenizer.non_speech_tokens
@@ -544,6 +554,14 @@ def validate_options(options: DecodingOptions) -> None:
         raise InvalidOptionError(
             f"length_penalty {options.length_exponent!r} must be a number: candidates are "
             f"ranked by log-prob / length ** length_penalty (1: by the mean log-prob)"
+        )
+    initial = options.max_initial_timestamp
+    if initial is not None and (
+        not isinstance(initial, numbers.Real) or not 0 <= initial < math.inf
+    ):
+        raise InvalidOptionError(
+            f"max_initial_timestamp {initial!r} must be seconds from 0 on (how late the first "
+            "timestamp may come; None: no limit)"
         )
     if options.repetition_penalty <= 0:
         raise InvalidOptionError("repetition_penalty must be above 0 (1 leaves scores as they are)")

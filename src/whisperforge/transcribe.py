@@ -43,6 +43,7 @@ from .decoding import (
     DecodingResult,
     decode,
     detect_language,
+    token_ids_or_text,
     validate_options,
 )
 from .errors import InvalidOptionError
@@ -129,26 +130,35 @@ class TranscriptionOptions:
     ) -> TranscriptionOptions:
         """The options of `WhisperModel.transcribe`'s keyword arguments (but language, task and
         VAD), checked. `length_penalty=None` is 1."""
-        temperatures = (
-            (temperature,) if isinstance(temperature, (int, float)) else tuple(temperature)
-        )
+        # Python callers pass anything: a string where a number goes would fail deep in the
+        # decode with a bare TypeError, or as temperature="0.2" become the characters 0 . 2.
+        if isinstance(temperature, numbers.Real):
+            temperatures: tuple = (temperature,)
+        elif isinstance(temperature, Iterable) and not isinstance(temperature, str):
+            temperatures = tuple(temperature)
+        else:
+            temperatures = (temperature,)  # refused by name below
         if not temperatures:
             raise InvalidOptionError("temperature needs at least one value")
+        for t in temperatures:
+            if not isinstance(t, numbers.Real) or isinstance(t, bool):
+                raise InvalidOptionError(
+                    f"temperature {temperature!r} must be a number or a list of numbers, "
+                    "e.g. 0.2 or (0.0, 0.2, 0.4)"
+                )
+        initial_prompt = token_ids_or_text("initial_prompt", initial_prompt)
+        suppress_tokens = token_ids_or_text("suppress_tokens", suppress_tokens, text=False)
         options = cls(
             temperatures=temperatures,
             clip_timestamps=parse_clip_timestamps(clip_timestamps),
-            initial_prompt=initial_prompt
-            if isinstance(initial_prompt, (str, type(None)))
-            else list(initial_prompt),
+            initial_prompt=initial_prompt,
             suppress_tokens=tuple(suppress_tokens) if suppress_tokens else None,
             length_penalty=1.0 if length_penalty is None else length_penalty,
             **fields,
         )
+        check_option_types(options)
         if options.beam_size < 1 or options.best_of < 1:
             raise InvalidOptionError("beam_size and best_of must be at least 1")
-        for name in ("language_detection_segments", "no_repeat_ngram_size"):
-            if not isinstance(getattr(options, name), numbers.Integral):
-                raise InvalidOptionError(f"{name} must be a whole number")
         if options.hotwords is not None and not isinstance(options.hotwords, str):
             raise InvalidOptionError("hotwords must be text, e.g. 'Subiaco, Pannartz'")
         if options.language_detection_segments < 1:
@@ -199,6 +209,43 @@ class TranscriptionOptions:
             repetition_penalty=self.repetition_penalty,
             no_repeat_ngram_size=self.no_repeat_ngram_size,
         )
+
+
+# TranscriptionOptions' fields by the type they take (None too, where `MAY_BE_NONE`).
+WHOLE_NUMBER_OPTIONS = ("beam_size", "best_of", "max_new_tokens", "no_repeat_ngram_size",
+                        "language_detection_segments")  # fmt: skip
+NUMBER_OPTIONS = ("patience", "compression_ratio_threshold", "log_prob_threshold",
+                  "no_speech_threshold", "log_prob_low_threshold", "prompt_reset_on_temperature",
+                  "max_initial_timestamp", "hallucination_silence_threshold",
+                  "repetition_penalty", "language_detection_threshold", "chunk_length")  # fmt: skip
+FLAG_OPTIONS = ("condition_on_previous_text", "carry_initial_prompt", "suppress_blank",
+                "without_timestamps", "word_timestamps", "multilingual", "keep_empty_segments")  # fmt: skip
+TEXT_OPTIONS = ("prefix", "prepend_punctuations", "append_punctuations")
+MAY_BE_NONE = ("max_new_tokens", "compression_ratio_threshold", "log_prob_threshold",
+               "no_speech_threshold", "log_prob_low_threshold", "max_initial_timestamp",
+               "hallucination_silence_threshold", "chunk_length", "prefix")  # fmt: skip
+
+
+def check_option_types(options: TranscriptionOptions) -> None:
+    """Refuse an option of the wrong type by name: a string where a number goes fails deep in
+    the decode with a bare TypeError, a NaN threshold compares false and silently turns its
+    check off, and word_timestamps="no" would be true."""
+    for name in (*WHOLE_NUMBER_OPTIONS, *NUMBER_OPTIONS, *FLAG_OPTIONS, *TEXT_OPTIONS):
+        value = getattr(options, name)
+        if value is None and name in MAY_BE_NONE:
+            continue
+        if name in WHOLE_NUMBER_OPTIONS:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise InvalidOptionError(f"{name} must be a whole number, not {value!r}")
+        elif name in NUMBER_OPTIONS:
+            if not isinstance(value, numbers.Real) or not math.isfinite(value):
+                hint = " (or None)" if name in MAY_BE_NONE else ""
+                raise InvalidOptionError(f"{name} must be a finite number{hint}, not {value!r}")
+        elif name in FLAG_OPTIONS:
+            if not isinstance(value, (bool, np.bool_)):
+                raise InvalidOptionError(f"{name} must be True or False, not {value!r}")
+        elif not isinstance(value, str):
+            raise InvalidOptionError(f"{name} must be text, not {value!r}")
 
 
 def temperature_ladder(temperature: float, increment: float | None = 0.2) -> tuple[float, ...]:
