@@ -157,6 +157,11 @@ def test_arrays_and_tensors_pass_through() -> None:
     # integer PCM, as `wave` or scipy read it, is scaled to [-1, 1)
     pcm = np.array([0, 16384, -32768], dtype=np.int16)
     np.testing.assert_array_equal(load_audio(pcm), [0.0, 0.5, -1.0])
+    # views with negative or wide strides, which torch.from_numpy refuses
+    for view in (x[::-1], np.stack([x, x], axis=1)[:, 0], x.astype(np.float32)[::-2]):
+        np.testing.assert_array_equal(load_audio(view), view.astype(np.float32))
+        assert pad_or_trim(view, 1200).shape == (1200,)
+        np.testing.assert_array_equal(log_mel_spectrogram(view), log_mel_spectrogram(view.copy()))
 
 
 def test_stereo_44k_wav_mixes_down_and_resamples(tmp_path: Path, jfk: np.ndarray) -> None:

@@ -216,7 +216,8 @@ def load_audio(audio: AudioInput, *, max_seconds: float | None = None) -> np.nda
                 f"audio arrays must be 1-D mono at {SAMPLE_RATE} Hz, got shape {audio.shape}; "
                 "average the channel axis first (e.g. audio.mean(axis=1) for [samples, channels])"
             )
-        samples = to_float32(audio)
+        # A reversed or strided view (audio[::-1]) has strides torch.from_numpy refuses.
+        samples = np.ascontiguousarray(to_float32(audio))
     else:
         samples = decode_audio(audio, max_seconds=max_seconds)
     if max_seconds is not None and samples.size > max_seconds * SAMPLE_RATE:
@@ -231,8 +232,8 @@ def load_audio(audio: AudioInput, *, max_seconds: float | None = None) -> np.nda
 def pad_or_trim(array: T, length: int = N_SAMPLES, *, axis: int = -1) -> T:
     """Zero-pad or cut `array` (a tensor, or a numpy array as openai-whisper's takes) along
     `axis` to exactly `length`, as the encoder expects."""
-    if isinstance(array, np.ndarray):
-        return pad_or_trim(torch.from_numpy(array), length, axis=axis).numpy()
+    if isinstance(array, np.ndarray):  # contiguous: torch takes no negative strides
+        return pad_or_trim(torch.from_numpy(np.ascontiguousarray(array)), length, axis=axis).numpy()
     size = array.shape[axis]
     if size > length:
         return array.narrow(axis, 0, length)
@@ -297,6 +298,8 @@ def log_mel_spectrogram(
     openai-whisper's), `padding` zero samples appended."""
     if not isinstance(audio, (np.ndarray, torch.Tensor)):
         audio = load_audio(audio)
+    if isinstance(audio, np.ndarray):  # torch takes no negative strides (audio[::-1])
+        audio = np.ascontiguousarray(audio)
     audio = torch.as_tensor(audio, dtype=torch.float32)
     if device is not None:
         audio = audio.to(device)
