@@ -6,6 +6,7 @@ import copy
 import hashlib
 import io
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 import srt
 from conftest import DEV_DIR, JFK
 
-from whisperforge import Segment, TranscriptionInfo, WhisperModel, cli
+from whisperforge import InvalidOptionError, Segment, TranscriptionInfo, WhisperModel, cli
 from whisperforge.transcribe import TranscriptionOptions, temperature_ladder
 from whisperforge.writers import FORMATS
 
@@ -328,6 +329,10 @@ def test_temperature_ladder():
     assert temperature_ladder(0.3, None) == (0.3,)
     assert temperature_ladder(0.0, 0.0) == (0.0,)
     assert temperature_ladder(0.4) == (0.4, 0.6, 0.8, 1.0)  # the server's: OpenAI raises by 0.2
+    # --temperature nan is one rung, refused by name later (int(nan) was an internal error)
+    assert math.isnan(temperature_ladder(float("nan"))[0])
+    with pytest.raises(InvalidOptionError, match="temperature_increment_on_fallback"):
+        temperature_ladder(0.0, float("nan"))
 
 
 # --- the installed command ---------------------------------------------------------------------
@@ -378,9 +383,10 @@ def test_command_reads_stdin_as_dash(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "text", "language", "model"])
+@pytest.mark.parametrize("case", ["missing", "empty", "text", "language", "model", "nan"])
 def test_command_fails_with_one_error_line(case, bad_files):
     args = {
+        "nan": [str(JFK), "--temperature", "nan"],
         "missing": [str(bad_files["missing"])],
         "empty": [str(bad_files["empty"])],
         "text": [str(bad_files["text"])],
@@ -390,5 +396,5 @@ def test_command_fails_with_one_error_line(case, bad_files):
     result = whisperforge("transcribe", *args)
     assert result.returncode == 1
     assert len(error_lines(result.stderr)) == 1, result.stderr
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
     assert result.stdout == ""

@@ -252,7 +252,12 @@ def temperature_ladder(temperature: float, increment: float | None = 0.2) -> tup
     """openai-whisper's fallback temperatures: from `temperature` up to 1.0 by `increment`
     (the CLI's --temperature_increment_on_fallback; OpenAI's API raises by 0.2 from its
     `temperature` when a window fails the thresholds)."""
-    if increment is None or increment <= 0 or temperature >= 1.0:
+    if increment is not None and math.isnan(increment):
+        raise InvalidOptionError(
+            "temperature_increment_on_fallback must be a number (0 or none: no fallback), not nan"
+        )
+    # A NaN temperature is one rung, refused by name with the other options (no int(NaN) here).
+    if increment is None or increment <= 0 or not temperature < 1.0:
         return (temperature,)
     steps = int((1.0 - temperature) / increment + 1e-6)
     return tuple(round(temperature + i * increment, 6) for i in range(steps + 1))
