@@ -135,6 +135,25 @@ def test_generated_containers_decode(
     assert best_correlation(clip, audio) > 0.9
 
 
+def test_a_second_audio_stream_is_named_in_a_warning(tmp_path: Path, jfk: np.ndarray) -> None:
+    """Two audio streams (a film's languages, a call's two sides): the first is transcribed,
+    as faster-whisper's, and a warning says the other was not heard."""
+    clip = (jfk[: 2 * SAMPLE_RATE] * 32767).astype(np.int16)
+    path = tmp_path / "two.mka"
+    with av.open(str(path), mode="w") as out:
+        streams = [out.add_stream("pcm_s16le", rate=SAMPLE_RATE, layout="mono") for _ in "ab"]
+        for i in range(0, len(clip), 4000):
+            for stream, pcm in zip(streams, (clip, np.zeros_like(clip))):
+                frame = av.AudioFrame.from_ndarray(pcm[None, i : i + 4000], "s16", "mono")
+                frame.sample_rate, frame.pts = SAMPLE_RATE, i
+                out.mux(stream.encode(frame))
+        for stream in streams:
+            out.mux(stream.encode(None))
+    with pytest.warns(UserWarning, match="2 audio streams; transcribing the first"):
+        audio = load_audio(path)
+    np.testing.assert_allclose(audio, clip / 32768, atol=1e-6)
+
+
 def test_bytes_file_objects_and_paths_agree(jfk: np.ndarray) -> None:
     data = JFK.read_bytes()
     with open(JFK, "rb") as f:

@@ -88,7 +88,14 @@ def decode_audio(
                 raise AudioError(
                     f"{name}: no audio stream in it (read as {kind}); pass a file with sound"
                 )
-            stream = container.streams.audio[0]
+            stream = container.streams.audio[0]  # faster-whisper's choice
+            if len(container.streams.audio) > 1:  # the others are not heard: say so
+                warnings.warn(
+                    f"{name}: {len(container.streams.audio)} audio streams; transcribing the "
+                    f"first only (stream #{stream.index}); to transcribe another, extract it "
+                    "first (e.g. ffmpeg -i FILE -map 0:a:1 out.flac)",
+                    stacklevel=2,
+                )
             for packet in container.demux(stream):  # the last, empty packet flushes the decoder
                 n_packets += int(packet.size > 0)
                 try:
