@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import time
 import tracemalloc
+import warnings
 import wave
 from collections.abc import Callable
 from fractions import Fraction
@@ -271,6 +272,29 @@ def test_cut_off_recording_keeps_what_it_holds(jfk: np.ndarray) -> None:
         audio = load_audio(data[: len(data) // 2])
     assert 0.4 * len(jfk) < len(audio) < 0.6 * len(jfk)
     np.testing.assert_array_equal(audio[:SAMPLE_RATE], jfk[:SAMPLE_RATE])
+
+
+def test_cut_off_wav_warns_and_a_piped_one_does_not(tmp_path: Path, jfk: np.ndarray) -> None:
+    """FFmpeg sizes a WAV by its file: a recording cut off mid-write decoded without a word.
+    A WAV written to a pipe promises 0xFFFFFFFF bytes, a placeholder: no warning there."""
+    path = tmp_path / "jfk.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes((jfk * 32767).astype("<i2").tobytes())
+    data = path.read_bytes()
+    (tmp_path / "cut.wav").write_bytes(data[: len(data) // 2 + 1])  # mid-sample, too
+    for cut in (tmp_path / "cut.wav", data[: len(data) // 2 + 1]):
+        with pytest.warns(UserWarning, match="promises 11.00 s but the file holds 5.50 s"):
+            audio = load_audio(cut)
+        np.testing.assert_allclose(audio, jfk[: len(audio)], atol=1 / 32767)
+    piped = bytearray(data)
+    piped[4:8] = piped[40:44] = (0xFFFFFFFF).to_bytes(4, "little")  # RIFF and data sizes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(load_audio(bytes(piped))) == len(jfk)
+        assert len(load_audio(path)) == len(jfk)
 
 
 # --- spectrogram ------------------------------------------------------------------------------

@@ -125,6 +125,12 @@ def decode_audio(
             "(the file may be damaged or cut off)",
             stacklevel=2,
         )
+    if container.format.name == "wav" and isinstance(source, (str, Path, io.BytesIO)):
+        # FFmpeg sizes a WAV by the file, so a cut-off recording decodes without a complaint.
+        promised = _wav_promised_seconds(source)
+        held = n_samples / channels / sampling_rate
+        if promised is not None and promised > held + 0.05:
+            warnings.warn(_cut_off(name, promised, held), stacklevel=2)
     samples = np.concatenate(chunks, dtype=np.float32)  # straight to float32: no int16 copy
     samples *= 1.0 / 32768.0
     if split_stereo:  # s16 stereo comes interleaved: left, right, left, ...
@@ -160,16 +166,34 @@ def read_pcm_wav(
         )
     whole = len(data) // (width * channels)  # a cut-off file can end inside a frame
     if whole < n_frames:
-        warnings.warn(
-            f"{name}: the WAV header promises {n_frames / rate:.2f} s but the file holds "
-            f"{whole / rate:.2f} s (it may be cut off); transcribing what is there",
-            stacklevel=3,
-        )
+        warnings.warn(_cut_off(name, n_frames / rate, whole / rate), stacklevel=3)
     data = data[: whole * width * channels]
     samples = to_float32(np.frombuffer(data, dtype=dtype).reshape(-1, channels))
     if split_stereo:
         return samples[:, 0].copy(), samples[:, min(1, channels - 1)].copy()
     return samples.mean(axis=1, dtype=np.float32)  # mono: each sample as it is
+
+
+def _cut_off(name: str, promised: float, held: float) -> str:
+    return (
+        f"{name}: the WAV header promises {promised:.2f} s but the file holds {held:.2f} s "
+        "(it may be cut off); transcribing what is there"
+    )
+
+
+def _wav_promised_seconds(source: str | Path | io.BytesIO) -> float | None:
+    """The seconds a PCM WAV's header promises; None where `wave` can't read it (float WAV)
+    or the size is a placeholder (a WAV written to a pipe says 0 or 0xFFFFFFFF bytes)."""
+    try:
+        if isinstance(source, io.BytesIO):
+            source.seek(0)
+        with wave.open(str(source) if isinstance(source, Path) else source, "rb") as wav:
+            size = wav.getnframes() * wav.getnchannels() * wav.getsampwidth()
+            if not 0 < size < 0xFFFFFFFF - wav.getnchannels() * wav.getsampwidth():
+                return None
+            return wav.getnframes() / wav.getframerate()
+    except (wave.Error, EOFError, OSError):
+        return None
 
 
 # Float samples past this peak are integer PCM cast to float (a 16-bit recording's run to
