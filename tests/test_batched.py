@@ -79,8 +79,9 @@ def test_windows_cut_short_are_continued(tiny_en, pipeline):
 
 
 def test_bad_options_are_refused(pipeline):
-    with pytest.raises(InvalidOptionError):
-        pipeline.transcribe(load_audio(JFK), batch_size=0)
+    for batch_size in (0, "4", 2.5):  # a string was a bare TypeError, 2.5 taken
+        with pytest.raises(InvalidOptionError, match="batch_size"):
+            pipeline.transcribe(load_audio(JFK), batch_size=batch_size)
     with pytest.raises(TypeError, match="no_such_option"):  # as faster-whisper's
         pipeline.transcribe(load_audio(JFK), no_such_option=1)
     with pytest.raises(InvalidOptionError, match="no_such_option"):

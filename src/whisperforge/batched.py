@@ -17,6 +17,7 @@ window goes without context; one chain is exactly the sequential `transcribe`.
 
 from __future__ import annotations
 
+import numbers
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -313,8 +314,15 @@ class BatchedInferencePipeline:
         return TranscriptionOptions.from_arguments(temperature=temperature, **options)
 
     def _check(self, language: str | None, task: str, batch_size: int | None) -> None:
-        if batch_size is not None and batch_size < 1:
-            raise InvalidOptionError("batch_size must be at least 1 (or None to pick one)")
+        # A string fails at the comparison, and 2.5 would be sliced on as windows per batch.
+        if batch_size is not None and (
+            not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool)
+            or batch_size < 1
+        ):  # fmt: skip
+            raise InvalidOptionError(
+                f"batch_size must be a whole number of at least 1 (or None to pick one), "
+                f"not {batch_size!r}"
+            )
         self.model.check_task(task)
         if language is not None:
             normalize_language(language, self.model.supported_languages)
