@@ -92,7 +92,7 @@ class TranscriptionOptions:
     prompt_reset_on_temperature: float = 0.5
     initial_prompt: str | list[int] | None = None
     carry_initial_prompt: bool = False
-    prefix: str | None = None
+    prefix: str | list[int] | None = None  # text, or token ids (openai-whisper takes both)
     suppress_blank: bool = True
     suppress_tokens: tuple[int, ...] | None = (-1,)
     without_timestamps: bool = False
@@ -147,6 +147,8 @@ class TranscriptionOptions:
                     "e.g. 0.2 or (0.0, 0.2, 0.4)"
                 )
         initial_prompt = token_ids_or_text("initial_prompt", initial_prompt)
+        if "prefix" in fields:
+            fields["prefix"] = token_ids_or_text("prefix", fields["prefix"])
         suppress_tokens = token_ids_or_text("suppress_tokens", suppress_tokens, text=False)
         options = cls(
             temperatures=temperatures,
@@ -220,10 +222,10 @@ NUMBER_OPTIONS = ("patience", "compression_ratio_threshold", "log_prob_threshold
                   "repetition_penalty", "language_detection_threshold", "chunk_length")  # fmt: skip
 FLAG_OPTIONS = ("condition_on_previous_text", "carry_initial_prompt", "suppress_blank",
                 "without_timestamps", "word_timestamps", "multilingual", "keep_empty_segments")  # fmt: skip
-TEXT_OPTIONS = ("prefix", "prepend_punctuations", "append_punctuations")
+TEXT_OPTIONS = ("prepend_punctuations", "append_punctuations")
 MAY_BE_NONE = ("max_new_tokens", "compression_ratio_threshold", "log_prob_threshold",
                "no_speech_threshold", "log_prob_low_threshold", "max_initial_timestamp",
-               "hallucination_silence_threshold", "chunk_length", "prefix")  # fmt: skip
+               "hallucination_silence_threshold", "chunk_length")  # fmt: skip
 
 
 def check_option_types(options: TranscriptionOptions) -> None:
