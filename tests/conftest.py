@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
+import wave
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # The dev set and its scoring are the benchmarks' (benchmarks/devset.py), so that a test and a
@@ -39,6 +42,18 @@ def run_interpreted(script: str, timeout: float = 300) -> None:
 def short_english_clips() -> list[dict]:
     """Every English dev clip of at most 30 s (one window)."""
     return [r for r in manifest() if r["language"] == "en" and r["duration_s"] <= 30]
+
+
+def pcm_wav(samples: np.ndarray, rate: int = 16000) -> bytes:
+    """16-bit PCM WAV of float samples: [n] mono, or [n, channels] interleaved."""
+    frames = samples.reshape(len(samples), -1)
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(frames.shape[1])
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(np.clip(np.round(frames * 32768), -32768, 32767).astype("<i2").tobytes())
+    return out.getvalue()
 
 
 def hub_cache_of_tiny_en(cache: Path, repo_id: str, ref: str = "main") -> Path:

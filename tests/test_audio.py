@@ -7,7 +7,6 @@ import io
 import time
 import tracemalloc
 import warnings
-import wave
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -16,7 +15,7 @@ import av
 import numpy as np
 import pytest
 import torch
-from conftest import DEV_DIR, JFK, LONG_FILE, manifest
+from conftest import DEV_DIR, JFK, LONG_FILE, manifest, pcm_wav
 
 from whisperforge.audio import (
     N_FRAMES,
@@ -189,11 +188,7 @@ def test_stereo_44k_wav_mixes_down_and_resamples(tmp_path: Path, jfk: np.ndarray
     left = resample(jfk, rate)
     stereo = np.stack([left, 0.5 * left], axis=1)  # [samples, channels], interleaved below
     path = tmp_path / "stereo44k.wav"
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(2)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((stereo * 32767).astype("<i2").tobytes())
+    path.write_bytes(pcm_wav(stereo, rate))
     audio = load_audio(path)
     assert abs(len(audio) - len(jfk)) <= 2
     assert np.corrcoef(audio[: len(jfk)], jfk[: len(audio)])[0, 1] > 0.99
@@ -278,11 +273,7 @@ def test_cut_off_wav_warns_and_a_piped_one_does_not(tmp_path: Path, jfk: np.ndar
     """FFmpeg sizes a WAV by its file: a recording cut off mid-write decoded without a word.
     A WAV written to a pipe promises 0xFFFFFFFF bytes, a placeholder: no warning there."""
     path = tmp_path / "jfk.wav"
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(SAMPLE_RATE)
-        w.writeframes((jfk * 32767).astype("<i2").tobytes())
+    path.write_bytes(pcm_wav(jfk))
     data = path.read_bytes()
     (tmp_path / "cut.wav").write_bytes(data[: len(data) // 2 + 1])  # mid-sample, too
     for cut in (tmp_path / "cut.wav", data[: len(data) // 2 + 1]):

