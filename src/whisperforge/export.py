@@ -661,8 +661,8 @@ def load_onnx_export(
             else "quantized types run on the model itself, not on an export"
         )
         raise InvalidOptionError(
-            f"{graphs.folder} is a {graphs.compute_type} export; pass compute_type='default', "
-            f"or {again}"
+            f"{graphs.folder} is a {graphs.compute_type} export; pass compute_type='default' "
+            f"(--compute-type default), or {again}"
         )
     manifest = graphs.manifest
     checkpoint = Checkpoint(
