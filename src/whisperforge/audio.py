@@ -148,7 +148,7 @@ def read_pcm_wav(
     (left, right), a mono file's twice) to float32 with the standard library's `wave`, for
     installs without PyAV. Anything else needs PyAV."""
     try:
-        with wave.open(str(source) if isinstance(source, Path) else source, "rb") as wav:
+        with _open_wav(source) as wav:
             rate, channels, width = wav.getframerate(), wav.getnchannels(), wav.getsampwidth()
             n_frames = wav.getnframes()
             data = wav.readframes(n_frames)
@@ -174,6 +174,10 @@ def read_pcm_wav(
     return samples.mean(axis=1, dtype=np.float32)  # mono: each sample as it is
 
 
+def _open_wav(source: str | Path | BinaryIO) -> wave.Wave_read:
+    return wave.open(str(source) if isinstance(source, Path) else source, "rb")
+
+
 def _cut_off(name: str, promised: float, held: float) -> str:
     return (
         f"{name}: the WAV header promises {promised:.2f} s but the file holds {held:.2f} s "
@@ -187,7 +191,7 @@ def _wav_promised_seconds(source: str | Path | io.BytesIO) -> float | None:
     try:
         if isinstance(source, io.BytesIO):
             source.seek(0)
-        with wave.open(str(source) if isinstance(source, Path) else source, "rb") as wav:
+        with _open_wav(source) as wav:
             size = wav.getnframes() * wav.getnchannels() * wav.getsampwidth()
             if not 0 < size < 0xFFFFFFFF - wav.getnchannels() * wav.getsampwidth():
                 return None

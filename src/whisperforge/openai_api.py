@@ -29,7 +29,7 @@ from .errors import InvalidOptionError
 from .model import ModelConfig
 from .results import Segment
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
-from .tokenizer import LANGUAGES, parse_token_ids
+from .tokenizer import LANGUAGES
 from .transcribe import TranscriptionOptions, WhisperModel, resolve_device, with_progress
 from .writers import (
     expand_formats,
@@ -168,8 +168,7 @@ class OpenAIWhisper:
         return self
 
     def cuda(self, device: int | str | torch.device | None = None) -> OpenAIWhisper:
-        index = device if isinstance(device, int) else None
-        return self.to(f"cuda:{index}" if index is not None else device or "cuda")
+        return self.to(f"cuda:{device}" if isinstance(device, int) else device or "cuda")
 
     def cpu(self) -> OpenAIWhisper:
         return self.to("cpu")
@@ -257,9 +256,6 @@ class OpenAIWhisper:
         options = {name: decode_options[name] for name in SAME_NAMES & set(decode_options)}
         options.setdefault("beam_size", 1)  # openai-whisper: greedy unless a beam is asked for
         options.setdefault("best_of", 1)
-        suppress = decode_options.get("suppress_tokens", "-1")
-        if isinstance(suppress, str):
-            suppress = parse_token_ids(suppress)
         if isinstance(audio, torch.Tensor):
             audio = audio.detach().cpu().numpy()
         transcription = TranscriptionOptions.from_arguments(
@@ -276,7 +272,7 @@ class OpenAIWhisper:
             clip_timestamps=clip_timestamps,
             hallucination_silence_threshold=hallucination_silence_threshold,
             keep_empty_segments=True,
-            suppress_tokens=suppress or None,
+            suppress_tokens=decode_options.get("suppress_tokens", "-1") or None,  # "-1,..." too
             max_new_tokens=decode_options.get("sample_len"),
             nmt_length_penalty=decode_options.get("length_penalty"),
             **options,
