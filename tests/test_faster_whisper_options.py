@@ -261,6 +261,12 @@ def test_language_from_several_windows(base, german_then_english):
     assert info.language == "de"  # the first window is sure enough
     with pytest.raises(InvalidOptionError, match="language_detection_segments"):
         base.transcribe(german_then_english, language_detection_segments=0)
+    # detect_language's own were max()'s ValueError, a slicing TypeError, a NaN taken as no limit.
+    for bad in ({"language_detection_segments": 0}, {"language_detection_segments": 2.5},
+                {"language_detection_threshold": float("nan")},
+                {"language_detection_threshold": "0.5"}):  # fmt: skip
+        with pytest.raises(InvalidOptionError, match=next(iter(bad))):
+            base.detect_language(german_then_english, **bad)
     # faster-whisper's way: a log-mel spectrogram instead of the audio, its arguments in order.
     features = log_mel_spectrogram(german_then_english, 80).numpy()
     assert base.detect_language(None, features, False, None, 3, 1.0)[0] == "en"

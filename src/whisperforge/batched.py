@@ -17,7 +17,6 @@ window goes without context; one chain is exactly the sequential `transcribe`.
 
 from __future__ import annotations
 
-import numbers
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,7 +37,7 @@ from .audio import (
     pad_or_trim,
 )
 from .decoding import DecodingResult, compression_ratio, decode
-from .errors import InvalidOptionError, WhisperforgeError
+from .errors import InvalidOptionError, WhisperforgeError, check_whole_number
 from .results import Segment, TranscriptionInfo
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
 from .tokenizer import Tokenizer, normalize_language
@@ -314,15 +313,8 @@ class BatchedInferencePipeline:
         return TranscriptionOptions.from_arguments(temperature=temperature, **options)
 
     def _check(self, language: str | None, task: str, batch_size: int | None) -> None:
-        # A string fails at the comparison, and 2.5 would be sliced on as windows per batch.
-        if batch_size is not None and (
-            not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool)
-            or batch_size < 1
-        ):  # fmt: skip
-            raise InvalidOptionError(
-                f"batch_size must be a whole number of at least 1 (or None to pick one), "
-                f"not {batch_size!r}"
-            )
+        if batch_size is not None:
+            check_whole_number("batch_size", batch_size, hint=" (or None to pick one)")
         self.model.check_task(task)
         if language is not None:
             normalize_language(language, self.model.supported_languages)

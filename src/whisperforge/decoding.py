@@ -22,7 +22,7 @@ from torch.distributions import Categorical
 
 from . import kernels, runtime
 from .audio import CHUNK_LENGTH
-from .errors import InvalidOptionError
+from .errors import InvalidOptionError, check_whole_number
 from .model import KVCache, Whisper
 from .tokenizer import Tokenizer, parse_token_ids
 
@@ -530,9 +530,8 @@ def validate_options(options: DecodingOptions) -> None:
         )
     for name in ("beam_size", "best_of", "sample_len"):
         value = getattr(options, name)
-        if value is not None and (not isinstance(value, numbers.Integral) or value < 1):
-            name += " (max_new_tokens)" if name == "sample_len" else ""
-            raise InvalidOptionError(f"{name} must be a whole number of at least 1, not {value!r}")
+        if value is not None:
+            check_whole_number(name + (" (max_new_tokens)" if name == "sample_len" else ""), value)
     patience = options.patience
     if patience is not None and (
         not isinstance(patience, numbers.Real) or not 0 < patience < math.inf
@@ -565,8 +564,7 @@ def validate_options(options: DecodingOptions) -> None:
         )
     if options.repetition_penalty <= 0:
         raise InvalidOptionError("repetition_penalty must be above 0 (1 leaves scores as they are)")
-    if options.no_repeat_ngram_size < 0:
-        raise InvalidOptionError("no_repeat_ngram_size must be 0 (off) or more")
+    check_whole_number("no_repeat_ngram_size", options.no_repeat_ngram_size, 0, " (0: off)")
 
 
 @torch.inference_mode()

@@ -1,5 +1,7 @@
 """Exceptions a user can act on. Every message says what went wrong and what to do."""
 
+import numbers
+
 
 class WhisperforgeError(Exception):
     """Base class: the CLI prints these as one line and exits non-zero."""
@@ -23,3 +25,20 @@ class ModelFormatError(WhisperforgeError):
 
 class InvalidOptionError(WhisperforgeError, ValueError):
     """An option value the model cannot honour (unknown language, translate on .en models, ...)."""
+
+
+def check_whole_number(name: str, value: object, minimum: int = 1, hint: str = "") -> None:
+    """Refuse `value` unless it is a whole number of at least `minimum`: 2.5 would be sliced on,
+    "5" fails deep in the work with a bare TypeError, and True would pass as 1. `hint` is added
+    after the rule (" (or None to pick one)")."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        raise InvalidOptionError(
+            f"{name} must be a whole number of at least {minimum}{hint}, not {value!r}"
+        )
+
+
+def check_probability(name: str, value: object) -> None:
+    """Refuse `value` unless it is a number from 0 to 1 (a NaN compares false everywhere, which
+    would switch the check it sets off)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value <= 1:
+        raise InvalidOptionError(f"{name} is a probability, 0 to 1, not {value!r}")

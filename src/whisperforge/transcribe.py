@@ -46,7 +46,7 @@ from .decoding import (
     token_ids_or_text,
     validate_options,
 )
-from .errors import InvalidOptionError
+from .errors import InvalidOptionError, check_probability, check_whole_number
 from .export import is_export_folder, load_onnx_export
 from .model import Whisper, fuse_state_dict
 from .quantize import quantize_model, resolve_compute_type
@@ -159,14 +159,9 @@ class TranscriptionOptions:
             **fields,
         )
         check_option_types(options)
-        if options.beam_size < 1 or options.best_of < 1:
-            raise InvalidOptionError("beam_size and best_of must be at least 1")
         if options.hotwords is not None and not isinstance(options.hotwords, str):
             raise InvalidOptionError("hotwords must be text, e.g. 'Subiaco, Pannartz'")
-        if options.language_detection_segments < 1:
-            raise InvalidOptionError("language_detection_segments must be at least 1")
-        if not 0 <= options.language_detection_threshold <= 1:
-            raise InvalidOptionError("language_detection_threshold is a probability, 0 to 1")
+        check_probability("language_detection_threshold", options.language_detection_threshold)
         if options.chunk_length is not None and not 1 <= options.chunk_length <= CHUNK_LENGTH:
             raise InvalidOptionError(
                 f"chunk_length is the seconds of audio a window holds, 1 to {CHUNK_LENGTH}"
@@ -214,8 +209,9 @@ class TranscriptionOptions:
 
 
 # TranscriptionOptions' fields by the type they take (None too, where `MAY_BE_NONE`).
-WHOLE_NUMBER_OPTIONS = ("beam_size", "best_of", "max_new_tokens", "no_repeat_ngram_size",
-                        "language_detection_segments")  # fmt: skip
+# (whole numbers: the least each may be)
+WHOLE_NUMBER_OPTIONS = {"beam_size": 1, "best_of": 1, "max_new_tokens": 1,
+                        "no_repeat_ngram_size": 0, "language_detection_segments": 1}  # fmt: skip
 NUMBER_OPTIONS = ("patience", "compression_ratio_threshold", "log_prob_threshold",
                   "no_speech_threshold", "log_prob_low_threshold", "prompt_reset_on_temperature",
                   "max_initial_timestamp", "hallucination_silence_threshold",
@@ -237,8 +233,7 @@ def check_option_types(options: TranscriptionOptions) -> None:
         if value is None and name in MAY_BE_NONE:
             continue
         if name in WHOLE_NUMBER_OPTIONS:
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-                raise InvalidOptionError(f"{name} must be a whole number, not {value!r}")
+            check_whole_number(name, value, WHOLE_NUMBER_OPTIONS[name])
         elif name in NUMBER_OPTIONS:
             if not isinstance(value, numbers.Real) or not math.isfinite(value):
                 hint = " (or None)" if name in MAY_BE_NONE else ""
@@ -472,8 +467,7 @@ class WhisperModel:
         use_auth_token: str | bool | None = None,
         **model_kwargs: object,
     ):
-        if not isinstance(num_workers, numbers.Integral) or num_workers < 1:
-            raise InvalidOptionError("num_workers must be a whole number of at least 1")
+        check_whole_number("num_workers", num_workers)
         if files is not None:  # the folder is kept: the tokenizer is read from it
             model_size_or_path, self.files_folder = load_files(files)
         if model_kwargs:
@@ -577,6 +571,8 @@ class WhisperModel:
         `features` is a log-mel spectrogram [n_mels, frames] given instead of the audio."""
         if (audio is None) == (features is None):
             raise InvalidOptionError("pass the audio or its features (a log-mel spectrogram)")
+        check_whole_number("language_detection_segments", language_detection_segments)
+        check_probability("language_detection_threshold", language_detection_threshold)
         if features is not None:
             mel = torch.as_tensor(features, dtype=torch.float32, device=self.device)
             if mel.ndim != 2 or mel.shape[0] != self.checkpoint.config.n_mels:
