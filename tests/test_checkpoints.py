@@ -513,14 +513,17 @@ def _ct2_folder(tmp_path: Path, files: dict[str, Path | bytes]) -> Path:
     return folder
 
 
-def test_folder_without_tokenizer_json(tmp_path: Path) -> None:
-    src = tiny_folder()
-    folder = _ct2_folder(
-        tmp_path, {"model.bin": src / "model.bin", "config.json": src / "config.json"}
-    )
-    with pytest.raises(ModelFormatError) as error:
-        resolve_checkpoint(folder)
-    assert_clear(error, "tokenizer.json")
+@pytest.mark.parametrize("layout", ["ctranslate2", "transformers"])
+def test_folder_without_tokenizer_json_uses_openai_vocabulary(
+    tiny_en_jfk_tokens: list[int], hf_folder: Path, tmp_path: Path, layout: str
+) -> None:
+    """A conversion without `--copy_files tokenizer.json` (model.bin, config.json and
+    vocabulary.txt) loads with openai-whisper's vocabulary, as a .pt file does."""
+    src = tiny_folder() if layout == "ctranslate2" else hf_folder
+    files = {p.name: p for p in src.iterdir() if p.name != "tokenizer.json"}
+    model = WhisperModel(str(_ct2_folder(tmp_path, files)), device="cpu", compute_type="float32")
+    assert model.checkpoint.tokenizer_file is None
+    assert jfk_tokens(model) == tiny_en_jfk_tokens
 
 
 def test_only_part_one_of_base_names_the_missing_part(tmp_path: Path) -> None:

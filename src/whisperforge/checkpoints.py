@@ -306,7 +306,10 @@ def load_ct2(folders: list[Path], source: str) -> Checkpoint:
     del blob  # the state dict holds copies; let the mapping or buffer go
     check_state_dict(config, sd, source)
     heads = _read_json(folders, "config.json").get("alignment_heads")
-    return Checkpoint(config, sd, _heads(heads), _require_tokenizer(folders, source), source)
+    # Without tokenizer.json (a conversion without --copy_files): openai-whisper's vocabulary,
+    # as for a .pt file; faster-whisper would fetch the tokenizer from the hub.
+    tokenizer = _find_file(folders, "tokenizer.json")
+    return Checkpoint(config, sd, _heads(heads), tokenizer, source)
 
 
 # --- Hugging Face transformers ---------------------------------------------------------------
@@ -436,9 +439,8 @@ def load_hf(folder: Path) -> Checkpoint:
     check_state_dict(config, sd, str(folder))
     generation = folder / "generation_config.json"
     heads = _read_json([folder], generation.name).get("alignment_heads")
-    return Checkpoint(
-        config, sd, _heads(heads), _require_tokenizer([folder], str(folder)), str(folder)
-    )
+    tokenizer = _find_file([folder], "tokenizer.json")  # None: openai-whisper's vocabulary
+    return Checkpoint(config, sd, _heads(heads), tokenizer, str(folder))
 
 
 # --- OpenAI .pt ------------------------------------------------------------------------------
@@ -686,16 +688,6 @@ def _heads(heads: object) -> Tensor | None:
     # A copy: a tensor read from a memory-mapped file would keep the whole file mapped.
     tensor = torch.as_tensor(heads, dtype=torch.long).clone()
     return tensor.reshape(-1, 2) if tensor.numel() else None
-
-
-def _require_tokenizer(folders: list[Path], source: str) -> Path:
-    tokenizer = _find_file(folders, "tokenizer.json")
-    if tokenizer is None:
-        raise ModelFormatError(
-            f"{source}: tokenizer.json is missing; copy it from the model's source "
-            "(e.g. its Hugging Face repo) into the folder"
-        )
-    return tokenizer
 
 
 def packaged_model_folders(name: str) -> list[Path] | None:

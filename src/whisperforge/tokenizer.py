@@ -121,21 +121,23 @@ class HuggingFaceCodec:
 
 
 class TiktokenCodec:
-    """openai-whisper's own vocabulary files, for `.pt` checkpoints that come without tokenizer.json."""
+    """openai-whisper's own vocabulary files, for models that come without tokenizer.json
+    (`.pt` files, CTranslate2 and transformers folders): Whisper's token ids are its."""
 
     def __init__(self, multilingual: bool, num_languages: int):
         import base64
         import importlib.util
 
-        import tiktoken
-
         spec = importlib.util.find_spec("whisper")
         name = "multilingual" if multilingual else "gpt2"
-        if spec is None or spec.origin is None:
+        if spec is None or spec.origin is None or importlib.util.find_spec("tiktoken") is None:
             raise ModelFormatError(
-                "an OpenAI .pt checkpoint needs a tokenizer.json beside it, "
-                "or `pip install openai-whisper tiktoken` for its vocabulary"
+                "the model has no tokenizer.json; copy the model's tokenizer.json into its "
+                "folder (beside a .pt file), or `pip install openai-whisper tiktoken` for "
+                "openai-whisper's vocabulary"
             )
+        import tiktoken
+
         vocab_path = Path(spec.origin).parent / "assets" / f"{name}.tiktoken"
         ranks = {
             base64.b64decode(token): int(rank)
