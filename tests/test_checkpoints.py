@@ -495,6 +495,24 @@ def test_damaged_pt_files_say_what_is_wrong(openai_pt: Path, tmp_path: Path) -> 
         assert "weights_only" not in str(error.value)
 
 
+def test_a_pt_file_by_another_name_loads(
+    tiny_en_jfk_tokens: list[int], tiny_en_checkpoint: Checkpoint, openai_pt: Path, tmp_path: Path
+) -> None:
+    """openai-whisper's `load_model` takes any file name; so do we (told by its contents)."""
+    for name in ("tiny.en", "tiny.en.ckpt", "whisper.bin"):
+        os.symlink(openai_pt, tmp_path / name)
+    assert_same_weights(
+        load_path(tmp_path / "whisper.bin").state_dict, tiny_en_checkpoint.state_dict
+    )
+    assert load_path(tmp_path / "tiny.en.ckpt").config == tiny_en_checkpoint.config
+    model = WhisperModel(str(tmp_path / "tiny.en"), device="cpu", compute_type="float32")
+    assert jfk_tokens(model) == tiny_en_jfk_tokens
+    (tmp_path / "notes.bin").write_bytes(bytes(range(256)) * 20)
+    with pytest.raises(ModelFormatError) as error:
+        load_path(tmp_path / "notes.bin")
+    assert "expected a model folder or an OpenAI .pt file" in str(error.value)
+
+
 def test_missing_path_is_not_found() -> None:
     with pytest.raises(ModelNotFoundError) as error:
         resolve_checkpoint("./models/nothing-here.pt")

@@ -719,6 +719,8 @@ def load_path(path: Path) -> Checkpoint:
         if path.name in ("config.json", "model.safetensors", "pytorch_model.bin"):
             folder = path.parent
             return load_quantized(folder) if is_quantized_folder(folder) else load_hf(folder)
+        if zipfile.is_zipfile(path):  # a .pt by another name, as openai-whisper loads any file
+            return load_openai(path)
         raise ModelFormatError(f"{path}: expected a model folder or an OpenAI .pt file")
     if (path / "model.bin").is_file() or any(path.glob("model.bin.part*")):
         return load_ct2([path], str(path))
