@@ -603,6 +603,18 @@ def test_pt_files_that_are_not_whisper(tmp_path: Path, tiny_en_checkpoint: Check
     assert_clear(error, "1 missing", "decoder.ln.weight")
 
 
+def test_a_cut_off_pytorch_model_bin_says_so(
+    openai_pt: Path, hf_folder: Path, tmp_path: Path
+) -> None:
+    """As a cut .pt file: what is wrong, not torch's own words (half a sentence of them)."""
+    data = openai_pt.read_bytes()
+    files = {"config.json": hf_folder / "config.json", "pytorch_model.bin": data[: len(data) // 2]}
+    with pytest.raises(ModelFormatError) as error:
+        load_path(_ct2_folder(tmp_path, files))
+    assert_clear(error, "pytorch_model.bin", "the zip archive is cut off or damaged")
+    assert "miniz" not in str(error.value)
+
+
 def test_hf_folders_that_do_not_fit(tmp_path: Path, hf_folder: Path) -> None:
     def variant(name: str, **config_changes: object) -> Path:
         folder = tmp_path / name

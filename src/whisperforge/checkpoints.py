@@ -344,9 +344,8 @@ def _read_hf_file(path: Path) -> dict[str, Tensor]:
             return load_file(str(path))
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - any failure to read means a damaged file
-        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise ModelFormatError(
-            f"{path}: cannot read the weights ({reason}); download it again"
+            f"{path}: cannot read the weights ({_why(error)}); download it again"
         ) from None
 
 
