@@ -544,6 +544,16 @@ def test_folder_without_tokenizer_json_uses_openai_vocabulary(
     assert jfk_tokens(model) == tiny_en_jfk_tokens
 
 
+def test_a_ctranslate2_folder_without_model_bin_says_so(tmp_path: Path) -> None:
+    """An interrupted download: CTranslate2's small files, no model.bin (not "a transformers
+    config that lacks num_mel_bins")."""
+    src = tiny_folder()
+    names = ("config.json", "tokenizer.json", "vocabulary.txt")
+    with pytest.raises(ModelFormatError) as error:
+        WhisperModel(str(_ct2_folder(tmp_path, {n: src / n for n in names})), device="cpu")
+    assert_clear(error, "model.bin is missing", "download")
+
+
 def test_only_part_one_of_base_names_the_missing_part(tmp_path: Path) -> None:
     part1, _ = base_folders()
     files = {n: part1 / n for n in ("model.bin.part1", "config.json", "tokenizer.json")}

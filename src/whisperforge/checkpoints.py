@@ -425,6 +425,11 @@ def load_hf(folder: Path) -> Checkpoint:
             n_text_layer=hf["decoder_layers"],
         )
     except KeyError as error:
+        if "suppress_ids" in hf:  # CTranslate2's config.json: its model.bin is what is missing
+            raise ModelFormatError(
+                f"{folder}: model.bin is missing beside CTranslate2's config.json; download or "
+                "copy the model's model.bin into the folder"
+            ) from None
         raise ModelFormatError(
             f"{folder}: config.json lacks {error}; it is not a transformers WhisperConfig"
         ) from None
