@@ -189,6 +189,7 @@ def test_cli_transcribes_long_form_with_an_export_like_the_model(onnx_dir, tmp_p
 
 
 @pytest.mark.filterwarnings("ignore:float16 is slow")
+@pytest.mark.filterwarnings("ignore:bfloat16 is slow")
 def test_bad_inputs_get_clear_errors(onnx_dir, tmp_path, capsys):
     with pytest.raises(ModelNotFoundError, match="no such file or folder"):
         WhisperModel(tmp_path / "no-such-export", device="cpu")
@@ -206,6 +207,8 @@ def test_bad_inputs_get_clear_errors(onnx_dir, tmp_path, capsys):
         export_model("tiny.en", tmp_path)
     assert cli.main(["export", "tiny.en", "--out", str(tmp_path / "notes.txt")]) == 1
     assert "notes.txt is a file; give --out a new or empty folder" in capsys.readouterr().err
+    assert cli.main(["export", "tiny.en", "--out", str(tmp_path / "notes.txt" / "out")]) == 1
+    assert "cannot write" in capsys.readouterr().err  # not the OSError's own "[Errno 20]"
     with pytest.raises(InvalidOptionError, match="export the model it came from"):
         export_model(onnx_dir, tmp_path / "again")
 
@@ -227,3 +230,13 @@ def test_bad_inputs_get_clear_errors(onnx_dir, tmp_path, capsys):
         WhisperModel(onnx_dir, device="cpu", compute_type="int8")
     with pytest.warns(UserWarning, match="using float32"):  # as the model itself on the CPU
         WhisperModel(onnx_dir, device="cpu", compute_type="float16")
+
+    half = tmp_path / "half"  # a float16 export (its graphs are not run here)
+    half.mkdir()
+    for path in onnx_dir.iterdir():
+        if path.name != MANIFEST:
+            (half / path.name).symlink_to(path)
+    manifest = json.loads((onnx_dir / MANIFEST).read_text())
+    (half / MANIFEST).write_text(json.dumps({**manifest, "compute_type": "float16"}))
+    with pytest.raises(InvalidOptionError, match="float16 export.*--compute-type float32$"):
+        WhisperModel(half, device="cpu", compute_type="bfloat16")  # bfloat16 is not quantized

@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from .checkpoints import Checkpoint, _heads, resolve_checkpoint
 from .errors import InvalidOptionError, ModelFormatError, ModelNotFoundError, WhisperforgeError
 from .model import ModelConfig, Whisper, merge_heads, split_heads
+from .quantize import COMPUTE_TYPES as MODEL_COMPUTE_TYPES
 from .runtime import encoder_blocks
 
 if TYPE_CHECKING:
@@ -331,7 +332,12 @@ def export_model(
     plain = loaded.model.to(dtype).eval()
     modules, inputs = wrappers(plain), example_inputs(plain.config, dtype)
     n_layer = plain.config.n_text_layer
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise WhisperforgeError(
+            f"cannot write {out}: {error.strerror or error}; give --out a folder you can write to"
+        ) from None
     for name in (MANIFEST, WEIGHTS, *(f"{g}.onnx" for g in GRAPHS), *(f"{g}.pt2" for g in GRAPHS)):
         (out / name).unlink(missing_ok=True)  # a previous export's files
     with quiet_exporter():
@@ -655,10 +661,11 @@ def load_onnx_export(
     if graphs.compute_type == "float32":  # what 16-bit types fall back to on the CPU (warned)
         accepted |= {"float16", "bfloat16"}
     if compute_type not in accepted:
+        float_type = compute_type if compute_type in COMPUTE_TYPES else "float32"  # bfloat16's
         again = (
-            f"export again with --compute-type {compute_type}"
-            if compute_type in ("float32", "float16")
-            else "quantized types run on the model itself, not on an export"
+            "quantized types run on the model itself, not on an export"
+            if MODEL_COMPUTE_TYPES.get(compute_type, (None, None))[1]
+            else f"export again with --compute-type {float_type}"
         )
         raise InvalidOptionError(
             f"{graphs.folder} is a {graphs.compute_type} export; pass compute_type='default' "
