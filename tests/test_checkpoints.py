@@ -412,7 +412,7 @@ def test_partly_installed_package_names_the_missing_part(
 
 
 def test_download_model_gives_ctranslate2_folders(
-    base_checkpoint: Checkpoint, no_hub: str, tmp_path: Path
+    base_checkpoint: Checkpoint, no_hub: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from whisperforge import download_model
 
@@ -429,6 +429,10 @@ def test_download_model_gives_ctranslate2_folders(
     written = (cached / "model.bin").stat().st_mtime_ns
     download_model("base", cache_dir=str(tmp_path / "cache"))  # joined once, then reused
     assert (cached / "model.bin").stat().st_mtime_ns == written
+    monkeypatch.setenv("HOME", str(tmp_path))  # "~" is the home folder, as the hub's cache_dir
+    monkeypatch.chdir(tmp_path)
+    assert download_model("base", cache_dir="~/cache") == str(cached)
+    assert not (tmp_path / "~").exists()
     with pytest.raises(ModelNotFoundError, match="offline"):
         download_model("large-v3", local_files_only=True, cache_dir=no_hub)
     (tmp_path / "a-file").write_text("")

@@ -895,7 +895,7 @@ def download_model(
         folders = [hub]
     if output_dir is None and len(folders) == 1:
         return str(folders[0])
-    default = Path(cache_dir or Path.home() / ".cache" / "whisperforge") / size_or_id
+    default = Path(cache_dir or Path.home() / ".cache" / "whisperforge").expanduser() / size_or_id
     target = Path(output_dir).expanduser() if output_dir is not None else default
     if output_dir is not None and target.is_dir() and any(target.iterdir()):
         # Written again where this model is (same config), never over another's files.
