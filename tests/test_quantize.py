@@ -90,10 +90,12 @@ def test_int8_on_cpu_keeps_the_wer_of_fp32(tiny_en, int8_tiny_en, int8_greedy):
 
 
 def test_quantized_folder_loads_in_a_new_process_to_the_same_transcript(
-    tmp_path, int8_greedy, capsys
+    tmp_path, int8_greedy, capsys, monkeypatch
 ):
     out = tmp_path / "tiny.en-int8"
-    assert cli.main(["quantize", "tiny.en", str(out)]) == 0
+    monkeypatch.setenv("HOME", str(tmp_path))  # OUT as a quoted "~/..." is the home's
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["quantize", "tiny.en", "~/tiny.en-int8"]) == 0
     # int8 weights are never rounded again to float8 (both formats' errors): from the floats.
     again = ["quantize", str(out), str(tmp_path / "fp8"), "--compute-type", "float8"]
     assert cli.main(again) == 1 and not (tmp_path / "fp8").exists()

@@ -1068,7 +1068,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     from .checkpoints import resolve_checkpoint, save_quantized
     from .quantize import has_fp8
 
-    out = Path(args.out)
+    out = Path(args.out).expanduser()  # as export's --out (a quoted ~ reaches us as it is)
     if out.is_file() or (out.is_dir() and any(out.iterdir())):
         raise InvalidOptionError(f"{out} exists and is not an empty folder; pass a new folder")
     checkpoint = resolve_checkpoint(args.model)
