@@ -568,6 +568,15 @@ def test_only_part_one_of_base_names_the_missing_part(tmp_path: Path) -> None:
     assert_clear(error, "part", "missing", "model.bin.part2")
 
 
+def test_a_cut_off_last_part_of_base_is_not_called_a_missing_part(tmp_path: Path) -> None:
+    part1, part2 = base_folders()
+    files: dict[str, Path | bytes] = {n: part1 / n for n in ("model.bin.part1", "config.json")}
+    files["model.bin.part2"] = (part2 / "model.bin.part2").read_bytes()[:1_000_000]
+    with pytest.raises(ModelFormatError) as error:
+        resolve_checkpoint(_ct2_folder(tmp_path, files))
+    assert_clear(error, "incomplete", "a part is cut short", "copy each part again")
+
+
 def test_only_part_two_of_base_names_the_missing_part(tmp_path: Path) -> None:
     part1, part2 = base_folders()
     files = {"model.bin.part2": part2 / "model.bin.part2", "config.json": part1 / "config.json"}

@@ -297,7 +297,8 @@ def load_ct2(folders: list[Path], source: str) -> Checkpoint:
         if n_parts:
             raise ModelFormatError(
                 f"{source}: model.bin.part1..{n_parts} join to an incomplete model ({reason}); "
-                f"a part is missing: install or copy model.bin.part{n_parts + 1}"
+                f"model.bin.part{n_parts + 1} is missing, or a part is cut short: install or "
+                "copy each part again"
             ) from None
         raise ModelFormatError(
             f"{source}: model.bin is damaged or not a CTranslate2 Whisper model ({reason}); "
