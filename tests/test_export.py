@@ -84,6 +84,22 @@ def test_onnx_beam_search_word_timestamps_and_batched_pipeline(tiny_en, onnx_tin
     assert [s.tokens for s in got] == [s.tokens for s in expected]
 
 
+def test_windows_after_prompts_of_other_lengths_decode_as_on_the_model(tiny_en, onnx_tiny_en):
+    """`num_workers` > 1 (and the server's batches) decode the windows of several calls together,
+    each after its own previous text. The graphs take no padding mask: each prompt length is
+    decoded apart (it failed: "the ONNX decoder takes one prompt for all windows")."""
+    from whisperforge.decoding import DecodingOptions, decode
+
+    mel = jfk_mel(tiny_en).repeat(2, 1, 1)
+    prompts = [None, " And so my fellow Americans,"]
+    results = {
+        name: decode(model.model, model.tokenizer, model.encode(mel), DecodingOptions(), prompts)
+        for name, model in (("pytorch", tiny_en), ("onnx", onnx_tiny_en))
+    }
+    expected = [r.tokens for r in results["pytorch"]]
+    assert [r.tokens for r in results["onnx"]] == expected
+
+
 def test_torch_export_of_the_step_matches_eager(tiny_en):
     model = tiny_en.model
     n_layer = model.config.n_text_layer

@@ -648,6 +648,19 @@ def _decode(
         else [replace(options, prompt=prompt) for prompt in prompts]
     )
     starts = [initial_tokens(tokenizer, o, n_ctx, sample_len) for o in window_options]
+    lengths = sorted({len(start) for start in starts})
+    if len(lengths) > 1 and not getattr(model, "pads_prompts", True):
+        # An ONNX export's graphs take no padding mask: each prompt length is decoded apart.
+        assert prompts is not None  # only prompts give the windows different starts
+        results: list[DecodingResult | None] = [None] * n_audio
+        for length in lengths:
+            rows = [i for i, start in enumerate(starts) if len(start) == length]
+            decoded = decode(
+                model, tokenizer, audio_features[rows], options, [prompts[i] for i in rows]
+            )
+            for i, result in zip(rows, decoded):
+                results[i] = result
+        return results  # type: ignore[return-value]
     suppress = (
         suppress_token_list(tokenizer, options.suppress_tokens) if options.suppress_tokens else []
     )

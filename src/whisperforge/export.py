@@ -631,6 +631,8 @@ class OnnxWhisper:
     the encoder and the cached decoder run on onnxruntime (CPU); word timestamps run the
     plain PyTorch model (see `OnnxDecoder`)."""
 
+    pads_prompts = False  # `decoding.decode` runs windows with prompts of other lengths apart
+
     def __init__(self, graphs: OnnxGraphs, fallback: Callable[[], Whisper]):
         self.graphs = graphs
         self.config = graphs.config
