@@ -276,6 +276,19 @@ def test_language_from_several_windows(base, german_then_english):
             base.detect_language(**bad)
 
 
+def test_the_language_is_heard_where_the_clips_start(base):
+    """Clipped to the licence's German half, the file is German (as faster-whisper hears it),
+    not the English of its first 30 s, in which the German came out translated."""
+    audio = load_audio(MULTILINGUAL)
+    segments, info = base.transcribe(
+        audio, clip_timestamps="40,50", beam_size=1, temperature=0.0, without_timestamps=True
+    )
+    language, probability, _ = base.detect_language(audio[40 * 16000 :])
+    assert info.language == language == "de"
+    assert info.language_probability == pytest.approx(probability, abs=1e-3)
+    assert len(GERMAN & set(" ".join(window_texts(segments)).split())) >= 2
+
+
 def test_the_window_a_language_was_found_in_is_encoded_once(base):
     """Audio of 30 s or more starts its long-form loop with the window its language was found
     in: those features are reused, and the transcript is the one of a given language."""

@@ -774,7 +774,12 @@ class WhisperModel:
         all_language_probs = None
         language_probability = 1.0
         if language is None:
-            windows = leading_windows(mel, options.language_detection_segments)
+            # Heard where the transcript starts, at its first clip (as faster-whisper hears it;
+            # openai-whisper, in the first 30 s of the file whatever the clips).
+            clips = clip_spans(
+                window_options.clip_timestamps, FRAMES_PER_SECOND, mel.shape[-1] - N_FRAMES
+            )
+            windows = leading_windows(mel, options.language_detection_segments, clips[0][0])
             language, language_probability, ranked = self.language_of(
                 windows, options.language_detection_threshold
             )
@@ -1026,11 +1031,11 @@ def with_progress(
         bar.update(total - bar.n)
 
 
-def leading_windows(mel: Tensor, count: int) -> Iterator[Tensor]:
-    """The first `count` 30 s windows of a long-form mel (the audio's, then 30 s of zeros), each
-    padded to N_FRAMES; at least one, however short the audio."""
-    content_frames = max(mel.shape[-1] - N_FRAMES, 1)
-    for seek in range(0, content_frames, N_FRAMES)[:count]:
+def leading_windows(mel: Tensor, count: int, start: int = 0) -> Iterator[Tensor]:
+    """The first `count` 30 s windows of a long-form mel (the audio's, then 30 s of zeros) from
+    frame `start` on, each padded to N_FRAMES; at least one, however short the audio."""
+    content_frames = max(mel.shape[-1] - N_FRAMES, start + 1)
+    for seek in range(start, content_frames, N_FRAMES)[:count]:
         yield pad_or_trim(mel[:, seek : seek + N_FRAMES], N_FRAMES)
 
 
