@@ -540,3 +540,20 @@ def test_pcm_wav_without_pyav():
         kept = read_pcm_wav(io.BytesIO(cut))
     assert np.array_equal(kept, read_pcm_wav(io.BytesIO(data))[: len(kept)])
     assert abs(len(kept) - len(samples) / 2) < 30
+
+
+def test_a_translations_language_field_is_the_spoken_language(base):
+    """Beyond OpenAI's translation fields, as the CLI's --task translate --language: the given
+    language is the one spoken (not detected), and one the model lacks is refused by name."""
+    app = create_app(ServerConfig(model="base", beam_size=1), model=base)
+    clip = DEV_DIR / "picovoice-leopard__test_de.wav"
+    files = {"file": (clip.name, clip.read_bytes(), "audio/wav")}
+    with TestClient(app) as client:
+        refused = post(client, {"model": "base", "language": "klingon"}, files, "translations")
+        assert_openai_error(refused, 400, "language")
+        answer = post(client, {"model": "base", "language": "French"}, files, "translations")
+    assert answer.status_code == 200, answer.text
+    segments, _ = base.transcribe(
+        clip, task="translate", language="fr", beam_size=1, temperature=temperature_ladder(0.0)
+    )
+    assert answer.json()["text"] == "".join(s.text for s in segments).strip()

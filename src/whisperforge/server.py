@@ -237,18 +237,18 @@ class App:
         if stream and response_format not in ("json", "text"):
             raise APIError(400, "stream=true works with response_format json or text", "stream")
 
-        language = None
-        if task == "transcribe":
-            language = _text_field(form, "language") or None
-            if language is not None:
-                try:
-                    language = normalize_language(language, self.model.supported_languages)
-                except InvalidOptionError as error:
-                    raise APIError(400, str(error), "language") from None
-        elif not self.model.is_multilingual:
+        if task == "translate" and not self.model.is_multilingual:
             raise APIError(400, f"the model {self.config.model_id!r} is English-only and cannot "
                            "translate; serve a multilingual model (e.g. --model base)",
                            "model")  # fmt: skip
+        # The spoken language; a translation's too (beyond OpenAI's fields there, as the CLI's
+        # --task translate --language takes it), where it is otherwise detected.
+        language = _text_field(form, "language") or None
+        if language is not None:
+            try:
+                language = normalize_language(language, self.model.supported_languages)
+            except InvalidOptionError as error:
+                raise APIError(400, str(error), "language") from None
         prompt = _text_field(form, "prompt") or None
         # Beyond OpenAI's fields, as faster-whisper-based servers take it: words to favour.
         hotwords = _text_field(form, "hotwords") or None
