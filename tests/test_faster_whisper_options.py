@@ -276,6 +276,20 @@ def test_language_from_several_windows(base, german_then_english):
             base.detect_language(**bad)
 
 
+def test_an_english_only_model_has_no_language_to_detect(tiny_en, tiny_en_checkpoint):
+    """faster-whisper refuses it (openai-whisper too): not "en" with probability 1 for German."""
+    from faster_whisper import WhisperModel as FasterWhisper
+
+    theirs = FasterWhisper(str(tiny_en_checkpoint.tokenizer_file.parent), compute_type="float32")
+    german = load_audio(DEV_DIR / "picovoice-leopard__test_de.wav")
+    with pytest.raises(RuntimeError, match="multilingual"):
+        theirs.detect_language(german)
+    with pytest.raises(InvalidOptionError, match="English-only"):
+        tiny_en.detect_language(german)
+    _, info = tiny_en.transcribe(german)  # a transcription is English, certainly
+    assert (info.language, info.language_probability) == ("en", 1.0)
+
+
 def test_the_language_is_heard_where_the_clips_start(base):
     """Clipped to the licence's German half, the file is German (as faster-whisper hears it),
     not the English of its first 30 s, in which the German came out translated."""
