@@ -49,6 +49,16 @@ def test_silence_returns_nothing(pipeline):
     assert list(segments) == [] and info.duration_after_vad == 0
 
 
+def test_no_language_is_heard_in_silence(base):
+    """As the sequential mode tells it: "en" is no language found (probability 0), where
+    the batched pipeline once called it certain."""
+    silence = np.zeros(20 * SR, dtype=np.float32)
+    _, info = BatchedInferencePipeline(base).transcribe(silence)
+    _, sequential = base.transcribe(silence, vad_filter=True)
+    languages = [(i.language, i.language_probability) for i in (info, sequential)]
+    assert languages == [("en", 0.0)] * 2
+
+
 def test_same_words_as_sequential_on_a_lecture(lecture, pipeline):
     from whisper.normalizers import EnglishTextNormalizer
 

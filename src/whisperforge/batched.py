@@ -378,7 +378,8 @@ class BatchedInferencePipeline:
         speech = sum(r.end - r.start for w in windows for r in w.regions) / SAMPLE_RATE
         language_probability, all_language_probs = 1.0, None
         if language is None:
-            language = "en"
+            # No speech: none was heard (as `transcribe` tells it), unless the model knows one.
+            language, language_probability = "en", float(not model.is_multilingual)
             if model.is_multilingual and windows:
                 mels = self._mels(samples, windows[: options.language_detection_segments])
                 language, language_probability, all_language_probs = model.language_of(
