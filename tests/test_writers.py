@@ -353,3 +353,31 @@ def test_get_writer_writes_what_openai_whispers_does(jfk_result, tmp_path):
     assert (ours / "plain.srt").read_text() == (theirs / "plain.srt").read_text()
     with pytest.raises(InvalidOptionError, match="segment 0"):
         whisperforge.utils.get_writer("srt", ours)({"segments": [{"text": "hi"}]}, "bad.flac")
+
+
+def test_openai_writer_objects_write_to_open_files_as_openai_whispers_do(jfk_result, tmp_path):
+    """openai-whisper's writer objects, as its scripts use them: `WriteSRT(dir).write_result(
+    result, file)` on an open file (get_writer's writer of one format is such an object), and
+    a keyword left None (its CLI passes all four) does not hide the options dict's value."""
+    import whisper.utils
+
+    import whisperforge
+
+    result = openai_result(*jfk_result)
+    options = {"max_line_width": 20, "max_line_count": 2, "highlight_words": True}
+    for fmt in ("txt", "srt", "vtt", "tsv", "json"):
+        name = "Write" + fmt.upper()
+        for ours, theirs in (
+            (getattr(whisperforge.utils, name)(tmp_path), getattr(whisper.utils, name)(".")),
+            (whisperforge.utils.get_writer(fmt, tmp_path), whisper.utils.get_writer(fmt, ".")),
+        ):
+            written, expected = io.StringIO(), io.StringIO()
+            ours.write_result(result, written, options, max_line_width=None)
+            theirs.write_result(result, expected, options, max_line_width=None)
+            assert written.getvalue() == expected.getvalue(), fmt
+            ours.write_result(result, written := io.StringIO(), max_words_per_line=3)
+            theirs.write_result(result, expected := io.StringIO(), max_words_per_line=3)
+            assert written.getvalue() == expected.getvalue(), fmt
+    whisperforge.utils.WriteSRT(tmp_path)(result, "talk.flac", options)
+    whisper.utils.WriteSRT(str(tmp_path))(result, "spoken.flac", options)
+    assert (tmp_path / "talk.srt").read_text() == (tmp_path / "spoken.srt").read_text()

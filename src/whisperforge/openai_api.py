@@ -14,9 +14,8 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import replace
-from pathlib import Path
-from typing import Any
+from dataclasses import fields, replace
+from typing import Any, TextIO
 
 import numpy as np
 import torch
@@ -32,12 +31,14 @@ from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from .tokenizer import LANGUAGES
 from .transcribe import TranscriptionOptions, WhisperModel, resolve_device, with_progress
 from .writers import (
+    WriterOptions,
     expand_formats,
     openai_result,
+    output_folder,
     output_paths,
     result_segments,
     timed_line,
-    write_result,
+    write,
 )
 
 # openai-whisper's decode options that `TranscriptionOptions` names the same way.
@@ -317,31 +318,87 @@ def detect_language(model: OpenAIWhisper, mel: torch.Tensor) -> tuple[torch.Tens
     return model.detect_language(mel)
 
 
-def get_writer(output_format: str, output_dir: str | os.PathLike) -> Callable[..., None]:
-    """openai-whisper's `whisper.utils.get_writer`: a function `writer(result, audio_path,
-    options=None, **options)` that writes a `transcribe` result dict as
-    `<output_dir>/<audio's name>.<format>` ("all": txt, srt, vtt, tsv and json), with the
-    subtitle options (max_line_width, max_line_count, highlight_words, max_words_per_line)
-    as a dict or keywords, as openai-whisper's writers take them."""
-    formats = expand_formats(output_format)
-    layouts = [name for name in formats if name != "json"]
+class ResultWriter:
+    """openai-whisper's `whisper.utils` writer of one format (`WriteSRT(output_dir)`, ...):
+    `writer(result, audio_path, options=None, **options)` writes a `transcribe` result dict as
+    `<output_dir>/<audio's name>.<extension>`, and `writer.write_result(result, file, options=None,
+    **options)` writes it to an open text file. The options are the subtitle ones
+    (max_line_width, max_line_count, highlight_words, max_words_per_line), read as
+    openai-whisper reads them: a keyword's value, else the dict's (its other keys unread)."""
 
-    def write_files(
+    extension: str
+
+    def __init__(self, output_dir: str | os.PathLike):
+        self.output_dir = output_dir
+
+    def __call__(
+        self,
         result: Mapping[str, Any],
         audio_path: str | os.PathLike,
         options: Mapping[str, Any] | None = None,
-        **more_options: Any,
+        **kwargs: Any,
     ) -> None:
-        segments = result_segments(result)
-        info = {"language": result.get("language"), "duration": result.get("duration")}
-        if layouts:
-            write_result(
-                segments, info, audio_path, output_dir, layouts, {**(options or {}), **more_options}
-            )
-        if "json" in formats:  # the dict as it is, every key kept, as openai-whisper writes it
-            Path(output_dir).expanduser().mkdir(parents=True, exist_ok=True)
-            (path,) = output_paths(audio_path, output_dir, ["json"])
-            with open(path, "w", encoding="utf-8") as file:
-                json.dump(result, file)
+        (path,) = output_paths(audio_path, output_folder(self.output_dir), [self.extension])
+        with open(path, "w", encoding="utf-8") as file:
+            self.write_result(result, file, options, **kwargs)
 
-    return write_files
+    def write_result(
+        self,
+        result: Mapping[str, Any],
+        file: TextIO,
+        options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if self.extension == "json":  # the dict as it is, every key kept, as openai-whisper's
+            json.dump(result, file)
+            return
+        options = options or {}
+        read = {f.name: kwargs.get(f.name) or options.get(f.name) for f in fields(WriterOptions)}
+        chosen = {**kwargs, **{name: value for name, value in read.items() if value}}
+        info = {"language": result.get("language"), "duration": result.get("duration")}
+        write(self.extension, result_segments(result), info, file, chosen)  # unknown: refused
+
+
+class WriteTXT(ResultWriter):
+    extension = "txt"
+
+
+class WriteSRT(ResultWriter):
+    extension = "srt"
+
+
+class WriteVTT(ResultWriter):
+    extension = "vtt"
+
+
+class WriteTSV(ResultWriter):
+    extension = "tsv"
+
+
+class WriteJSON(ResultWriter):
+    extension = "json"
+
+
+RESULT_WRITERS = {writer.extension: writer for writer in (WriteTXT, WriteSRT, WriteVTT, WriteTSV,
+                                                          WriteJSON)}  # fmt: skip
+
+
+def get_writer(output_format: str, output_dir: str | os.PathLike) -> Callable[..., None]:
+    """openai-whisper's `whisper.utils.get_writer`: one format's `ResultWriter`, or for "all"
+    (txt, srt, vtt, tsv and json; or a list such as "srt,vtt") a function `writer(result,
+    audio_path, options=None, **options)` that checks every target before it writes one."""
+    formats = expand_formats(output_format)
+    if len(formats) == 1:
+        return RESULT_WRITERS[formats[0]](output_dir)
+
+    def write_all(
+        result: Mapping[str, Any],
+        audio_path: str | os.PathLike,
+        options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        output_paths(audio_path, output_folder(output_dir), formats)
+        for name in formats:
+            RESULT_WRITERS[name](output_dir)(result, audio_path, options, **kwargs)
+
+    return write_all

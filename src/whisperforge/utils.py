@@ -1,8 +1,18 @@
 """openai-whisper's `whisper.utils` names that its scripts use, so that with
 `import whisperforge as whisper`, `whisper.utils.get_writer("srt", ".")(result, "talk.flac")`
-writes `talk.srt` as openai-whisper's would."""
+writes `talk.srt` as openai-whisper's would, and `whisper.utils.WriteSRT(".").write_result(result,
+file)` writes to an open file."""
 
-from .openai_api import get_writer
+from .openai_api import (
+    ResultWriter,
+    WriteJSON,
+    WriteSRT,
+    WriteTSV,
+    WriteTXT,
+    WriteVTT,
+    get_writer,
+)
 from .writers import format_timestamp
 
-__all__ = ["format_timestamp", "get_writer"]
+__all__ = ["ResultWriter", "WriteJSON", "WriteSRT", "WriteTSV", "WriteTXT", "WriteVTT",
+           "format_timestamp", "get_writer"]  # fmt: skip

@@ -362,6 +362,16 @@ def output_paths(
     return paths
 
 
+def output_folder(output_dir: str | os.PathLike) -> Path:
+    """`output_dir`, created if needed; a clear error where it is a file."""
+    folder = Path(output_dir).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise WhisperforgeError(f"{folder} is not a folder; choose another --output-dir") from None
+    return folder
+
+
 def write_result(
     segments: Iterable[Segment],
     info: Mapping[str, Any] | object,
@@ -377,11 +387,7 @@ def write_result(
     segments = list(segments)  # a generator would be spent by the first format
     info = _info_dict(info)
     opts = _options(options)
-    folder = Path(output_dir).expanduser()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise WhisperforgeError(f"{folder} is not a folder; choose another --output-dir") from None
+    folder = output_folder(output_dir)
     paths = output_paths(input_path, folder, formats)
     failed = []  # one format that cannot be written does not cost the others
     for path in paths:
