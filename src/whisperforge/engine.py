@@ -399,11 +399,19 @@ class ConcurrentTranscriber:
         engine = self._engine()
         engine.submit(job)
         job.future.add_done_callback(lambda _: arrived.put(None))  # after its last segment
-        while not wait([started, job.future], 1.0, FIRST_COMPLETED).done:
-            _check_worker(engine, job)
-        if not started.done():
-            job.future.result()  # raises what stopped the job before it started
-        return _segments(engine, job, arrived), started.result()
+        try:
+            while not wait([started, job.future], 1.0, FIRST_COMPLETED).done:
+                _check_worker(engine, job)
+            if not started.done():
+                job.future.result()  # raises what stopped the job before it started
+        except BaseException:
+            job.abandon()  # interrupted while it waited (Ctrl-C): nobody will read it
+            raise
+        segments = _segments(engine, job, arrived)
+        # Dropped unread (`info = model.transcribe(audio)[1]`), the generator never runs its
+        # `finally`: the job stops when the generator is collected.
+        weakref.finalize(segments, job.abandon)
+        return segments, started.result()
 
     def _engine(self) -> Engine:
         """The first GPU's worker with room for another job, else the least busy: a second
