@@ -17,7 +17,7 @@ from typing import IO
 
 import pytest
 import srt
-from conftest import DEV_DIR, JFK
+from conftest import DEV_DIR, JFK, run_script
 
 from whisperforge import InvalidOptionError, Segment, TranscriptionInfo, WhisperModel, cli
 from whisperforge.transcribe import TranscriptionOptions, temperature_ladder
@@ -285,6 +285,36 @@ def test_keyboard_interrupt_exits_130_quietly(monkeypatch, capsys):
     monkeypatch.setattr(cli, "load_model", interrupted)
     assert cli.main(["transcribe", str(JFK)]) == 130
     assert capsys.readouterr().err == ""
+
+
+def test_a_file_that_cannot_be_written_in_full_is_never_left_cut_short(tmp_path):
+    """A full disk (here a file size limit) stops the JSON part way: it is reported, and the
+    JSON is absent, or the earlier run's left as it was, never half-written; the files that
+    fit are complete, as a run without the limit writes them."""
+    full, limited, earlier = tmp_path / "full", tmp_path / "limited", tmp_path / "earlier"
+    run_script(
+        "import filecmp, resource, shutil\n"
+        "from pathlib import Path\n"
+        "from whisperforge import cli\n"
+        f"full, limited = Path({str(full)!r}), Path({str(limited)!r})\n"
+        f"earlier = Path({str(earlier)!r})\n"
+        f"args = ['transcribe', {str(JFK)!r}, '--beam-size', '1', '--word-timestamps', 'True']\n"
+        "assert cli.main([*args, '-o', str(full)]) == 0\n"
+        "names = sorted(p.name for p in full.iterdir())\n"
+        "json = next(p for p in full.iterdir() if p.suffix == '.json')\n"
+        "assert json.stat().st_size > 1500 > max(p.stat().st_size for p in full.iterdir() if p != json)\n"
+        "earlier.mkdir()\n"
+        "shutil.copy(json, earlier)  # an earlier run's\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1500, resource.RLIM_INFINITY))\n"
+        "assert cli.main([*args, '-o', str(limited)]) == 1\n"
+        "assert sorted(p.name for p in limited.iterdir()) == [n for n in names if n != json.name]\n"
+        "assert cli.main([*args, '-o', str(earlier)]) == 1\n"
+        "assert filecmp.cmpfiles(full, earlier, names, shallow=False)[0] == names\n"
+        "assert sorted(p.name for p in earlier.iterdir()) == names\n"
+        "print('ok')\n",
+        timeout=120,
+        OMP_NUM_THREADS="1",
+    )
 
 
 def test_download_writes_a_ctranslate2_folder(tmp_path, capsys, monkeypatch):

@@ -382,7 +382,9 @@ def write_result(
 ) -> list[Path]:
     """Write `<stem>.<format>` files into output_dir (created if needed); returns their paths.
 
-    All targets are checked before the first is written, so a refusal leaves no partial output.
+    All targets are checked before the first is written, so a refusal leaves no partial output;
+    each file is written aside and then renamed into place, so one that cannot be written in
+    full (a full disk, Ctrl-C) is absent, or as it was, never cut short.
     """
     segments = list(segments)  # a generator would be spent by the first format
     info = _info_dict(info)
@@ -391,11 +393,15 @@ def write_result(
     paths = output_paths(input_path, folder, formats)
     failed = []  # one format that cannot be written does not cost the others
     for path in paths:
+        partial = path.with_name(path.name + ".partial")
         try:
-            with open(path, "w", encoding="utf-8") as file:
+            with open(partial, "w", encoding="utf-8") as file:
                 WRITERS[path.suffix[1:]](segments, info, file, opts)
+            os.replace(partial, path)
         except OSError as error:
             failed.append(f"{path} ({error.strerror or error})")
+        finally:
+            partial.unlink(missing_ok=True)
     if failed:
         raise WhisperforgeError(f"could not write {', '.join(failed)}")
     return paths
