@@ -39,6 +39,7 @@ from .writers import (
     result_segments,
     timed_line,
     write,
+    written_whole,
 )
 
 # openai-whisper's decode options that `TranscriptionOptions` names the same way.
@@ -339,7 +340,7 @@ class ResultWriter:
         **kwargs: Any,
     ) -> None:
         (path,) = output_paths(audio_path, output_folder(self.output_dir), [self.extension])
-        with open(path, "w", encoding="utf-8") as file:
+        with written_whole(path) as file:
             self.write_result(result, file, options, **kwargs)
 
     def write_result(

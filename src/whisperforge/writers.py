@@ -7,6 +7,7 @@ refuses to overwrite the input or to write outside the output folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -372,6 +373,19 @@ def output_folder(output_dir: str | os.PathLike) -> Path:
     return folder
 
 
+@contextlib.contextmanager
+def written_whole(path: Path) -> Iterator[TextIO]:
+    """A text file to write `path` through: written aside and renamed into place as the block
+    ends, so `path` is complete, or as it was (a full disk, Ctrl-C), never cut short."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with open(partial, "w", encoding="utf-8") as file:
+            yield file
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def write_result(
     segments: Iterable[Segment],
     info: Mapping[str, Any] | object,
@@ -383,8 +397,7 @@ def write_result(
     """Write `<stem>.<format>` files into output_dir (created if needed); returns their paths.
 
     All targets are checked before the first is written, so a refusal leaves no partial output;
-    each file is written aside and then renamed into place, so one that cannot be written in
-    full (a full disk, Ctrl-C) is absent, or as it was, never cut short.
+    each is `written_whole`.
     """
     segments = list(segments)  # a generator would be spent by the first format
     info = _info_dict(info)
@@ -393,15 +406,11 @@ def write_result(
     paths = output_paths(input_path, folder, formats)
     failed = []  # one format that cannot be written does not cost the others
     for path in paths:
-        partial = path.with_name(path.name + ".partial")
         try:
-            with open(partial, "w", encoding="utf-8") as file:
+            with written_whole(path) as file:
                 WRITERS[path.suffix[1:]](segments, info, file, opts)
-            os.replace(partial, path)
         except OSError as error:
             failed.append(f"{path} ({error.strerror or error})")
-        finally:
-            partial.unlink(missing_ok=True)
     if failed:
         raise WhisperforgeError(f"could not write {', '.join(failed)}")
     return paths
