@@ -481,6 +481,9 @@ class WhisperModel:
         self.lock = threading.RLock()
         self.num_workers = int(num_workers)
         self.concurrent: ConcurrentTranscriber | None = None  # made at the first call (workers)
+        # Not `lock`: the worker holds that through each step and takes it again at once, so a
+        # new call waiting on it could starve for as long as the running jobs last.
+        self._concurrent_lock = threading.Lock()
         self.replicas: list[WhisperModel] = []  # the model on the other GPUs of device_index
         self.device = resolve_device(device)
         indices = gpu_indices(device_index, self.device)
@@ -712,7 +715,7 @@ class WhisperModel:
         if self.num_workers > 1 or self.replicas:
             from .engine import ConcurrentTranscriber  # it builds on the batched pipeline
 
-            with self.lock:
+            with self._concurrent_lock:
                 if self.concurrent is None:
                     models = [self, *self.replicas]
                     self.concurrent = ConcurrentTranscriber(models, self.num_workers)
