@@ -688,8 +688,10 @@ def transcribe_corpus(
     settings = _settings(model, compute_type, options)
     journal = Journal(output, retry_errors, settings)
     todo = [s for s in sources if s.path not in journal.done]
-    summary = Summary(listed=len(sources), skipped=len(sources) - len(todo))
-    summary.skipped_failed = sum(s.path in journal.failed for s in sources)
+    summary = Summary(
+        listed=len(sources), skipped=len(sources) - len(todo),
+        skipped_failed=sum(s.path in journal.failed for s in sources),
+    )  # fmt: skip
     bar = Progress(len(todo), progress)
     finished = False
     try:
