@@ -233,3 +233,29 @@ def test_openai_whisper_fp16_false_decodes_in_float32(tiny_en, monkeypatch):
     silence = np.zeros(16000 * 2, dtype=np.float32)  # not decoded: the label does not matter
     with pytest.warns(UserWarning, match="compute_type='float32'"):
         assert wrapped.transcribe(silence, fp16=False, language="en")["segments"] == []
+
+
+def test_word_timestamps_on_a_translation_warn_as_openai_whisper_does(base, base_reference, capsys):
+    """The alignment heads follow the spoken words, not the English ones: openai-whisper warns
+    that such word times may not be reliable, and so does its API here, and the command."""
+    import whisperforge
+    from whisperforge import cli
+
+    clip = DEV_DIR / "picovoice-leopard__test_de.wav"
+    audio = load_audio(clip)
+    options = {"task": "translate", "word_timestamps": True, "fp16": False}
+    with pytest.warns(UserWarning, match="translations may not be reliable") as theirs:
+        whisper.transcribe(base_reference, audio, **options)
+    with pytest.warns(UserWarning) as ours:
+        whisperforge.openai_api.OpenAIWhisper(base).transcribe(audio, **options)
+    said = [w for w in ours if "translations" in str(w.message)]
+    assert [str(w.message) for w in said] == [
+        str(w.message) for w in theirs if "translations" in str(w.message)
+    ]
+    assert said[0].filename == __file__  # the caller's line, as warnings should point
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # transcribing, with word times, is not warned about
+        whisperforge.openai_api.OpenAIWhisper(base).transcribe(audio, word_timestamps=True)
+    command = ["transcribe", str(clip), "--model", "base", "--task", "translate"]
+    assert cli.main([*command, "--word_timestamps", "True"]) == 0
+    assert "warning: Word-level timestamps on translations" in capsys.readouterr().err

@@ -745,6 +745,10 @@ def run_transcribe(args: argparse.Namespace) -> int:
     )
     if any(word_options):
         args.word_timestamps = True  # these work on word timings; openai-whisper makes you ask
+    if args.word_timestamps and args.task == "translate":
+        from .timing import TRANSLATED_WORD_TIMES
+
+        _warn(TRANSLATED_WORD_TIMES)
     sequential_only = {
         "--hallucination-silence-threshold": args.hallucination_silence_threshold is not None,
         "--vad-filter": args.vad_filter,  # batched mode always uses VAD

@@ -27,7 +27,7 @@ from .decoding import detect_language as languages_of
 from .errors import InvalidOptionError
 from .model import ModelConfig
 from .results import Segment
-from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
+from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, TRANSLATED_WORD_TIMES
 from .tokenizer import LANGUAGES
 from .transcribe import TranscriptionOptions, WhisperModel, resolve_device, with_progress
 from .writers import (
@@ -254,6 +254,8 @@ class OpenAIWhisper:
         unknown = set(decode_options) - SAME_NAMES - OTHER_NAMES
         if unknown:
             raise TypeError(f"unknown decoding option(s): {', '.join(sorted(unknown))}")
+        if word_timestamps and decode_options.get("task") == "translate":
+            warnings.warn(TRANSLATED_WORD_TIMES, stacklevel=2)
         model = self._model(decode_options.get("fp16", True))
         options = {name: decode_options[name] for name in SAME_NAMES & set(decode_options)}
         options.setdefault("beam_size", 1)  # openai-whisper: greedy unless a beam is asked for

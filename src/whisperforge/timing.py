@@ -26,6 +26,8 @@ from .tokenizer import Tokenizer
 TOKENS_PER_SECOND = SAMPLE_RATE / HOP_LENGTH / 2  # 50 audio positions per second
 PREPEND_PUNCTUATIONS = "\"'“¿([{-"
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
+# openai-whisper's warning: the alignment heads follow the spoken words, not their translation.
+TRANSLATED_WORD_TIMES = "Word-level timestamps on translations may not be reliable."
 
 
 @dataclass
