@@ -450,8 +450,9 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int = 0) -> Non
     group.add_argument(
         "--compute-type",
         default="default",
-        choices=["default", "float32", "float16", "bfloat16", *QUANTIZED_COMPUTE_TYPES],
-        help="default: float16 on CUDA, float32 on CPU (a quantized model: its own type)",
+        choices=["default", "auto", "float32", "float16", "bfloat16", *QUANTIZED_COMPUTE_TYPES],
+        help="default: float16 on CUDA, float32 on CPU (a quantized model: its own type); "
+        "auto: the fastest here (float16 on CUDA, int8 on CPU)",
     )
     group.add_argument(
         "--fp16",

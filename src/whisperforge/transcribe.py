@@ -429,7 +429,7 @@ class WhisperModel:
     GPU (RESULTS, session 42); turbo and smaller models gain less, their host work shared by one
     process: for many GPUs, `whisperforge batch` runs a process on each.
     compute_type: "default" (float16 on CUDA, float32 on CPU; a quantized checkpoint's own type),
-    "float32", "float16", "bfloat16"; or quantized weights (see `quantize.py`): "int8" (on the
+    "auto" (the fastest here: float16 on CUDA, int8 on CPU), "float32", "float16", "bfloat16"; or quantized weights (see `quantize.py`): "int8" (on the
     CPU every linear in int8, activations quantized per call; on CUDA weight-only int8 for the
     decoder's step linears with float16 activations), "int8_float32", "int8_float16",
     "int8_bfloat16" (int8 weights, activations in that float type; 16-bit ones fall back to
