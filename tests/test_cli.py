@@ -359,7 +359,9 @@ def test_models_lists_what_model_dir_holds(tmp_path, capsys):
     hub_cache_of_tiny_en(tmp_path, "Systran/faster-whisper-tiny.en")
     assert cli.main(["models", "--model-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert re.search(rf"^In {re.escape(str(tmp_path))} .*\n\s+tiny\.en\s+Systran/", out, re.MULTILINE)
+    assert re.search(
+        rf"^In {re.escape(str(tmp_path))} .*\n\s+tiny\.en\s+Systran/", out, re.MULTILINE
+    )
 
 
 def test_temperature_ladder():
