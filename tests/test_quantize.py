@@ -182,6 +182,27 @@ def test_int8_activations_get_8_bits_only_where_fbgemm_cannot_overflow():
     assert overflows[None] == int8_overflows()  # this machine's own kernel, as probed here
 
 
+def test_an_interrupted_quantize_leaves_nothing_and_runs_again(tmp_path, monkeypatch):
+    """Ctrl-C after the weights were written (a full disk fails there too): no files, so the same
+    command runs again; it used to leave model.safetensors, and the rerun was refused."""
+    import whisperforge.checkpoints
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    out = tmp_path / "int8"
+    out.mkdir()  # an empty folder is a fine OUT
+    with monkeypatch.context() as patch:
+        patch.setattr(whisperforge.checkpoints.shutil, "copymode", interrupted)
+        assert cli.main(["quantize", "tiny.en", str(out)]) == 130
+    assert list(tmp_path.iterdir()) == [out] and not any(out.iterdir())
+    assert cli.main(["quantize", "tiny.en", str(out)]) == 0
+    assert sorted(f.name for f in out.iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json"
+    ]  # fmt: skip
+    assert list(tmp_path.iterdir()) == [out]
+
+
 def test_auto_compute_type_is_the_fastest_here(int8_tiny_en, int8_greedy):
     """CTranslate2's "auto": int8 on the CPU (RESULTS.md: 0.78x float32's time), float16 on
     CUDA, where quantized steps gain at most 7 %."""

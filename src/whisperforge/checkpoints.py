@@ -531,9 +531,8 @@ def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "in
     e4m3, as `quantize.weight_format` says; scales as `<name>_scale` in float32, [N] per output
     channel or [N, K // group]) to folder/model.safetensors;
     other weights as they are; config.json (dims, alignment heads, compute type) and
-    tokenizer.json beside it. `WhisperModel(folder)` loads it, by default in `compute_type`."""
-    from safetensors.torch import save_file
-
+    tokenizer.json beside it, in a new or empty `folder`, which holds all of them or none.
+    `WhisperModel(folder)` loads it, by default in `compute_type`."""
     require_weights(checkpoint)
     weights = COMPUTE_TYPES.get(compute_type, (None, None))[1]
     if weights is None:
@@ -548,7 +547,29 @@ def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "in
             f"{checkpoint.source} holds {saved} weights already; quantize the original float "
             f"model to {compute_type} instead"
         )
-    folder.mkdir(parents=True, exist_ok=True)
+    check_new_folder(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # Written aside and renamed into place: a quantize that fails (a full disk, Ctrl-C) leaves
+    # no files behind, so the same command can simply be run again.
+    staging = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)  # a killed run's
+    staging.mkdir()
+    try:
+        _write_quantized(checkpoint, staging, compute_type, weights)
+        os.replace(staging, folder)  # over an empty folder too
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_new_folder(folder: Path) -> None:
+    """Refuse to write a quantized model over anything: `folder` must be new or empty."""
+    if folder.is_file() or (folder.is_dir() and any(folder.iterdir())):
+        raise InvalidOptionError(f"{folder} exists and is not an empty folder; pass a new folder")
+
+
+def _write_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str, weights: str) -> None:
+    from safetensors.torch import save_file
+
     saved_scales = checkpoint.weight_scales or {}
     layers = checkpoint.config.n_text_layer
     tensors: dict[str, Tensor] = {}

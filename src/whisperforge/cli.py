@@ -1078,12 +1078,11 @@ def _add_quantize_parser(commands: Any) -> None:
 def run_quantize(args: argparse.Namespace) -> int:
     import torch  # only when needed
 
-    from .checkpoints import resolve_checkpoint, save_quantized
+    from .checkpoints import check_new_folder, resolve_checkpoint, save_quantized
     from .quantize import has_fp8
 
     out = Path(args.out).expanduser()  # as export's --out (a quoted ~ reaches us as it is)
-    if out.is_file() or (out.is_dir() and any(out.iterdir())):
-        raise InvalidOptionError(f"{out} exists and is not an empty folder; pass a new folder")
+    check_new_folder(out)  # before the model loads
     checkpoint = resolve_checkpoint(args.model)
     if args.compute_type == "float8" and not has_fp8(torch.device("cuda")):
         _warn("float8 weights load only on a GPU with fp8 tensor cores (Ada, Hopper): not here")

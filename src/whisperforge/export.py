@@ -57,7 +57,15 @@ FORMATS = ("onnx", "torch-export")
 COMPUTE_TYPES = {"float32": torch.float32, "float16": torch.float16}
 MANIFEST = "whisperforge-export.json"
 WEIGHTS = "weights.bin"
+TOKENIZER = "tokenizer.json"
 GRAPHS = ("encoder", "cross_kv", "decoder_prefill", "decoder_step", "logits")
+# Every file an export writes (either format): a folder of only these is an earlier export.
+EXPORT_FILES = (
+    MANIFEST,
+    WEIGHTS,
+    TOKENIZER,
+    *(f"{g}.{ext}" for ext in ("onnx", "pt2") for g in GRAPHS),
+)
 EXPORT_VERSION = 1
 
 
@@ -318,7 +326,11 @@ def export_model(
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise InvalidOptionError(f"{out} is a file; give --out a new or empty folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+    # An earlier export is replaced, also one cut short (its files without the manifest).
+    earlier = out.is_dir() and (
+        (out / MANIFEST).is_file() or all(path.name in EXPORT_FILES for path in out.iterdir())
+    )
+    if out.is_dir() and not earlier:
         raise InvalidOptionError(f"{out} holds other files; give --out a new or empty folder")
     if is_export_folder(model):
         raise InvalidOptionError(f"{model} is an export already; export the model it came from")
@@ -338,7 +350,7 @@ def export_model(
         raise WhisperforgeError(
             f"cannot write {out}: {error.strerror or error}; give --out a folder you can write to"
         ) from None
-    for name in (MANIFEST, WEIGHTS, *(f"{g}.onnx" for g in GRAPHS), *(f"{g}.pt2" for g in GRAPHS)):
+    for name in EXPORT_FILES:
         (out / name).unlink(missing_ok=True)  # a previous export's files
     with quiet_exporter():
         if format == "onnx":
@@ -353,7 +365,7 @@ def export_model(
     checkpoint = loaded.checkpoint
     tokenizer = None
     if checkpoint.tokenizer_file is not None:
-        tokenizer = "tokenizer.json"
+        tokenizer = TOKENIZER
         shutil.copyfile(checkpoint.tokenizer_file, out / tokenizer)
         files.append(tokenizer)
     heads = checkpoint.alignment_heads
