@@ -166,6 +166,10 @@ def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
              "--max_words_per_line", "None", "--hallucination_silence_threshold", "None"]  # fmt: skip
     unset = parser.parse_args(cli._openai_spelling(nones, cli._option_strings(parser)))
     assert unset.beam_size is unset.max_line_width is unset.hallucination_silence_threshold
+    zeros = ["transcribe", "x.wav", "--max_line_width", "0", "--max_line_count", "0",
+             "--max_words_per_line", "0"]  # fmt: skip
+    unset = parser.parse_args(cli._openai_spelling(zeros, cli._option_strings(parser)))
+    assert unset.max_line_width is unset.max_line_count is unset.max_words_per_line is None
     assert cli.main(["transcribe", str(JFK), "--beam_size", "None", "--patience", "None"]) == 0
     assert JFK_WORDS in capsys.readouterr().out.lower()
     assert parsed.condition_on_previous_text is False and parsed.files == ["x.wav"]

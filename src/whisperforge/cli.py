@@ -117,11 +117,18 @@ _positive_int = _number(int, lambda n: n >= 1, "a whole number of at least 1")
 _threads = _number(int, lambda n: n >= 0, "a whole number of threads, or 0 for torch's choice")
 _positive_float = _number(float, lambda x: x > 0 and math.isfinite(x), "a number above 0")
 _port = _number(int, lambda n: 0 <= n <= 65535, "a port number from 0 to 65535")
+_count = _number(int, lambda n: n >= 0, "a whole number, 0 or none for no limit")
 
 
 def _optional_positive_int(text: str) -> int | None:
     """A whole number of at least 1, or None for "none" (openai-whisper's flags take it)."""
     return None if text.strip().lower() == "none" else _positive_int(text)
+
+
+def _line_limit(text: str) -> int | None:
+    """A subtitle limit: a whole number, or none; 0 is none too, as openai-whisper's writers
+    (and `writers.WriterOptions`) read it."""
+    return None if text.strip().lower() == "none" else _count(text) or None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -370,21 +377,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     out.add_argument(
         "--max-line-width",
-        type=_optional_positive_int,
+        type=_line_limit,
         default=None,
         metavar="N",
         help="srt/vtt: characters per line before a line break",
     )
     out.add_argument(
         "--max-line-count",
-        type=_optional_positive_int,
+        type=_line_limit,
         default=None,
         metavar="N",
         help="srt/vtt: lines per subtitle (needs --max-line-width)",
     )
     out.add_argument(
         "--max-words-per-line",
-        type=_optional_positive_int,
+        type=_line_limit,
         default=None,
         metavar="N",
         help="srt/vtt: words per subtitle (no effect with --max-line-width and --max-line-count)",
