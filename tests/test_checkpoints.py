@@ -9,6 +9,7 @@ import os
 import shutil
 import struct
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from whisperforge.checkpoints import (
     save_openai,
 )
 from whisperforge.errors import InvalidOptionError, ModelFormatError, ModelNotFoundError
+from whisperforge.quantize import Int8Linear
 
 
 def write_hf_folder(ckpt: Checkpoint, folder: Path, weights: str = "model.safetensors") -> Path:
@@ -222,6 +224,7 @@ def test_ct2_written_here_reads_back(
     shutil.copy(folder / "tokenizer.json", tmp_path)
     ckpt = load_path(tmp_path)
     assert ckpt.config == tiny_en_checkpoint.config
+    assert ckpt.compute_type == ("int8" if quantized else None)  # "default" keeps the int8
     if not quantized:
         assert_same_weights(ckpt.state_dict, tiny_en_checkpoint.state_dict)
         return
@@ -232,6 +235,12 @@ def test_ct2_written_here_reads_back(
         # rounding to 255 levels per row: off by at most half a step of the row's range
         step = tensor.float().abs().max() / 127
         assert (ours - tensor.float()).abs().max() <= step, name
+    with warnings.catch_warnings():  # torch.ao's quantized tensors announce their deprecation
+        warnings.simplefilter("ignore", UserWarning)
+        model = WhisperModel(tmp_path, device="cpu")  # as CTranslate2's "default": int8
+    assert isinstance(model.model.decoder.blocks[0].attn.qkv, Int8Linear)
+    segments, _ = model.transcribe(JFK, beam_size=1)
+    assert "ask not what your country" in "".join(s.text for s in segments)
 
 
 # --- Hugging Face and OpenAI formats ----------------------------------------------------------

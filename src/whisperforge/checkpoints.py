@@ -291,7 +291,12 @@ def load_ct2(folders: list[Path], source: str) -> Checkpoint:
     """A CTranslate2 Whisper folder, or several folders holding `model.bin.partN` pieces."""
     blob, n_parts = _read_ct2_blob(folders, source)
     try:
-        config, sd = _ct2_to_canonical(read_ct2_variables(blob))
+        variables = read_ct2_variables(blob)
+        config, sd = _ct2_to_canonical(variables)
+        # A conversion with `--quantization int8` (or int8_float16, ...) stores int8 weights:
+        # as in CTranslate2, compute_type "default" keeps them int8 (quantized again from these
+        # floats, their per-row scales give the same integers).
+        int8 = any(a.dtype == np.int8 for n, a in variables.items() if n.endswith("/weight"))
     except (ValueError, KeyError, UnicodeDecodeError) as error:
         reason = str(error).strip("'\"")
         if n_parts:
@@ -304,13 +309,13 @@ def load_ct2(folders: list[Path], source: str) -> Checkpoint:
             f"{source}: model.bin is damaged or not a CTranslate2 Whisper model ({reason}); "
             "download or convert it again"
         ) from None
-    del blob  # the state dict holds copies; let the mapping or buffer go
+    del blob, variables  # the state dict holds copies; let the mapping or buffer go
     check_state_dict(config, sd, source)
     heads = _read_json(folders, "config.json").get("alignment_heads")
     # Without tokenizer.json (a conversion without --copy_files): openai-whisper's vocabulary,
     # as for a .pt file; faster-whisper would fetch the tokenizer from the hub.
     tokenizer = _find_file(folders, "tokenizer.json")
-    return Checkpoint(config, sd, _heads(heads), tokenizer, source)
+    return Checkpoint(config, sd, _heads(heads), tokenizer, source, "int8" if int8 else None)
 
 
 # --- Hugging Face transformers ---------------------------------------------------------------
