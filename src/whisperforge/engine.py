@@ -37,7 +37,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -412,9 +412,9 @@ class ConcurrentTranscriber:
         except BaseException:
             job.abandon()  # interrupted while it waited (Ctrl-C): nobody will read it
             raise
-        segments = _segments(engine, job, arrived)
+        segments = JobSegments(_segments(engine, job, arrived), job)
         # Dropped unread (`info = model.transcribe(audio)[1]`), the generator never runs its
-        # `finally`: the job stops when the generator is collected.
+        # `finally`: the job stops when the segments are collected.
         weakref.finalize(segments, job.abandon)
         return segments, started.result()
 
@@ -430,7 +430,27 @@ class ConcurrentTranscriber:
         return self.engines[load.index(min(load))]
 
 
-def _segments(engine: Engine, job: Job, arrived: queue.SimpleQueue) -> Iterator[Segment]:
+class JobSegments(Generator[Segment, None, None]):
+    """A job's segments as the generator `transcribe` returns, whose `close()` stops the job
+    even before the first segment: a plain generator not yet started runs no `finally`."""
+
+    def __init__(self, segments: Generator[Segment, None, None], job: Job):
+        self.segments, self.job = segments, job
+
+    def send(self, value: None) -> Segment:
+        return self.segments.send(value)
+
+    def throw(self, *error: Any) -> Segment:
+        return self.segments.throw(*error)
+
+    def close(self) -> None:
+        self.segments.close()
+        self.job.abandon()
+
+
+def _segments(
+    engine: Engine, job: Job, arrived: queue.SimpleQueue
+) -> Generator[Segment, None, None]:
     try:
         while True:
             try:
