@@ -127,6 +127,10 @@ def test_response_formats(client):
     assert [w["word"] for w in verbose["words"]][:3] == ["And", "so", "my"]
     assert all(w["start"] <= w["end"] for w in verbose["words"])
     assert "words" not in post(client, fmt("verbose_json"), jfk_file()).json()
+    # As OpenAI's API: words alone come without the segments.
+    words = fmt("verbose_json", **{"timestamp_granularities[]": "word"})
+    only_words = post(client, words, jfk_file()).json()
+    assert "segments" not in only_words and only_words["words"] == verbose["words"]
 
 
 def test_stream_sends_openai_events(client):
@@ -162,6 +166,12 @@ NOT_AUDIO = ("notes.txt", b"just some text, no sound here\n" * 20, "text/plain")
             400,
             "timestamp_granularities[]",
         ),
+        (  # OpenAI's API refuses word times but with verbose_json (they were dropped silently)
+            {"model": "tiny.en", "timestamp_granularities[]": "word"},
+            "jfk",
+            400,
+            "timestamp_granularities[]",
+        ),
         ({"model": "tiny.en", "language": "klingon"}, "jfk", 400, "language"),
         ({"model": "tiny.en", "language": "de"}, "jfk", 400, "language"),  # English-only model
         ({"model": "tiny.en"}, {"file": NOT_AUDIO}, 400, "file"),  # not audio
@@ -178,6 +188,7 @@ NOT_AUDIO = ("notes.txt", b"just some text, no sound here\n" * 20, "text/plain")
         "temperature-range",
         "stream-not-bool",
         "bad-granularity",
+        "words-without-verbose-json",
         "unknown-language",
         "language-not-in-model",
         "not-audio",

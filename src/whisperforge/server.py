@@ -118,6 +118,7 @@ class ParsedRequest:
     response_format: str
     stream: bool
     words: bool
+    segments: bool  # verbose_json's segments: not given for timestamp_granularities[]=word alone
     options: TranscriptionOptions
     language: str | None
     task: str
@@ -233,6 +234,14 @@ class App:
                 raise APIError(400, f"timestamp_granularities[] takes word and/or segment, got "
                                f"{g if isinstance(g, str) else 'a file'!r}",
                                "timestamp_granularities[]")  # fmt: skip
+        # As OpenAI's API: word times are verbose_json's, refused with any other format (they
+        # were dropped without a word); words alone are given without the segments.
+        if "word" in granularities and response_format != "verbose_json":
+            raise APIError(400, "timestamp_granularities[]=word needs response_format="
+                           f"verbose_json, not {response_format}",
+                           "timestamp_granularities[]")  # fmt: skip
+        words = "word" in granularities
+        with_segments = "segment" in granularities or not words
         stream = _bool_field(form, "stream")
         if stream and response_format not in ("json", "text"):
             raise APIError(400, "stream=true works with response_format json or text", "stream")
@@ -273,8 +282,6 @@ class App:
                            "mp4, m4a, ogg, wav, webm, ...)", "file", "invalid_file_format",
                            ) from None  # fmt: skip
 
-        # As OpenAI's: timestamp granularities are verbose_json's (words cost a DTW pass).
-        words = "word" in granularities and response_format == "verbose_json"
         try:
             options = TranscriptionOptions.from_arguments(
                 beam_size=self.config.beam_size, temperature=temperature_ladder(temperature),
@@ -282,7 +289,8 @@ class App:
             )  # fmt: skip
         except InvalidOptionError as error:
             raise APIError(400, str(error)) from None
-        return ParsedRequest(audio, response_format, stream, words, options, language, task)
+        return ParsedRequest(audio, response_format, stream, words, with_segments, options,
+                             language, task)  # fmt: skip
 
     # --- running --------------------------------------------------------------------------
 
@@ -346,7 +354,7 @@ class App:
             write(fmt, segments, info, out)
             media_type = "text/vtt" if fmt == "vtt" else None
             return PlainTextResponse(out.getvalue(), media_type=media_type)
-        return JSONResponse(verbose_json(segments, info, task, parsed.words))
+        return JSONResponse(verbose_json(segments, info, task, parsed.words, parsed.segments))
 
     async def sse(self, job: Job, deltas: asyncio.Queue[Segment]) -> AsyncIterator[str]:
         """transcript.text.delta per segment as it is final, then transcript.text.done. A client
@@ -523,8 +531,10 @@ def _usage(info: TranscriptionInfo) -> dict[str, Any]:
     return {"type": "duration", "seconds": math.ceil(info.duration)}
 
 
-def verbose_json(segments: list[Segment], info: TranscriptionInfo, task: str, words: bool) -> dict:
-    """OpenAI's verbose_json: language by name, segments with their decoding figures."""
+def verbose_json(segments: list[Segment], info: TranscriptionInfo, task: str, words: bool,
+                 with_segments: bool = True) -> dict:  # fmt: skip
+    """OpenAI's verbose_json: language by name, segments with their decoding figures (not given
+    when only words were asked for, as OpenAI's API leaves them out), words if asked for."""
     body: dict[str, Any] = {
         "task": task,
         # A translation's language is its output's (OpenAI's API: always english).
@@ -550,6 +560,8 @@ def verbose_json(segments: list[Segment], info: TranscriptionInfo, task: str, wo
         ],
         "usage": _usage(info),
     }
+    if not with_segments:
+        del body["segments"]
     if words:
         body["words"] = [
             {"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
