@@ -308,6 +308,27 @@ def test_an_abandoned_job_stops_at_its_next_window(tiny_en):
     assert len(seen) == 1 and seen[0].end <= 30
 
 
+def test_a_job_abandoned_before_its_first_window_decodes_none(tiny_en):
+    """The check is made before each window, not after each segment: a window that gives no
+    segment (silence, music) let a job nobody waited for run on through it, and on through
+    every such window after it, while every other request waited for the worker."""
+    from whisperforge.engine import Engine, Job, SequentialBackend
+    from whisperforge.transcribe import TranscriptionOptions
+
+    options = TranscriptionOptions.from_arguments(beam_size=1, temperature=0.0)
+    seen: list[Segment] = []
+    job = Job(load_audio(JFK), options, "en", on_segment=seen.append,
+              on_start=lambda _: job.abandon())  # fmt: skip
+    engine = Engine(SequentialBackend(tiny_en))
+    engine.start()
+    try:
+        with pytest.raises(TimeoutError):
+            engine.submit(job).result(timeout=120)
+    finally:
+        engine.stop()
+    assert seen == []
+
+
 def test_a_stream_left_mid_wait_leaves_no_task_behind(tiny_en):
     """stream=true waits on the next segment and on the result at once; a client that leaves
     cancels that wait, and the wait on the next segment goes with it (it was left pending:

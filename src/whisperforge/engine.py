@@ -48,6 +48,7 @@ from .audio import AudioInput, load_audio
 from .batched import BatchedInferencePipeline, decode_key
 from .errors import InvalidOptionError
 from .results import Segment, TranscriptionInfo
+from .transcribe import locked
 
 if TYPE_CHECKING:
     from .transcribe import (
@@ -138,22 +139,41 @@ class SequentialBackend:
         if not job.future.set_running_or_notify_cancel():
             return  # the client gave up while the job waited
         try:
-            segments_iter, info = self.model.transcribe_with(
-                job.audio, job.options, job.language, job.task, job.vad_filter, job.vad_parameters
+            steps, info = self.model.long_form(
+                job.audio, job.language, job.task, job.options, job.vad_filter, job.vad_parameters
             )
             if job.on_start is not None:
                 job.on_start(info)
             segments = []
-            for segment in segments_iter:
+            windows = self.model.decode_sequentially(_until_abandoned(steps, job))
+            for segment in locked(windows, self.model.lock):
                 segments.append(segment)
                 if job.on_segment is not None:
                     job.on_segment(segment)
-                if job.abandoned:  # spend no more windows on it
-                    segments_iter.close()
+                if job.abandoned:  # nobody reads the rest of this window's segments either
+                    windows.close()
                     raise TimeoutError("nobody waits for this transcription any more")
             job.future.set_result((segments, info))
         except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
             job.future.set_exception(error)
+
+
+def _until_abandoned(steps: LongForm, job: Job) -> LongForm:
+    """A job's long-form loop, stopped at the next window it asks for once nobody waits for the
+    job. Checked at each window, not each segment: a window of silence or music gives no segment,
+    and a job left during such windows ran on through them, the worker deaf to everyone else."""
+    sent: WindowResult | None = None
+    try:
+        while True:
+            try:
+                item = steps.send(sent)
+            except StopIteration:
+                return
+            if job.abandoned and not isinstance(item, Segment):
+                raise TimeoutError("nobody waits for this transcription any more")
+            sent = yield item
+    finally:
+        steps.close()
 
 
 @dataclass
