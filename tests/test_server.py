@@ -329,6 +329,26 @@ def test_a_job_abandoned_before_its_first_window_decodes_none(tiny_en):
     assert seen == []
 
 
+def test_a_running_job_is_active(tiny_en):
+    """/health's `active` counts the job the CPU's one-at-a-time worker is running (it was 0
+    all through a transcription: a busy server looked idle)."""
+    from whisperforge.engine import Engine, Job, SequentialBackend
+    from whisperforge.transcribe import TranscriptionOptions
+
+    backend = SequentialBackend(tiny_en)
+    options = TranscriptionOptions.from_arguments(beam_size=1, temperature=0.0)
+    active: list[int] = []
+    job = Job(load_audio(JFK), options, "en", on_segment=lambda _: active.append(backend.active))
+    engine = Engine(backend)
+    engine.start()
+    try:
+        engine.submit(job).result(timeout=120)
+    finally:
+        engine.stop()
+    assert active and set(active) == {1}
+    assert backend.active == 0
+
+
 def test_a_stream_left_mid_wait_leaves_no_task_behind(tiny_en):
     """stream=true waits on the next segment and on the result at once; a client that leaves
     cancels that wait, and the wait on the next segment goes with it (it was left pending:

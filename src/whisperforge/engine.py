@@ -135,7 +135,14 @@ class SequentialBackend:
         pass  # `step` hands any error of its job to that job
 
     def step(self) -> None:
-        job = self._jobs.popleft()
+        # The job stays in `_jobs` while it runs: it is active (/health) until it is done, where
+        # a running job was counted nowhere and a busy server looked idle.
+        try:
+            self._run(self._jobs[0])
+        finally:
+            self._jobs.popleft()
+
+    def _run(self, job: Job) -> None:
         if not job.future.set_running_or_notify_cancel():
             return  # the client gave up while the job waited
         try:
