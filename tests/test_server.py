@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("multipart")
 from fastapi.testclient import TestClient
 
-from whisperforge.server import ServerConfig, create_app
+from whisperforge.server import ServerConfig, create_app, log_config
 from whisperforge.transcribe import temperature_ladder
 
 JFK_TEXT = (
@@ -419,10 +420,12 @@ def test_websocket_rejects_bad_parameters(client):
 # --- a real server on loopback, the official client ---------------------------------------
 
 
-def serve_on_loopback(app) -> Iterator[str]:
-    """Run `app` on a real uvicorn on 127.0.0.1; yields its URL."""
+def serve_on_loopback(app, **config: Any) -> Iterator[str]:
+    """Run `app` on a real uvicorn on 127.0.0.1 (`config`: more of uvicorn's settings); yields
+    its URL."""
     uvicorn = pytest.importorskip("uvicorn")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    config = {"log_level": "warning", **config}
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     for _ in range(200):  # bounded wait for the socket (10 s)
@@ -439,6 +442,27 @@ def serve_on_loopback(app) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def live_server(tiny_en) -> Iterator[str]:
     yield from serve_on_loopback(create_app(ServerConfig(beam_size=1, api_key=KEY), model=tiny_en))
+
+
+def test_keys_given_in_a_query_stay_out_of_the_logs(tiny_en, capfd):
+    """A WebSocket client gives its key as ?api_key= (browsers cannot set the header there);
+    uvicorn logs each path with its query, as `whisperforge serve` runs it, the key masked."""
+    httpx = pytest.importorskip("httpx")
+    websockets = pytest.importorskip("websockets.sync.client")
+    app = create_app(ServerConfig(beam_size=1, api_key=KEY), model=tiny_en)
+    server = serve_on_loopback(app, log_config=log_config(), log_level="info")
+    url = next(server)
+    try:
+        assert httpx.get(f"{url}/health?api_key={KEY}").status_code == 200
+        stream = url.replace("http", "ws") + f"/v1/audio/stream?language=en&api_key={KEY}"
+        with websockets.connect(stream) as ws:
+            assert json.loads(ws.recv())["type"] == "session.created"  # the key was taken
+            ws.send("stop")
+    finally:
+        next(server, None)
+    logged = "".join(capfd.readouterr())
+    assert "/health?api_key=***" in logged and "stream?language=en&api_key=***" in logged
+    assert KEY not in logged
 
 
 def test_openai_client_verbose_json(live_server):

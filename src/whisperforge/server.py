@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import hmac
 import json
+import logging
 import math
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
@@ -691,4 +694,29 @@ def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8000,
         raise ImportError("the server needs uvicorn; install it with: pip install "
                           "'whisperforge[server]'") from None  # fmt: skip
     app = create_app(config)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=log_config())
+
+
+class RedactedKeys(logging.Filter):
+    """uvicorn logs each request's path with its query, and a WebSocket client may give its key
+    as `?api_key=...` (browsers cannot set headers there): keys are not for logs."""
+
+    KEY = re.compile(r"(api_key=)[^&\s\"]*")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                self.KEY.sub(r"\1***", arg) if isinstance(arg, str) else arg for arg in record.args
+            )
+        return True
+
+
+def log_config() -> dict[str, Any]:
+    """uvicorn's logging, with `RedactedKeys` on its handlers."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["filters"] = {"redacted_keys": {"()": RedactedKeys}}
+    for handler in config["handlers"].values():
+        handler["filters"] = ["redacted_keys"]
+    return config
