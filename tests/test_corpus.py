@@ -284,3 +284,22 @@ def test_batch_command_reads_model_dir_and_fp16(local_rows, tmp_path, monkeypatc
     row = _rows(out)[jfk]
     assert row["text"] == local_rows[jfk]["text"]
     assert json.loads(row["settings"])["compute_type"] == "float32"
+
+
+def test_a_journal_line_that_is_not_utf8_is_redone_not_a_crash(tiny_en, tmp_path):
+    """A torn or corrupted line in OUT (bytes that are not UTF-8, a row whose path is not a
+    string) is not a row: the rerun transcribes what it lacks instead of raising
+    UnicodeDecodeError."""
+    jfk, other = str(_clips()[2]), str(_clips()[1])
+    listing = tmp_path / "files.txt"
+    listing.write_text(f"{jfk}\n")
+    out = tmp_path / "out.jsonl"
+    transcribe_corpus(str(listing), out, tiny_en, **OPTIONS)
+    with open(out, "ab") as f:
+        f.write(b'\x80\x81{"path": "torn\xe9\n{"path": 7}\n')
+    listing.write_text(f"{jfk}\n{other}\n")
+    summary = transcribe_corpus(str(listing), out, tiny_en, **OPTIONS)
+    assert (summary.skipped, summary.ok) == (1, 1)
+    lines = out.read_bytes().splitlines()
+    rows = [json.loads(line) for line in lines if line.startswith(b'{"path": "/')]
+    assert [r["path"] for r in rows] == [jfk, other] and all(r["text"] for r in rows)

@@ -576,9 +576,9 @@ class Journal:
         for line in data[:complete].splitlines():
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
+            except ValueError:  # not JSON, or not UTF-8 (a torn write, a bad sector)
                 continue  # not a row of ours: its file (if any) is transcribed again
-            if isinstance(row, dict) and "path" in row:
+            if isinstance(row, dict) and isinstance(row.get("path"), str):
                 rows.append(row)
         return rows
 
