@@ -72,7 +72,8 @@ def test_inputs(tmp_path):
     ]
     listing = tmp_path / "a" / "files.txt"
     listing.write_text("# a comment\none.wav\n\nb/two.FLAC\none.wav\n")
-    sources = list_inputs(str(listing))  # relative to the list's folder, each path once
+    with pytest.warns(UserWarning, match="more than once"):  # relative to the list's folder
+        sources = list_inputs(str(listing))  # and each file once
     assert [s.path for s in sources] == ["one.wav", "b/two.FLAC"]
     assert Path(sources[1].location) == tmp_path / "a" / "b" / "two.FLAC"
 
@@ -303,3 +304,25 @@ def test_a_journal_line_that_is_not_utf8_is_redone_not_a_crash(tiny_en, tmp_path
     lines = out.read_bytes().splitlines()
     rows = [json.loads(line) for line in lines if line.startswith(b'{"path": "/')]
     assert [r["path"] for r in rows] == [jfk, other] and all(r["text"] for r in rows)
+
+
+def test_a_file_is_one_row_however_it_is_named(tiny_en, tmp_path):
+    """a.wav, ./a.wav, a//a.wav, its absolute path and a path through a symlinked folder are one
+    file: INPUT naming it twice transcribes it once (under its first name, with a warning), and
+    a rerun that names it otherwise finds its row instead of writing a second one."""
+    hotwords, mfa, jfk = _clips()
+    (tmp_path / "audio").symlink_to(DEV_DIR)
+    listing = tmp_path / "files.txt"
+    listing.write_text(f"audio/{jfk.name}\n./audio/{jfk.name}\n{jfk}\naudio//{hotwords.name}\n")
+    out = tmp_path / "out.jsonl"
+    with pytest.warns(UserWarning, match="names 2 file"):
+        summary = transcribe_corpus(str(listing), out, tiny_en, **OPTIONS)
+    assert (summary.listed, summary.ok) == (2, 2)
+    assert list(_rows(out)) == [f"audio/{jfk.name}", f"audio//{hotwords.name}"]
+
+    listing.write_text(f"{hotwords}\n./audio/./{jfk.name}\n{mfa}\n")  # each file named otherwise
+    summary = transcribe_corpus(str(listing), out, tiny_en, **OPTIONS)
+    assert (summary.skipped, summary.ok) == (2, 1)
+    rows = _rows(out)
+    assert list(rows) == [f"audio/{jfk.name}", f"audio//{hotwords.name}", str(mfa)]
+    assert all(row["text"] for row in rows.values())

@@ -3,7 +3,10 @@
 INPUT is a folder (audio files by extension, recursive), a glob, a text file of paths, a
 Parquet or JSONL manifest (column `path` or `audio`), or one audio file. Relative paths in a
 list or manifest are relative to the list's folder. A row's `path` is the input's own name for
-the file (as the list or manifest writes it), which is what a rerun matches on.
+the file (as the list or manifest writes it). A file is one row however it is named: INPUT
+naming it twice (a.wav and ./a.wav, its absolute path, a symlink) transcribes it once, under
+its first name, with a warning; a rerun finds its row under another of its names too, a
+relative one read from the same folder as before (the list's, or the current one).
 
 OUT is written as an append-only JSONL journal, one row per file, flushed per row, so a crash
 loses no finished row and a rerun skips every path already in it. Rows with an error are
@@ -112,10 +115,17 @@ def audio_length(seconds: float) -> str:
 def list_inputs(spec: str | Iterable[str]) -> list[Source]:
     """The files of INPUT (see the module's docstring), each once, in a stable order. A list
     of paths (Python) is taken as is."""
+    return _listing(spec)[0]
+
+
+def _listing(spec: str | Iterable[str]) -> tuple[list[Source], Path | None]:
+    """`list_inputs`, and the folder its relative names are relative to (None: the current
+    one), which is how a rerun reads the names of the rows already in OUT."""
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
     if not isinstance(spec, str):
-        return _unique(Source(str(p), str(p)) for p in spec)
+        return _unique([Source(str(p), str(p)) for p in spec]), None
+    folder = None
     path = Path(spec).expanduser()
     if path.is_dir():
         found = sorted(p for p in path.rglob("*") if _is_audio(p) and p.is_file())
@@ -123,13 +133,13 @@ def list_inputs(spec: str | Iterable[str]) -> list[Source]:
     elif path.is_file():
         suffix = path.suffix.lower()
         if suffix == ".parquet":
-            sources = _manifest(path, _parquet_rows(path))
+            sources, folder = _manifest(path, _parquet_rows(path)), path.parent
         elif suffix in (".jsonl", ".ndjson"):
-            sources = _manifest(path, _jsonl_rows(path))
+            sources, folder = _manifest(path, _jsonl_rows(path)), path.parent
         elif _is_audio(path):
             sources = [Source(spec, spec)]
         else:
-            sources = _path_list(path)
+            sources, folder = _path_list(path), path.parent
     elif glob.has_magic(spec):
         found = sorted(p for p in glob.glob(os.path.expanduser(spec), recursive=True))
         sources = [Source(p, p) for p in found if os.path.isfile(p)]
@@ -145,20 +155,47 @@ def list_inputs(spec: str | Iterable[str]) -> list[Source]:
             f"INPUT {spec}: no audio files in it (extensions read from folders: "
             f"{' '.join(sorted(AUDIO_EXTENSIONS))})"
         )
-    return _unique(sources)
+    return _unique(sources), folder
 
 
 def _is_audio(path: Path) -> bool:
     return path.suffix.lower() in AUDIO_EXTENSIONS
 
 
-def _unique(sources: Iterable[Source]) -> list[Source]:
-    seen: set[str] = set()
-    return [s for s in sources if not (s.path in seen or seen.add(s.path))]
+def _unique(sources: list[Source]) -> list[Source]:
+    """Each file once, under its first name: named twice (a.wav and ./a.wav, by its absolute
+    path, through a symlink) it would be transcribed twice, into two rows."""
+    kept: dict[str, Source] = {}
+    again: list[Source] = []
+    for source, file in zip(sources, _files(s.location for s in sources)):
+        if kept.setdefault(file, source) is not source:
+            again.append(source)
+    if again:
+        warnings.warn(
+            f"INPUT names {len(again)} file(s) more than once (e.g. {again[0].path}): each "
+            "file is transcribed once, into one row under its first name",
+            stacklevel=4,
+        )
+    return list(kept.values())
 
 
-def _located(listing: Path, name: str) -> Source:
-    return Source(name, str(listing.parent / Path(name).expanduser()))
+def _files(locations: Iterable[str]) -> list[str]:
+    """The file each location names, one string however it is spelled: absolute, without
+    ./ or //, symlinks resolved. A folder is resolved once (a corpus has few); a file only
+    where it is a link (a stat each, not realpath's one per folder of the path)."""
+    folders: dict[str, str] = {}
+    files = []
+    for location in locations:
+        head, tail = os.path.split(os.path.abspath(os.path.expanduser(location)))
+        if head not in folders:
+            folders[head] = os.path.realpath(head)
+        file = os.path.join(folders[head], tail)
+        files.append(os.path.realpath(file) if os.path.islink(file) else file)
+    return files
+
+
+def _located(folder: Path, name: str) -> Source:
+    return Source(name, str(folder / Path(name).expanduser()))
 
 
 def _path_list(listing: Path) -> list[Source]:
@@ -170,7 +207,7 @@ def _path_list(listing: Path) -> list[Source]:
             "paths; rename it or pass the folder holding it"
         ) from None
     names = (line.strip() for line in lines)
-    return [_located(listing, n) for n in names if n and not n.startswith("#")]
+    return [_located(listing.parent, n) for n in names if n and not n.startswith("#")]
 
 
 def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
@@ -185,7 +222,7 @@ def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
                 f"INPUT {listing}, row {number}: its `{column}` is {row.get(column)!r}, not a "
                 "file's path; fix or drop the row"
             )
-    return [_located(listing, row[column]) for row in rows]
+    return [_located(listing.parent, row[column]) for row in rows]
 
 
 def _jsonl_rows(listing: Path) -> list[dict]:
@@ -681,16 +718,17 @@ def transcribe_corpus(
     on_row: called with each row once it is written.
     """
     start = time.perf_counter()
-    sources = list_inputs(inputs)
+    sources, folder = _listing(inputs)
     same = isinstance(inputs, (str, os.PathLike)) and os.path.exists(output)
     if same and os.path.exists(inputs) and os.path.samefile(inputs, output):
         raise WhisperforgeError(f"--output {output} is the input; write to another file")
     settings = _settings(model, compute_type, options)
     journal = Journal(output, retry_errors, settings)
-    todo = [s for s in sources if s.path not in journal.done]
+    done = _rows_of(sources, journal.done, folder)
+    todo = [s for s in sources if s.path not in done]
     summary = Summary(
         listed=len(sources), skipped=len(sources) - len(todo),
-        skipped_failed=sum(s.path in journal.failed for s in sources),
+        skipped_failed=sum(row in journal.failed for row in done.values()),
     )  # fmt: skip
     bar = Progress(len(todo), progress)
     finished = False
@@ -723,6 +761,22 @@ def transcribe_corpus(
         if summary.ok + summary.failed:
             bar.update(summary, final=True)
     return summary
+
+
+def _rows_of(sources: list[Source], names: set[str], folder: Path | None) -> dict[str, str]:
+    """The path of the row in OUT (among `names`) of each source that has one: the source's
+    own, or another name of the same file (./a.wav for a.wav, absolute for relative, through
+    a symlink), the row's name read as INPUT reads its own (relative to `folder`)."""
+    rows = {s.path: s.path for s in sources if s.path in names}
+    others = [s for s in sources if s.path not in rows]
+    if others and names:
+        spelled = list(names)
+        locations = (n if folder is None else _located(folder, n).location for n in spelled)
+        by_file = dict(zip(_files(locations), spelled))
+        for source, file in zip(others, _files(s.location for s in others)):
+            if file in by_file:
+                rows[source.path] = by_file[file]
+    return rows
 
 
 def _settings(model: Any, compute_type: str, options: dict[str, Any]) -> str:
