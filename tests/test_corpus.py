@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +160,14 @@ def test_a_rerun_with_other_settings_says_its_rows_are_kept(tiny_en, tmp_path):
     with pytest.warns(UserWarning, match="other settings"):
         summary = transcribe_corpus(str(listing), out, tiny_en, beam_size=2)
     assert summary.skipped == 1
+    # An option the rows were made without counts too: their segments have no words.
+    with pytest.warns(UserWarning, match="other settings"):
+        transcribe_corpus(str(listing), out, tiny_en, beam_size=1, word_timestamps=True)
+    with pytest.warns(UserWarning, match="other settings"):
+        transcribe_corpus(str(listing), out, tiny_en, beam_size=1, language="en")
+    with warnings.catch_warnings():  # the same settings (a default named or not): no warning
+        warnings.simplefilter("error")
+        transcribe_corpus(str(listing), out, tiny_en, beam_size=1, task="transcribe")
 
 
 def test_cli_crash_resume_and_parquet(corpus, local_rows, tiny_en, tmp_path, capsys):

@@ -789,12 +789,21 @@ def _settings(model: Any, compute_type: str, options: dict[str, Any]) -> str:
     return json.dumps(kept, sort_keys=True, default=str)
 
 
+# Settings that rows may lack while made with them: older rows have no `task`, and the Python
+# API names neither unless given (the command names both).
+DEFAULT_SETTINGS = {"task": "transcribe", "beam_size": 5}
+
+
 def _differ(recorded: str | None, settings: str) -> bool:
-    """Whether a row was made with other settings: a key both name, with another value."""
+    """Whether a row was made with other settings. A key only one side names counts (the other
+    had None or False: rows made without --word-timestamps or --language, say), except the
+    model, which a loaded one leaves unnamed."""
     if recorded is None:  # a row of an older whisperforge
         return False
-    theirs, ours = json.loads(recorded), json.loads(settings)
-    return any(theirs[key] != ours[key] for key in theirs.keys() & ours.keys())
+    theirs = DEFAULT_SETTINGS | json.loads(recorded)
+    ours = DEFAULT_SETTINGS | json.loads(settings)
+    unknown = set() if "model" in theirs and "model" in ours else {"model"}
+    return any(theirs.get(k) != ours.get(k) for k in (theirs.keys() | ours.keys()) - unknown)
 
 
 # --- the command -----------------------------------------------------------------------------
