@@ -335,3 +335,20 @@ def test_a_file_is_one_row_however_it_is_named(tiny_en, tmp_path):
     rows = _rows(out)
     assert list(rows) == [f"audio/{jfk.name}", f"audio//{hotwords.name}", str(mfa)]
     assert all(row["text"] for row in rows.values())
+
+
+def test_a_ray_address_where_nothing_listens_is_refused_at_once(tmp_path):
+    """A HOST:PORT with no Ray head (a typo in the port): `ray.init` retried it for many
+    minutes, logging warnings; the command says so and exits 1, OUT not made."""
+    pytest.importorskip("ray", reason="pip install 'whisperforge[ray]'")
+    import socket
+
+    with socket.socket() as unused:  # a port that nothing listens on once closed
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    out = tmp_path / "out.jsonl"
+    command = [sys.executable, "-m", "whisperforge", "batch", str(_clips()[2]), "--output",
+               str(out), "--ray-address", f"127.0.0.1:{port}"]  # fmt: skip
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 1 and "nothing answers there" in run.stderr, run.stderr[-2000:]
+    assert not out.exists()

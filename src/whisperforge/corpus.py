@@ -486,6 +486,7 @@ def run_ray(
             if address == "local":
                 ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
             else:
+                _check_answers(address)
                 ray.init(address=address, logging_level=logging.WARNING)
         except (ConnectionError, ValueError, RuntimeError) as error:
             # e.g. "ray://..." without ray[client], or no cluster at the address
@@ -539,6 +540,21 @@ def run_ray(
         if cause is None:
             raise
         raise cause from None  # the user's mistake (a bad option), not Ray's traceback
+
+
+def _check_answers(address: str) -> None:
+    """Refuse a HOST:PORT where nothing listens: `ray.init` would retry it for many minutes,
+    logging warnings, before giving up."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or "://" in host:
+        return  # auto, ray://...: Ray's own errors say what is wrong, at once
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as error:
+        raise WhisperforgeError(
+            f"--ray-address {address}: nothing answers there ({error.strerror or error}); start "
+            "the cluster's head there (ray start --head), or check the address and port"
+        ) from None
 
 
 def _user_error(error: BaseException | None) -> WhisperforgeError | None:
