@@ -276,6 +276,22 @@ def test_ray_actor_killed_mid_run(ray_cluster, corpus, local_rows, tmp_path):
     assert killed and len(workers) == 2, "the restarted actor did the files after the kill"
 
 
+def test_ray_says_what_the_model_actor_refused(ray_cluster, tmp_path):
+    """An unknown model, or a language an English-only model cannot transcribe, fails in the
+    model actor: Ray passes the error on as text only, which was a raw traceback of Ray's;
+    it is whisperforge's error again, what the command prints as one line."""
+    from whisperforge.errors import InvalidOptionError, ModelNotFoundError
+
+    one = str(_clips()[2])
+    for model, options, error, match in (
+        ("no-such-model", {}, ModelNotFoundError, "unknown model 'no-such-model'"),
+        ("tiny.en", {"language": "de"}, InvalidOptionError, "English-only"),
+    ):
+        with pytest.raises(error, match=match):
+            transcribe_corpus([one], tmp_path / "out.jsonl", model, ray_address="local", **options)
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def test_batch_command_translates_with_a_multilingual_model_only(tmp_path, capsys):
     command = ["batch", str(_clips()[2]), "--output", str(tmp_path / "t.jsonl"), "--task"]
     assert main([*command, "translate"]) == 1  # tiny.en, the default model

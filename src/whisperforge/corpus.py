@@ -35,6 +35,7 @@ import glob
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import errors
 from .errors import WhisperforgeError
 
 if TYPE_CHECKING:
@@ -62,6 +64,8 @@ AUDIO_EXTENSIONS = frozenset(
 READ_AHEAD = 4  # files decoded ahead of the model in one process
 MAX_DECODE_TASKS = 10_000  # Ray: one decode task per file, up to this many (then several each)
 RAY_INSTALL_HINT = "pip install 'whisperforge[ray]'"
+# A WhisperforgeError's last line in a traceback's text, as Ray passes a worker's error on
+USER_ERROR_LINE = re.compile(r"^whisperforge\.errors\.(\w+): (.+)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -558,14 +562,24 @@ def _check_answers(address: str) -> None:
 
 
 def _user_error(error: BaseException | None) -> WhisperforgeError | None:
-    """The WhisperforgeError that a Ray task failed with, through Ray's wrappers."""
-    seen = set()
+    """The WhisperforgeError that a Ray task or actor failed with, through Ray's wrappers; or
+    remade from their text, which is all that Ray 2.60 passes on (of an option refused in a
+    task, or a model actor's constructor: an unknown model, an English-only one asked for
+    German)."""
+    seen, texts = set(), []
     while error is not None and id(error) not in seen:
         if isinstance(error, WhisperforgeError):
             return error
         seen.add(id(error))
+        texts.append(str(error))
         error = getattr(error, "cause", None) or error.__cause__
-    return None
+    found = [m for text in texts for m in USER_ERROR_LINE.findall(text)]
+    if not found:
+        return None
+    name, message = found[-1]  # the innermost: the error raised first
+    kind = getattr(errors, name, None)
+    is_ours = isinstance(kind, type) and issubclass(kind, WhisperforgeError)
+    return kind(message) if is_ours else WhisperforgeError(message)
 
 
 # --- OUT -------------------------------------------------------------------------------------
