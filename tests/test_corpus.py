@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DEV_DIR, hub_cache_of_tiny_en
+from conftest import DEV_DIR, LONG_FILE, hub_cache_of_tiny_en
 
 from whisperforge.cli import main
 from whisperforge.corpus import list_inputs, transcribe_corpus
@@ -368,3 +368,29 @@ def test_a_ray_address_where_nothing_listens_is_refused_at_once(tmp_path):
     run = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 1 and "nothing answers there" in run.stderr, run.stderr[-2000:]
     assert not out.exists()
+
+
+def test_ctrl_c_says_the_done_files_are_kept(tmp_path):
+    """Ctrl-C on a long job exited 130 without a word, a .parquet OUT not written: the command
+    now says how many files are kept and where (the journal), and that a rerun goes on."""
+    out = tmp_path / "out.parquet"
+    listing = tmp_path / "files.txt"
+    listing.write_text(f"{_clips()[2]}\n{LONG_FILE}\n")  # the 19-minute file: still running
+    job = subprocess.Popen(
+        [sys.executable, "-m", "whisperforge", "batch", str(listing), "--output", str(out),
+         "--device", "cpu", "--beam-size", "1", "--batch-size", "1"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    journal = tmp_path / "out.parquet.journal.jsonl"
+    deadline = time.monotonic() + 300
+    while not (journal.exists() and journal.stat().st_size):
+        assert job.poll() is None, job.stderr.read()
+        assert time.monotonic() < deadline, "no row after 300 s"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the row written is also counted (just after) before Ctrl-C comes
+    job.send_signal(signal.SIGINT)
+    assert job.wait(timeout=120) == 130
+    err = job.stderr.read()
+    job.stderr.close()
+    assert f"interrupted: 1 file(s) done in this run are kept in {journal}" in err, err
+    assert "rerun the same command" in err and not out.exists()

@@ -596,7 +596,7 @@ class Journal:
         self.parquet = out if suffix == ".parquet" else None
         if self.parquet is not None:
             _pyarrow_parquet()  # missing: said now, not after the whole corpus is transcribed
-        self.path = out.with_name(out.name + ".journal.jsonl") if self.parquet else out
+        self.path = self.kept_in(out)
         if out.is_dir():  # found now, not after the whole corpus when the rows are merged
             raise WhisperforgeError(
                 f"--output {output} is a folder; name a .jsonl or .parquet file"
@@ -626,6 +626,14 @@ class Journal:
                 "transcribe them with these settings",
                 stacklevel=3,
             )
+
+    @staticmethod
+    def kept_in(output: str | Path) -> Path:
+        """Where OUT's rows are while the job runs: OUT, or a .parquet OUT's journal."""
+        out = Path(output).expanduser()
+        return (
+            out.with_name(out.name + ".journal.jsonl") if out.suffix.lower() == ".parquet" else out
+        )
 
     def _load(self) -> list[dict]:
         if not self.path.exists() and self.parquet is not None and self.parquet.exists():
@@ -905,16 +913,28 @@ def run_batch(args: Any) -> int:
 
     if args.local and args.ray_address:
         raise WhisperforgeError("--local and --ray-address contradict each other; drop one")
-    summary = transcribe_corpus(
-        args.input, args.output, args.model, device=args.device,
-        compute_type=_compute_type(args), threads=args.threads, download_root=args.model_dir,
-        batch_size=args.batch_size,
-        retry_errors=args.retry_errors, ray_address=args.ray_address, actors=args.actors,
-        num_gpus_per_actor=args.num_gpus_per_actor, files_per_task=args.files_per_task,
-        progress=args.progress or sys.stderr.isatty(), language=args.language,
-        beam_size=args.beam_size, word_timestamps=args.word_timestamps,
-        task=args.task,
-    )  # fmt: skip
+    written: list[str] = []
+    try:
+        summary = transcribe_corpus(
+            args.input, args.output, args.model, device=args.device,
+            compute_type=_compute_type(args), threads=args.threads,
+            download_root=args.model_dir, batch_size=args.batch_size,
+            retry_errors=args.retry_errors, ray_address=args.ray_address, actors=args.actors,
+            num_gpus_per_actor=args.num_gpus_per_actor, files_per_task=args.files_per_task,
+            progress=args.progress or sys.stderr.isatty(), language=args.language,
+            beam_size=args.beam_size, word_timestamps=args.word_timestamps,
+            task=args.task, on_row=lambda row: written.append(row["path"]),
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        # Ctrl-C on a long job: say that its rows are kept (a .parquet OUT's only in its
+        # journal until the merge), not an exit without a word.
+        kept = Journal.kept_in(args.output)
+        print(
+            f"\ninterrupted: {len(written)} file(s) done in this run are kept in {kept}; "
+            "rerun the same command to transcribe the rest",
+            file=sys.stderr,
+        )
+        return 130
     print(f"{args.output}: {summary.line()}", file=sys.stderr)
     failed = summary.failed + summary.skipped_failed
     if failed:
