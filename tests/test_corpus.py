@@ -394,3 +394,23 @@ def test_ctrl_c_says_the_done_files_are_kept(tmp_path):
     job.stderr.close()
     assert f"interrupted: 1 file(s) done in this run are kept in {journal}" in err, err
     assert "rerun the same command" in err and not out.exists()
+
+
+def test_a_manifest_language_column_is_said_to_be_unread(tmp_path):
+    """A manifest with a `language` (or `task`) column per file, as the dev set's own: the job
+    has one --language, so the column was ignored in silence; it is now said."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"audio": str(c), "language": "en", "speaker": "?"} for c in _clips()]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "m.parquet")
+    for manifest in ("m.jsonl", "m.parquet"):
+        with pytest.warns(UserWarning, match="`language` column is not read"):
+            assert len(list_inputs(str(tmp_path / manifest))) == len(rows)
+    (tmp_path / "plain.jsonl").write_text(
+        "".join(json.dumps({"path": r["audio"]}) + "\n" for r in rows)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list_inputs(str(tmp_path / "plain.jsonl"))

@@ -61,6 +61,7 @@ AUDIO_EXTENSIONS = frozenset(
     {".wav", ".flac", ".mp3", ".m4a", ".ogg", ".oga", ".opus", ".webm", ".mp4", ".m4v", ".mkv",
      ".mka", ".mov", ".aac", ".wma", ".aif", ".aiff", ".amr", ".npy"}
 )  # fmt: skip
+PER_FILE_COLUMNS = ("language", "task")  # a manifest's, not read: the job has one of each
 READ_AHEAD = 4  # files decoded ahead of the model in one process
 MAX_DECODE_TASKS = 10_000  # Ray: one decode task per file, up to this many (then several each)
 RAY_INSTALL_HINT = "pip install 'whisperforge[ray]'"
@@ -137,7 +138,9 @@ def _listing(spec: str | Iterable[str]) -> tuple[list[Source], Path | None]:
     elif path.is_file():
         suffix = path.suffix.lower()
         if suffix == ".parquet":
-            sources, folder = _manifest(path, _parquet_rows(path)), path.parent
+            rows = _parquet_rows(path)  # a file that is not Parquet: refused there
+            columns = _pyarrow_parquet().read_schema(path).names
+            sources, folder = _manifest(path, rows, columns), path.parent
         elif suffix in (".jsonl", ".ndjson"):
             sources, folder = _manifest(path, _jsonl_rows(path)), path.parent
         elif _is_audio(path):
@@ -214,9 +217,21 @@ def _path_list(listing: Path) -> list[Source]:
     return [_located(listing.parent, n) for n in names if n and not n.startswith("#")]
 
 
-def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
+def _manifest(listing: Path, rows: list[dict], columns: Iterable[str] = ()) -> list[Source]:
+    """The files of a manifest's rows; `columns`: its columns beyond the rows' keys."""
     if not rows:
         raise WhisperforgeError(f"INPUT {listing}: the manifest has no rows")
+    # A column that looks as if it set each file's language or task, but the job has one
+    # --language and --task: say so, not transcribe the corpus otherwise in silence.
+    present = set(columns).union(*rows)
+    unread = [f"`{c}`" for c in PER_FILE_COLUMNS if c in present]
+    if unread:
+        warnings.warn(
+            f"INPUT {listing}: its {' and '.join(unread)} column is not read: every file is "
+            "transcribed with --language and --task (without --language, each file's language "
+            "is detected); split the manifest by them and run one job per part",
+            stacklevel=5,
+        )
     column = next((c for c in ("path", "audio") if any(c in row for row in rows)), None)
     if column is None:
         raise WhisperforgeError(f"INPUT {listing}: the manifest needs a `path` or `audio` column")
@@ -849,7 +864,8 @@ def _differ(recorded: str | None, settings: str) -> bool:
 BATCH_EPILOG = """\
 INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text file of paths,
   or a .parquet/.jsonl manifest with a `path` or `audio` column (relative paths are relative to
-  the list's folder); .npy files hold 16 kHz samples.
+  the list's folder; its other columns are not read: --language and --task are the job's);
+  .npy files hold 16 kHz samples.
 OUT: .jsonl, written row by row as files finish, or .parquet, merged from OUT.journal.jsonl at
   the end. One row per file: path, language, duration, text, segments, error, timings, worker,
   settings (the model and options that made it, as a JSON string). timings: seconds decoding
