@@ -408,6 +408,30 @@ def test_websocket_streams_committed_words(client):
     assert times == sorted(times) and times[-1] <= 11.1
 
 
+def test_websocket_audio_that_arrives_during_an_update_goes_into_the_next_one(client):
+    """A server slower than real time (a busy CPU, many clients) must not fall further behind
+    with every second: the audio that arrived while an update ran is decoded in one update, as
+    ufal's server reads all it has. It once ran an update per second of audio, one after
+    another, and stopped reading the socket meanwhile, so the client's pings went unanswered
+    and the client dropped the connection."""
+    pcm = (np.clip(load_audio(JFK), -1, 1) * 32767).astype("<i2").tobytes()
+    with client.websocket_connect("/v1/audio/stream?language=en&min_chunk_s=1") as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        step = 3200  # 0.1 s frames, all sent at once: far faster than tiny.en decodes 1 s
+        for i in range(0, len(pcm), step):
+            ws.send_bytes(pcm[i : i + step])
+        ws.send_text("stop")
+        events = []
+        for _ in range(100):  # bounded: one event per update at most
+            events.append(ws.receive_json())
+            if events[-1]["type"] == "transcript.final":
+                break
+    updates = [e for e in events if e["type"] == "transcript.update"]
+    assert len(updates) <= 3  # 11 s of audio: 11 updates, one per second, before
+    assert events[-1]["type"] == "transcript.final"
+    assert plain_wer(JFK_TEXT, events[-1]["text"]) < 0.15
+
+
 def test_websocket_rejects_bad_parameters(client):
     bad = ("sample_rate=8000", "min_chunk_s=abc", "min_chunk_s=nan", "agreement=1",
            "silence_db=loud", "language=xx")  # fmt: skip

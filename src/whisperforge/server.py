@@ -62,6 +62,9 @@ RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("word", "segment")
 ALIASES = ("whisper-1",)  # what OpenAI examples send; served by the loaded model
 DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
+# Audio a streaming client may send ahead of the decoding before the server stops reading
+# (5 minutes of s16le): bounds the memory of a client that sends faster than real time.
+STREAM_BACKLOG_BYTES = 300 * SAMPLE_RATE * 2
 
 
 @dataclass
@@ -447,16 +450,19 @@ class App:
         stream = StreamingTranscriber(self.buffer_transcriber(options), options)
         await ws.send_json({"type": "session.created", "sample_rate": SAMPLE_RATE,
                             "format": "s16le", "model": self.config.model_id})  # fmt: skip
+        inbox = _Inbox(ws)
+        reader = asyncio.create_task(inbox.read())
         try:
             while True:
-                message = await ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    return
-                if message.get("bytes") is not None:
-                    events = await run_in_threadpool(stream.feed, message["bytes"])
+                audio, message = await inbox.next()
+                if audio:
+                    events = await run_in_threadpool(stream.feed, audio)
                     for event in events:
                         await ws.send_json(event.to_dict())
+                if message is None:
                     continue
+                if message["type"] == "websocket.disconnect":
+                    return
                 text = (message.get("text") or "").strip()
                 if text in ("stop", "EOF") or _json_type(text) == "stop":
                     final: StreamingEvent = await run_in_threadpool(stream.finish)
@@ -471,6 +477,8 @@ class App:
         except APIError as error:
             await ws.send_json({"type": "error", **error.body()})
             await ws.close(code=1011)
+        finally:
+            reader.cancel()
 
     def stream_options(self, params: Any) -> StreamingOptions:
         model = params.get("model")
@@ -511,6 +519,49 @@ class App:
         if header and header.lower().startswith("bearer "):
             given = header[7:].strip()
         return hmac.compare_digest(given.encode(), key.encode())
+
+
+class _Inbox:
+    """A WebSocket client's messages, read as they arrive, also while an update runs: a socket
+    nobody reads stops answering the client's pings, and the client drops it; and the audio
+    that arrived during an update goes into the next one at once (as ufal's server reads all
+    it has), so a server slower than real time stays one update behind instead of falling
+    further behind with every second of audio."""
+
+    def __init__(self, ws: Any, max_backlog: int = STREAM_BACKLOG_BYTES):
+        self.ws, self.max_backlog = ws, max_backlog
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.backlog = 0  # bytes of audio read and not yet taken
+        self.room = asyncio.Event()  # set while the backlog is under max_backlog
+        self.room.set()
+
+    async def read(self) -> None:
+        try:
+            while True:
+                await self.room.wait()  # a client far ahead waits (TCP backpressure)
+                message = await self.ws.receive()
+                self.queue.put_nowait(message)
+                if message["type"] == "websocket.disconnect":
+                    return
+                self.backlog += len(message.get("bytes") or b"")
+                if self.backlog > self.max_backlog:
+                    self.room.clear()
+        finally:  # a socket that failed ends the session as a disconnect does
+            self.queue.put_nowait({"type": "websocket.disconnect"})
+
+    async def next(self) -> tuple[bytes, dict[str, Any] | None]:
+        """All audio that arrived since the last call, and the text or disconnect message
+        that came after it (None: none yet)."""
+        audio: list[bytes] = []
+        message: dict[str, Any] | None = await self.queue.get()
+        while message is not None and message.get("bytes") is not None:
+            audio.append(message["bytes"])
+            message = None if self.queue.empty() else self.queue.get_nowait()
+        data = b"".join(audio)
+        self.backlog -= len(data)
+        if self.backlog <= self.max_backlog:
+            self.room.set()
+        return data, message
 
 
 def _abandon(job: Job, waiter: asyncio.Future) -> None:
