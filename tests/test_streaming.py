@@ -11,13 +11,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
-from conftest import DEV_DIR, plain_wer, plain_words
+from conftest import DEV_DIR, JFK, plain_wer, plain_words
 
 from whisperforge import Segment, Word, cli, load_audio
 from whisperforge.errors import AudioError
 from whisperforge.streaming import (
     StreamingOptions,
     StreamingTranscriber,
+    model_transcriber,
     pcm16_to_float,
     replay,
 )
@@ -265,6 +266,60 @@ def test_stream_command_on_raw_pcm_from_stdin_in_real_time(model, capsys, monkey
     assert plain_words(" ".join(line.split("] ", 1)[1] for line in lines)) == (
         "in being comparatively modern"
     )
+
+
+class StoppedWithCtrlC(io.RawIOBase):
+    """The stdin of a live source that the user stops with Ctrl-C once `data` is read."""
+
+    def __init__(self, data: bytes):
+        self.data = memoryview(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        if not self.data:
+            raise KeyboardInterrupt
+        n = min(len(buffer), len(self.data))
+        buffer[:n], self.data = self.data[:n], self.data[n:]
+        return n
+
+
+def test_ctrl_c_on_a_live_stream_still_prints_its_last_words(model, capsys, monkeypatch):
+    """`arecord ... | whisperforge stream -` is stopped with Ctrl-C; the words still tentative
+    then were lost (all of them on a short utterance), and the line was left open."""
+    pcm = (load_audio(SHORT) * 32767).astype("<i2").tobytes()
+    stdin = io.TextIOWrapper(io.BufferedReader(StoppedWithCtrlC(pcm)))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert cli.main(["stream", "-", "--input-format", "s16le"]) == 130
+    out = capsys.readouterr().out
+    assert plain_words(out) == "in being comparatively modern" and out.endswith("\n")
+
+
+def test_finish_after_an_interrupted_update_decodes_its_audio(tiny_en):
+    """Ctrl-C (or any error) inside an update's decode leaves its audio in the buffer, unheard;
+    finish() committed the hypothesis before it as it stood, without that audio's words."""
+    options = StreamingOptions(language="en", min_chunk_s=2.0)
+    chunks = np.split(load_audio(JFK)[: 6 * SR], 3)  # three updates, the last interrupted
+    decode, calls = model_transcriber(tiny_en), 0
+
+    def interrupted_at_the_last(audio, prompt, language):
+        nonlocal calls
+        calls += 1
+        if calls == len(chunks):
+            raise KeyboardInterrupt
+        return decode(audio, prompt, language)
+
+    stream = StreamingTranscriber(interrupted_at_the_last, options)
+    with pytest.raises(KeyboardInterrupt):
+        for chunk in chunks:
+            stream.feed(chunk)
+    stream.finish()
+    whole = StreamingTranscriber(tiny_en, options)
+    for chunk in chunks:
+        whole.feed(chunk)
+    whole.finish()
+    assert stream.text == whole.text
 
 
 def test_stream_command_missing_file(model, capsys, tmp_path):

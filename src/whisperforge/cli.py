@@ -985,25 +985,31 @@ def run_stream(args: argparse.Namespace) -> int:
 
     fed_s = 0.0
     pending: list[Any] = []
-    for chunk in _stream_chunks(args, chunk_bytes=int(chunk_s * 16000) * 2):
-        pending.append(chunk)
-        fed_s += (len(chunk) / 2 if isinstance(chunk, bytes) else chunk.size) / 16000
-        if args.realtime:
-            ahead = fed_s - (time.monotonic() - start)
-            if ahead < -chunk_s:
-                continue  # behind real time: gather what has "arrived", feed it at once
-            time.sleep(max(0.0, ahead))
-        for piece in pending:
-            for event in stream.feed(piece):
-                show(event)
-        pending = []
+    interrupted = False
+    try:
+        for chunk in _stream_chunks(args, chunk_bytes=int(chunk_s * 16000) * 2):
+            pending.append(chunk)
+            fed_s += (len(chunk) / 2 if isinstance(chunk, bytes) else chunk.size) / 16000
+            if args.realtime:
+                ahead = fed_s - (time.monotonic() - start)
+                if ahead < -chunk_s:
+                    continue  # behind real time: gather what has "arrived", feed it at once
+                time.sleep(max(0.0, ahead))
+            while pending:  # each piece leaves `pending` as the stream takes it: fed once
+                for event in stream.feed(pending.pop(0)):
+                    show(event)
+    except KeyboardInterrupt:
+        # Ctrl-C is how a live input (a microphone) is stopped: the words still tentative and
+        # the audio not yet decoded are transcribed and printed, as at the end of the input.
+        # A second Ctrl-C stops at once.
+        interrupted = True
     for piece in pending:
         for event in stream.feed(piece):
             show(event)
     show(stream.finish())
     if not args.timestamps:
         print(flush=True)
-    return 0
+    return 130 if interrupted else 0
 
 
 # --- serve -----------------------------------------------------------------------------------

@@ -254,6 +254,7 @@ class StreamingTranscriber:
         self._pending: list[np.ndarray] = []  # received, not yet in the buffer
         self._pending_samples = 0
         self._received = 0  # samples received in all
+        self._heard = 0  # samples received when the last hypothesis was made (or skipped)
         self._odd_byte = b""  # half a PCM sample left over from an odd-sized bytes chunk
         self._tentative: list[Word] = []  # the last hypothesis minus what was committed
         self._older: list[list[Word]] = []  # hypotheses before it (LocalAgreement-n, n > 2)
@@ -325,13 +326,16 @@ class StreamingTranscriber:
                 self._cut(max(self._offset, self.received_s - 0.5))
                 return self._event([], final, 0.0) if final else None
             if self._silent_updates > 2 and not final:
+                self._heard = self._received  # silence: the hypothesis stands for it
                 return None
         else:
             self._silent_updates = 0
         if self._buffer.size == 0:
             return self._event([], final, 0.0)
-        if final and new_audio.size == 0 and self.updates:
-            # The last hypothesis already covers all the audio: commit it as it stands.
+        if final and self.updates and self._heard == self._received:
+            # The last hypothesis already covers all the audio: commit it as it stands. (Not
+            # after an update that raised, Ctrl-C in its decode: its audio is in the buffer,
+            # unheard.)
             agreed, self._tentative = self._commit(self._tentative), []
             return self._event(agreed, final, 0.0)
 
@@ -339,6 +343,7 @@ class StreamingTranscriber:
         segments, language = self._transcribe(self._buffer, self._prompt(), self.language)
         compute = time.perf_counter() - started
         self.updates += 1
+        self._heard = self._received
         if self.language is None and any(s.words for s in segments):
             self.language = language  # detected once there is speech; fixed from then on
         words = [
