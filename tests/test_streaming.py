@@ -6,12 +6,14 @@ from __future__ import annotations
 import bisect
 import io
 import itertools
+import os
 import sys
+import threading
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
-from conftest import DEV_DIR, JFK, plain_wer, plain_words
+from conftest import DEV_DIR, JFK, manifest, plain_wer, plain_words
 
 from whisperforge import Segment, Word, cli, load_audio
 from whisperforge.errors import AudioError
@@ -320,6 +322,41 @@ def test_finish_after_an_interrupted_update_decodes_its_audio(tiny_en):
         whole.feed(chunk)
     whole.finish()
     assert stream.text == whole.text
+
+
+def test_a_live_pipe_is_read_while_updates_decode(tiny_en, capsys, monkeypatch):
+    """`arecord ... | whisperforge stream -` on a machine slower than real time: the audio that
+    arrived during an update goes into the next one, as ufal's server reads all it has. It was
+    read 0.1 s at a time between updates, an update per second of audio, so the text fell
+    further behind the speaker every second (and the microphone's 64 KiB pipe overflowed)."""
+    calls = 0
+
+    class Counted:  # the real model, its decodes counted
+        def __getattr__(self, name):
+            return getattr(tiny_en, name)
+
+        def transcribe(self, *args, **kwargs):
+            nonlocal calls
+            calls += 1
+            return tiny_en.transcribe(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "load_model", lambda args: Counted())
+    pcm = (load_audio(JFK) * 32767).astype("<i2").tobytes()
+    read_end, write_end = os.pipe()
+
+    def speak() -> None:  # 11 s of audio, all there long before tiny.en has decoded 1 s
+        with open(write_end, "wb") as pipe:
+            pipe.write(pcm)
+
+    speaker = threading.Thread(target=speak)
+    speaker.start()
+    with open(read_end, "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(stdin))
+        assert cli.main(["stream", "-", "--input-format", "s16le", "--language", "en"]) == 0
+    speaker.join()
+    assert calls <= 4  # one decode per second of audio before: 11
+    spoken = next(clip["text"] for clip in manifest() if clip["audio"] == JFK.name)
+    assert plain_wer(spoken, capsys.readouterr().out) < 0.15
 
 
 def test_stream_command_missing_file(model, capsys, tmp_path):
