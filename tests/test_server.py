@@ -432,9 +432,36 @@ def test_websocket_audio_that_arrives_during_an_update_goes_into_the_next_one(cl
     assert plain_wer(JFK_TEXT, events[-1]["text"]) < 0.15
 
 
+STREAM = "/v1/audio/stream"
+
+
+def test_websocket_translates_when_asked(base):
+    """task=translate on the stream: it was ignored in silence (German came back German)."""
+    clip = DEV_DIR / "picovoice-leopard__test_de.wav"
+    pcm = (np.clip(load_audio(clip), -1, 1) * 32767).astype("<i2").tobytes()
+    app = create_app(ServerConfig(beam_size=1), model=base)
+    with TestClient(app) as client, client.websocket_connect(f"{STREAM}?task=translate") as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_bytes(pcm)
+        ws.send_text("stop")
+        for _ in range(100):  # bounded: one event per update at most
+            if (event := ws.receive_json())["type"] == "transcript.final":
+                break
+    assert "portal" in event["text"].lower() and "der " not in event["text"].lower()
+
+
 def test_websocket_rejects_bad_parameters(client):
-    bad = ("sample_rate=8000", "min_chunk_s=abc", "min_chunk_s=nan", "agreement=1",
-           "silence_db=loud", "language=xx")  # fmt: skip
+    bad = (
+        "sample_rate=8000",
+        "min_chunk_s=abc",
+        "min_chunk_s=nan",
+        "agreement=1",
+        "silence_db=loud",
+        "language=xx",
+        "task=summarize",
+        "task=translate",
+        "prompt=Hello",
+    )  # fmt: skip (translate: tiny.en is English-only; prompt: unknown)
     for query in bad:
         with client.websocket_connect(f"/v1/audio/stream?{query}") as ws:
             event = ws.receive_json()

@@ -60,6 +60,9 @@ if TYPE_CHECKING:
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("word", "segment")
+# The WebSocket's query parameters (`StreamingOptions`; the key where headers cannot be set)
+STREAM_PARAMETERS = ("model", "language", "task", "sample_rate", "min_chunk_s", "silence_db",
+                     "agreement", "api_key")  # fmt: skip
 ALIASES = ("whisper-1",)  # what OpenAI examples send; served by the loaded model
 DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
 # Audio a streaming client may send ahead of the decoding before the server stops reading
@@ -252,10 +255,8 @@ class App:
         if stream and response_format not in ("json", "text"):
             raise APIError(400, "stream=true works with response_format json or text", "stream")
 
-        if task == "translate" and not self.model.is_multilingual:
-            raise APIError(400, f"the model {self.config.model_id!r} is English-only and cannot "
-                           "translate; serve a multilingual model (e.g. --model base)",
-                           "model")  # fmt: skip
+        if task == "translate":
+            self.check_translates("model")
         # The spoken language; a translation's too (beyond OpenAI's fields there, as the CLI's
         # --task translate --language takes it), where it is otherwise detected.
         language = _text_field(form, "language") or None
@@ -481,6 +482,15 @@ class App:
             reader.cancel()
 
     def stream_options(self, params: Any) -> StreamingOptions:
+        unknown = sorted(set(params) - set(STREAM_PARAMETERS))
+        if unknown:  # e.g. prompt=: refused, not ignored as if it were heeded
+            raise APIError(400, f"unknown parameter {unknown[0]!r}; the stream takes "
+                           f"{', '.join(STREAM_PARAMETERS)}", unknown[0])  # fmt: skip
+        task = params.get("task") or "transcribe"
+        if task not in ("transcribe", "translate"):
+            raise APIError(400, f"unknown task {task!r}; use transcribe or translate", "task")
+        if task == "translate":
+            self.check_translates("task")
         model = params.get("model")
         if model is not None and model not in (self.config.model_id, *ALIASES):
             raise APIError(404, f"the model {model!r} does not exist on this server; use "
@@ -504,10 +514,17 @@ class App:
                 except ValueError:
                     raise APIError(400, f"{name} {params[name]!r} must be {hint}", name) from None
         try:
-            return StreamingOptions(language=language or None, **values)
+            return StreamingOptions(language=language or None, task=task, **values)
         except InvalidOptionError as error:  # its message starts with the option's name
             name = str(error).split()[0]
             raise APIError(400, str(error), name if name in values else None) from None
+
+    def check_translates(self, param: str) -> None:
+        """Refuse a translation on an English-only model (`param`: the field that asked)."""
+        if not self.model.is_multilingual:
+            raise APIError(400, f"the model {self.config.model_id!r} is English-only and cannot "
+                           "translate; serve a multilingual model (e.g. --model base)",
+                           param)  # fmt: skip
 
     # --- auth -----------------------------------------------------------------------------
 
