@@ -202,6 +202,9 @@ def test_options_are_checked():
     stream.finish()
     with pytest.raises(ValueError, match="finished"):
         stream.feed(np.zeros(10, np.float32))
+    for bad in (float("nan"), 0.0, -1.0):  # NaN was a bare "cannot convert float NaN"
+        with pytest.raises(ValueError, match="chunk_s must be positive seconds"):
+            replay(Scripted([]), np.zeros(SR, np.float32), chunk_s=bad)
 
 
 # --- real model -----------------------------------------------------------------------------

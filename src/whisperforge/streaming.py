@@ -504,6 +504,8 @@ def replay(
     compute, and audio that arrived meanwhile is fed at once (ufal's simulation), so delays
     include this machine's speed.
     """
+    if not 0 < chunk_s < math.inf:
+        raise InvalidOptionError(f"chunk_s must be positive seconds, got {chunk_s}")
     now = 0.0
     stream = StreamingTranscriber(model, options, clock=lambda: now)
     events: list[StreamingEvent] = []
