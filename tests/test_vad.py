@@ -153,3 +153,26 @@ def test_vad_parameters_may_be_faster_whispers_own_vad_options(tiny_en):
     assert [s.text for s in theirs[0]] == [s.text for s in ours[0]]
     with pytest.raises(InvalidOptionError, match="vad_parameters must be"):
         tiny_en.transcribe(JFK, vad_filter=True, vad_parameters=[0.5])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"threshold": 1.5}, {"threshold": float("nan")}, {"threshold": "0.5"},
+     {"neg_threshold": "low"}, {"min_speech_duration_ms": "250"}, {"speech_pad_ms": None},
+     {"speech_pad_ms": -100}, {"max_speech_duration_s": 0}],
+)  # fmt: skip
+def test_bad_vad_parameters_are_refused_by_name(tiny_en, bad):
+    """A string or None failed deep in the region search with a bare TypeError; a threshold past
+    1 or NaN found no speech, an empty transcript with no error. Each way they are passed."""
+    from faster_whisper.vad import VadOptions as TheirVadOptions
+
+    from whisperforge import BatchedInferencePipeline, InvalidOptionError
+
+    name = next(iter(bad))
+    for parameters in (bad, TheirVadOptions(**bad)):
+        with pytest.raises(InvalidOptionError, match=name):
+            tiny_en.transcribe(JFK, vad_filter=True, vad_parameters=parameters)
+        with pytest.raises(InvalidOptionError, match=name):
+            BatchedInferencePipeline(tiny_en).transcribe(JFK, vad_parameters=parameters)
+    with pytest.raises(InvalidOptionError, match=name):
+        VadOptions(**bad)

@@ -11,6 +11,8 @@ the original timeline.
 from __future__ import annotations
 
 import importlib.util
+import math
+import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .audio import CHUNK_LENGTH, SAMPLE_RATE
-from .errors import ModelNotFoundError
+from .errors import InvalidOptionError, ModelNotFoundError, check_probability
 
 FRAME = 512  # samples per VAD decision at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous frame the model sees
@@ -38,6 +40,30 @@ class VadOptions:
     max_speech_duration_s: float = float("inf")
     min_silence_duration_ms: int = 2000
     speech_pad_ms: int = 400
+
+    def __post_init__(self) -> None:
+        # Checked here, so dicts and faster-whisper's VadOptions (both made into these) are too:
+        # a string failed deep in the region search with a bare TypeError, and a threshold past
+        # 1 or NaN silently found no speech at all (an empty transcript, no error).
+        check_probability("vad threshold", self.threshold)
+        if self.neg_threshold is not None:
+            check_probability("vad neg_threshold (or None: threshold - 0.15)", self.neg_threshold)
+        for name in ("min_speech_duration_ms", "min_silence_duration_ms", "speech_pad_ms"):
+            value = getattr(self, name)
+            if not is_number(value) or not 0 <= value < math.inf:
+                raise InvalidOptionError(
+                    f"vad {name} must be a number of ms, 0 or more, not {value!r}"
+                )
+        value = self.max_speech_duration_s
+        if not is_number(value) or not value > 0:
+            raise InvalidOptionError(
+                f"vad max_speech_duration_s must be a number of seconds above 0 (inf: no limit), "
+                f"not {value!r}"
+            )
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
