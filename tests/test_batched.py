@@ -103,7 +103,8 @@ def test_bad_options_are_refused(pipeline):
     for clips in (
         "5,2",
         [{"start": 0}],
-        [{"start": 0, "end": 9 * SR}, {"start": 5 * SR, "end": 6 * SR}],
+        [{"start": 0, "end": 9}, {"start": 5, "end": 6}],
+        [{"start": 2 * SR, "end": 3 * SR}],  # samples (faster-whisper before 1.2.1): past the end
     ):
         with pytest.raises(InvalidOptionError, match="clip_timestamps"):
             pipeline.transcribe(load_audio(JFK), clip_timestamps=clips)
@@ -111,16 +112,18 @@ def test_bad_options_are_refused(pipeline):
 
 @pytest.mark.parametrize(
     "clips",
-    ["0,3.5", [0.0, 3.5], [{"start": 0, "end": int(3.5 * SR)}]],
+    ["0,3.5", [0.0, 3.5], [{"start": 0, "end": 3.5}]],
     ids=["str", "seconds", "dicts"],
 )
 def test_clip_timestamps_choose_the_windows(pipeline, clips):
-    """faster-whisper's batched form (samples) and transcribe's (seconds): the first 3.5 s of
-    JFK ("And so my fellow Americans"), not what follows."""
-    segments, _ = pipeline.transcribe(JFK, clip_timestamps=clips, beam_size=1)
+    """faster-whisper's batched form (dicts of seconds, as its 1.2.1 reads them: they were read
+    as samples, and this clip of 3 samples gave nothing) and transcribe's (seconds): the first
+    3.5 s of JFK ("And so my fellow Americans"), not what follows."""
+    segments, info = pipeline.transcribe(JFK, clip_timestamps=clips, beam_size=1)
     text = " ".join(s.text for s in segments).lower()
     assert "fellow americans" in text and "country" not in text
     assert all(s.end <= 3.6 for s in segments)
+    assert info.duration_after_vad == 3.5
 
 
 def test_the_audio_between_clips_is_not_transcribed(pipeline):
@@ -142,7 +145,8 @@ def test_a_window_of_a_few_samples_is_decoded(pipeline):
     segments = list(pipeline.transcribe(audio, vad_filter=False, beam_size=1)[0])
     assert "fellow americans" in " ".join(s.text for s in segments).lower()
     assert all(s.end <= 30.01 for s in segments)
-    assert list(pipeline.transcribe(JFK, clip_timestamps=[{"start": 0, "end": 10}])[0]) == []
+    clip = [{"start": 0, "end": 10 / SR}]  # 10 samples
+    assert list(pipeline.transcribe(JFK, clip_timestamps=clip)[0]) == []
 
 
 def test_without_vad_the_audio_is_cut_into_30_s_windows(pipeline):

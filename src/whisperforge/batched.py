@@ -170,7 +170,7 @@ class BatchedInferencePipeline:
         device's free memory.
 
         The windows come from the VAD, or from `clip_timestamps` where given: faster-whisper's
-        list of {"start": sample, "end": sample}, or `transcribe`'s seconds "start,end,...",
+        list of {"start": seconds, "end": seconds}, or `transcribe`'s seconds "start,end,...",
         each clip in windows of its own (the audio between clips is never decoded).
         With `vad_filter=False` and no clips, the audio is cut into 30 s windows as it is.
         `chunk_length`: windows (and the VAD's speech) of at most that many seconds."""
@@ -698,23 +698,28 @@ def clip_regions(
     clips: str | Iterable[float] | Iterable[dict], n_samples: int
 ) -> list[SpeechRegion]:
     """The stretches of audio `clip_timestamps` names, in samples, within the audio: from
-    faster-whisper's batched form ({"start": sample, "end": sample} each) or from `transcribe`'s
-    seconds "start,end,start,..." (an odd last start runs to the end)."""
+    faster-whisper's batched form ({"start": seconds, "end": seconds} each, as its 1.2.1 reads
+    them) or from `transcribe`'s seconds "start,end,start,..." (an odd last start runs to the
+    end)."""
     clips = list(clips) if not isinstance(clips, str) else clips
     if clips and all(isinstance(c, dict) for c in clips):
         try:
-            spans = [(int(c["start"]), int(c["end"])) for c in clips]
+            clips = [float(c[key]) for c in clips for key in ("start", "end")]
         except (KeyError, TypeError, ValueError):
             raise InvalidOptionError(
-                'clip_timestamps as dicts need "start" and "end" sample numbers'
+                'clip_timestamps as dicts need "start" and "end" in seconds, e.g. '
+                '[{"start": 0.0, "end": 3.5}]'
             ) from None
-    else:
-        spans = clip_spans(parse_clip_timestamps(clips), SAMPLE_RATE, n_samples)
-    regions = [SpeechRegion(max(start, 0), min(end, n_samples)) for start, end in spans]
-    if any(r.start >= r.end for r in regions) or any(b.start < a.end for a, b in pairwise(regions)):
+    spans = clip_spans(parse_clip_timestamps(clips), SAMPLE_RATE, n_samples)
+    regions = [SpeechRegion(start, end) for start, end in spans]
+    if any(r.start >= n_samples for r in regions):
+        # Sample numbers (what faster-whisper before 1.2.1 took) land here, far past the end.
         raise InvalidOptionError(
-            "clip_timestamps must be stretches of the audio in order, each ending after it starts"
+            f"clip_timestamps start past the end of the audio ({n_samples / SAMPLE_RATE:.2f} s); "
+            'they are seconds, e.g. [{"start": 0.0, "end": 3.5}] or "0,3.5"'
         )
+    if any(r.start >= r.end for r in regions):
+        raise InvalidOptionError("clip_timestamps must each end at least a sample after they start")
     return regions
 
 
