@@ -123,7 +123,7 @@ def test_clip_timestamps_choose_the_windows(pipeline, clips):
     text = " ".join(s.text for s in segments).lower()
     assert "fellow americans" in text and "country" not in text
     assert all(s.end <= 3.6 for s in segments)
-    assert info.duration_after_vad == 3.5
+    assert info.duration_after_vad == 3.5 and info.vad_options is None  # no VAD ran
 
 
 def test_the_audio_between_clips_is_not_transcribed(pipeline):
@@ -152,11 +152,13 @@ def test_a_window_of_a_few_samples_is_decoded(pipeline):
 def test_without_vad_the_audio_is_cut_into_30_s_windows(pipeline):
     jfk = load_audio(JFK)
     audio = np.concatenate([jfk, np.zeros(25 * SR, np.float32), jfk])  # JFK at 0 and at 36 s
-    segments, _ = pipeline.transcribe(audio, vad_filter=False, beam_size=1)
+    segments, info = pipeline.transcribe(audio, vad_filter=False, beam_size=1)
     segments = list(segments)
     text = " ".join(s.text for s in segments).lower()
     assert text.count("fellow americans") == 2, text
     assert segments[0].start < 1 and segments[-1].end <= 48
+    # No VAD ran: none to report (as faster-whisper's and `transcribe`'s; they were the VAD's).
+    assert info.vad_options is None and info.duration_after_vad == info.duration
 
 
 def test_many_files_share_batches_and_keep_their_order(pipeline):

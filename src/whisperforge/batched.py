@@ -209,7 +209,9 @@ class BatchedInferencePipeline:
                 windows = self._windows([samples], vad, seconds)[0]
             else:  # load_audio: never empty
                 windows = pack_windows([SpeechRegion(0, len(samples))], seconds)
-            file = self._open(0, samples, windows, language, task, options, vad, size)
+            # info.vad_options: None where no VAD ran (faster-whisper's, and `transcribe`'s).
+            used = vad if vad_filter and clip_timestamps is None else None
+            file = self._open(0, samples, windows, language, task, options, used, size)
         info = file.result.info
         assert info is not None
         segments = locked(self._in_order(file, options, size), self.model.lock)
@@ -369,7 +371,7 @@ class BatchedInferencePipeline:
         language: str | None,
         task: str,
         options: TranscriptionOptions,
-        vad: VadOptions,
+        vad: VadOptions | None,
         size: int,
     ) -> _File:
         """A read file ready to decode: its language known (detected on its first window), and
