@@ -37,8 +37,13 @@ def check_whole_number(name: str, value: object, minimum: int = 1, hint: str = "
         )
 
 
+def is_number(value: object) -> bool:
+    """A real number, not a bool (True would pass as 1) or a string."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def check_probability(name: str, value: object) -> None:
     """Refuse `value` unless it is a number from 0 to 1 (a NaN compares false everywhere, which
     would switch the check it sets off)."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value <= 1:
+    if not is_number(value) or not 0 <= value <= 1:  # type: ignore[operator]
         raise InvalidOptionError(f"{name} is a probability, 0 to 1, not {value!r}")

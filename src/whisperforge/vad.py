@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .audio import CHUNK_LENGTH, SAMPLE_RATE
-from .errors import InvalidOptionError, ModelNotFoundError, check_probability
+from .errors import InvalidOptionError, ModelNotFoundError, check_probability, is_number
 
 FRAME = 512  # samples per VAD decision at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous frame the model sees
@@ -60,10 +59,6 @@ class VadOptions:
                 f"vad max_speech_duration_s must be a number of seconds above 0 (inf: no limit), "
                 f"not {value!r}"
             )
-
-
-def is_number(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
