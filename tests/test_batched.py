@@ -124,6 +124,8 @@ def test_clip_timestamps_choose_the_windows(pipeline, clips):
     assert "fellow americans" in text and "country" not in text
     assert all(s.end <= 3.6 for s in segments)
     assert info.duration_after_vad == 3.5 and info.vad_options is None  # no VAD ran
+    _, info = pipeline.transcribe(JFK, clip_timestamps=[], beam_size=1)  # none: the VAD's
+    assert info.vad_options is not None and info.duration_after_vad < info.duration
 
 
 def test_the_audio_between_clips_is_not_transcribed(pipeline):

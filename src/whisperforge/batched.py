@@ -197,6 +197,8 @@ class BatchedInferencePipeline:
         """`transcribe` with its options made (`TranscriptionOptions.from_arguments`; note
         that batched transcription's default is `condition_on_previous_text=False`)."""
         self._check(language, task, batch_size)
+        if isinstance(clip_timestamps, (str, list, tuple)) and not clip_timestamps:
+            clip_timestamps = None  # faster-whisper's: no clips given, the VAD finds the speech
         vad = window_vad(vad_options_of(vad_parameters, BATCHED_VAD), options)
         size = batch_size or self.auto_batch_size()
         samples = load_audio(audio)
