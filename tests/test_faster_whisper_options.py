@@ -634,6 +634,9 @@ def test_language_of_the_speech_alone(base):
         ({"log_prob_threshold": float("nan")}, "log_prob_threshold"),
         ({"max_initial_timestamp": -1}, "max_initial_timestamp"),
         ({"prepend_punctuations": 5, "word_timestamps": True}, "prepend_punctuations"),
+        # More beams than the memory holds: the CPU process was killed, not told (6 TB here).
+        ({"beam_size": 10**6}, "beam_size or best_of"),
+        ({"best_of": 10**6, "temperature": 0.5}, "beam_size or best_of"),
     ],
 )  # fmt: skip
 def test_bad_option_values_are_refused_by_name(tiny_en, options, named):

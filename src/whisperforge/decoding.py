@@ -567,6 +567,37 @@ def validate_options(options: DecodingOptions) -> None:
     check_whole_number("no_repeat_ngram_size", options.no_repeat_ngram_size, 0, " (0: off)")
 
 
+def check_rows_fit(model: Whisper, n_audio: int, n_group: int, audio_features: Tensor) -> None:
+    """Refuse a decode whose rows' self-attention caches and scores cannot fit the memory left:
+    on the CPU the allocation does not fail, the process is killed (beam_size 10000 on tiny.en
+    asks for 60 GB). A GPU raises its own out-of-memory error, which the pipelines handle."""
+    if audio_features.device.type != "cpu":
+        return
+    free = available_memory()
+    config, size = model.config, audio_features.dtype.itemsize
+    per_row = 2 * config.n_text_layer * config.n_text_ctx * config.n_text_state * size
+    per_row += 4 * config.n_vocab * 4  # logits, log-probs and the filters' float32 copies
+    need = n_audio * n_group * per_row
+    if free is not None and need > free:
+        raise InvalidOptionError(
+            f"{n_audio} window(s) x {n_group} beams or samples need about {need / 1e9:.1f} GB "
+            f"for their caches, more than the {free / 1e9:.1f} GB of memory free; use a smaller "
+            "beam_size or best_of (5 is the usual), or fewer windows at once (batch_size)"
+        )
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can still give (Linux's MemAvailable); None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 @torch.inference_mode()
 def detect_language(
     model: Whisper, tokenizer: Tokenizer, audio_features: Tensor
@@ -673,6 +704,7 @@ def _decode(
     sample_begin = max(len(start) for start in starts)
     sot_index = sample_begin - len(starts[0]) + starts[0].index(tokenizer.sot)
     n_group = options.beam_size or options.best_of or 1
+    check_rows_fit(model, n_audio, n_group, audio_features)
     pad = [sample_begin - len(start) for start in starts]
     padding = None  # rows all full: the plain cache path, bit for bit as before
     if any(pad):
