@@ -39,10 +39,10 @@ class OnceModel:
         self.cache: dict[tuple[str, str], list[Segment]] = {}
 
     def transcribe_with(
-        self, audio: str, *arguments
+        self, audio: str, *arguments, **keywords
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
-        segments, info = self.model.transcribe_with(audio, *arguments)
-        key = (hashlib.sha1(Path(audio).read_bytes()).hexdigest(), repr(arguments))
+        segments, info = self.model.transcribe_with(audio, *arguments, **keywords)
+        key = (hashlib.sha1(Path(audio).read_bytes()).hexdigest(), repr((arguments, keywords)))
         if key not in self.cache:
             self.cache[key] = list(segments)
         return iter(copy.deepcopy(self.cache[key])), info
@@ -105,6 +105,16 @@ def test_batched_and_vad_modes(model, mode, capsys):
     assert JFK_WORDS in capsys.readouterr().out.lower()
 
 
+def test_batched_mode_without_the_vad_or_timestamps(model, capsys):
+    """--batch-size with openai-whisper's --vad_filter False (refused before: the VAD was always
+    on) cuts the audio every 30 s; --without-timestamps makes each window one segment."""
+    args = ["transcribe", str(JFK), *FAST, "--batch-size", "4", "--vad_filter", "False",
+            "--without-timestamps", "--verbose"]  # fmt: skip
+    assert cli.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[00:00.000 --> 00:11.000]")
+
+
 @pytest.mark.parametrize("mode", [[], ["--batch-size", "4"]])
 def test_hotwords_spell_the_names(model, mode, capsys):
     clip = DEV_DIR / "coqui-tts-ljspeech__LJ001-0031.wav"  # tiny.en alone: "Subiakal"
@@ -130,7 +140,7 @@ def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
     monkeypatch.setattr(
         model,
         "transcribe_with",
-        lambda audio, o, *a: seen.append(o) or transcribe_with(audio, o, *a),
+        lambda audio, o, *a, **k: seen.append(o) or transcribe_with(audio, o, *a, **k),
     )
     args = [
         "transcribe", str(JFK), "--beam_size", "1", "--no_speech_threshold", "none",
@@ -259,7 +269,7 @@ def test_unknown_language_on_an_english_model(model, capsys):
 def test_an_internal_error_is_one_line_and_the_batch_goes_on(model, monkeypatch, capsys):
     calls = []
 
-    def broken(audio, *arguments):
+    def broken(audio, *arguments, **keywords):
         calls.append(audio)
         raise RuntimeError("boom")
 

@@ -254,6 +254,17 @@ def test_ray_matches_local_and_resumes(ray_cluster, corpus, local_rows, tmp_path
     assert out.read_bytes() == before  # no work at all
 
 
+def test_ray_actors_decode_with_the_jobs_options(ray_cluster, option_run, tmp_path):
+    """The decoding options reach the model actors: Ray's row equals the one-process row."""
+    hotwords = str(_clips()[0])
+    out = tmp_path / "ray.jsonl"
+    transcribe_corpus([hotwords], out, "tiny.en", ray_address="local", **OPTIONS,
+                      **PROMPTED_WITHOUT_VAD)  # fmt: skip
+    ours, theirs = _rows(out)[hotwords], option_run[0][hotwords]
+    assert (ours["text"], ours["segments"]) == (theirs["text"], theirs["segments"])
+    assert ours["settings"] == theirs["settings"]
+
+
 def test_ray_actor_killed_mid_run(ray_cluster, corpus, local_rows, tmp_path):
     """SIGKILL the model actor once its first file is written: Ray restarts it and runs its
     unfinished calls again; the output still has exactly one row per file."""
@@ -414,3 +425,101 @@ def test_a_manifest_language_column_is_said_to_be_unread(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         list_inputs(str(tmp_path / "plain.jsonl"))
+
+
+# --initial-prompt ComfyUI --no-vad-filter --without-timestamps, as the Python API spells them
+PROMPTED_WITHOUT_VAD = {
+    "initial_prompt": "ComfyUI",
+    "vad_filter": False,
+    "without_timestamps": True,
+}
+
+
+@pytest.fixture(scope="module")
+def option_run(tmp_path_factory) -> tuple[dict[str, dict], list[str], str]:
+    """`whisperforge batch` with decoding options `transcribe` has (they were not options of
+    `batch`), over the hotwords clip and three clips joined into 63 s of speech (.npy): its
+    rows, its command and the joined file's path."""
+    from whisperforge import load_audio
+
+    folder = tmp_path_factory.mktemp("options")
+    joined = [DEV_DIR / n for n in ("openai-whisper__jfk.flac", "mfa__cold_corpus.wav",
+                                    "mfa__acoustic_corpus.wav")]  # fmt: skip
+    np.save(folder / "joined.npy", np.concatenate([load_audio(f) for f in joined]))
+    listing = folder / "files.txt"
+    listing.write_text(f"{folder / 'joined.npy'}\n{_clips()[0]}\n")
+    out = folder / "out.jsonl"
+    command = ["batch", str(listing), "--output", str(out), "--device", "cpu", "--beam-size", "1",
+               "--initial-prompt", "ComfyUI", "--no-vad-filter", "--without-timestamps"]  # fmt: skip
+    assert main(command) == 0
+    return _rows(out), command, str(folder / "joined.npy")
+
+
+def test_batch_command_takes_transcribes_decoding_options(option_run, local_rows, capsys):
+    """--no-vad-filter: the audio cut every 30 s, not at the VAD's pauses; --without-timestamps:
+    one segment a window, timed by it; --initial-prompt: the clip's name spelled as prompted
+    (the same clip decoded without it misspells it). The row records each of them."""
+    option_rows, command, joined = option_run
+    row = option_rows[joined]
+    starts = [s["start"] for s in row["segments"]]
+    assert starts == [0.0, 30.0, 60.0] and all(s["text"].strip() for s in row["segments"])
+    ends = [s["end"] for s in row["segments"]]
+    assert ends[:2] == [30.0, 60.0] and abs(ends[2] - row["duration"]) < 0.02
+
+    hotwords = str(_clips()[0])
+    prompted, plain = option_rows[hotwords]["text"], local_rows[hotwords]["text"]
+    assert "ComfyUI" in prompted and "ComfyUI" not in plain
+    assert len(option_rows[hotwords]["segments"]) == 1
+    settings = json.loads(row["settings"])
+    assert settings | PROMPTED_WITHOUT_VAD | {"beam_size": 1} == settings
+
+    # A rerun with another decoding option says that the rows were made otherwise.
+    assert main(command) == 0
+    assert "other settings" not in capsys.readouterr().err
+    assert main([*command, "--initial-prompt", "Comfy"]) == 0
+    assert "other settings" in capsys.readouterr().err
+
+
+def test_rows_from_before_the_decoding_options_are_the_default_settings(tmp_path, capsys):
+    """Rows of the command before it took decoding options (their settings named the default
+    `task` and `beam_size`) are rows of the defaults, however the rerun spells them; another
+    value is noticed."""
+    jfk = str(_clips()[2])
+    out = tmp_path / "out.jsonl"
+    settings = {"beam_size": 5, "compute_type": "default", "model": "tiny.en", "task": "transcribe"}
+    row = {"path": jfk, "language": "en", "duration": 11.0, "text": "(earlier)", "segments": [],
+           "error": None, "timings": {"decode": 0.0, "transcribe": 0.0}, "worker": "",
+           "settings": json.dumps(settings)}  # fmt: skip
+    out.write_text(json.dumps(row) + "\n")
+    command = ["batch", jfk, "--output", str(out)]
+    defaults = ["--best-of", "5", "--temperature", "0", "--vad-filter", "True",
+                "--no-condition-on-previous-text", "--suppress-tokens", "-1"]  # fmt: skip
+    for spelled in ([], defaults):
+        assert main([*command, *spelled]) == 0
+        assert "other settings" not in capsys.readouterr().err
+    for other in (["--temperature-increment-on-fallback", "none"], ["--vad-filter", "False"],
+                  ["--chunk-length", "20"], ["--vad-parameters", '{"threshold": 0.6}']):  # fmt: skip
+        assert main([*command, *other]) == 0
+        assert "other settings" in capsys.readouterr().err, other
+    assert _rows(out)[jfk] == row  # never transcribed again
+
+
+UNBATCHED = "not available in `batch`"
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [(["--hallucination-silence-threshold", "2"], f"threshold: {UNBATCHED}"),
+     (["--clip-timestamps", "0,5"], f"--clip-timestamps: {UNBATCHED}"),
+     (["--no-vad-filter", "--vad-parameters", '{"threshold": 0.6}'], "no VAD runs"),
+     (["--vad-parameters", '{"treshold": 0.6}'], "unknown vad_parameters"),
+     (["--chunk-length", "45"], "chunk_length")],
+)  # fmt: skip
+def test_batch_command_refuses_what_the_batched_pipeline_cannot_do(options, error, tmp_path,
+                                                                    capsys):  # fmt: skip
+    """Options that `batch` cannot honour, or that make no sense together, are refused by name
+    before any model loads, OUT not made: not taken and ignored."""
+    out = tmp_path / "out.jsonl"
+    assert main(["batch", str(_clips()[2]), "--output", str(out), "--model", "none", *options]) == 1
+    assert error in capsys.readouterr().err
+    assert not out.exists()

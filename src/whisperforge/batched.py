@@ -204,15 +204,13 @@ class BatchedInferencePipeline:
         samples = load_audio(audio)
         seconds = options.window_seconds
         with self.model.lock:  # the VAD and the mel run on the model's device
+            # info.vad_options: None where no VAD ran (faster-whisper's, and `transcribe`'s).
+            used = vad if vad_filter and clip_timestamps is None else None
             if clip_timestamps is not None:  # each clip windowed alone: the gaps are left out
                 clips = clip_regions(clip_timestamps, len(samples))
                 windows = [w for clip in clips for w in pack_windows([clip], seconds)]
-            elif vad_filter:
-                windows = self._windows([samples], vad, seconds)[0]
-            else:  # load_audio: never empty
-                windows = pack_windows([SpeechRegion(0, len(samples))], seconds)
-            # info.vad_options: None where no VAD ran (faster-whisper's, and `transcribe`'s).
-            used = vad if vad_filter and clip_timestamps is None else None
+            else:
+                windows = self._windows([samples], used, seconds)[0]
             file = self._open(0, samples, windows, language, task, options, used, size)
         info = file.result.info
         assert info is not None
@@ -244,15 +242,19 @@ class BatchedInferencePipeline:
         task: str = "transcribe",
         batch_size: int | None = None,
         temperature: float | Iterable[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        vad_filter: bool = True,
         vad_parameters: VadOptions | dict | None = None,
         **options,
     ) -> Iterator[FileTranscription]:
         """Transcribe many files with their windows sharing batches; one result per input, in
         input order, as soon as the file is done. A file that cannot be read or transcribed
         yields a result with its `error`, and the others go on. Files are read lazily, a few
-        ahead of the batches, so a corpus never sits in memory at once."""
+        ahead of the batches, so a corpus never sits in memory at once. The options are
+        `transcribe`'s but `clip_timestamps` (one file's); `vad_filter=False` cuts each file
+        every `chunk_length` (30) seconds as it is."""
         options = self._options(language, task, batch_size, temperature, **options)
         vad = window_vad(vad_options_of(vad_parameters, BATCHED_VAD), options)
+        used = vad if vad_filter else None
         size = batch_size or self.auto_batch_size()
         opened: deque[_File] = deque()
 
@@ -271,7 +273,7 @@ class BatchedInferencePipeline:
                     group = [ahead.popleft()]  # the next file, and those already read after it
                     while ahead and ahead[0][1].done():
                         group.append(ahead.popleft())
-                    for file in self._open_group(group, language, task, options, vad, size):
+                    for file in self._open_group(group, language, task, options, used, size):
                         opened.append(file)
                         yield file
 
@@ -303,18 +305,7 @@ class BatchedInferencePipeline:
         **options,
     ) -> TranscriptionOptions:
         self._check(language, task, batch_size)
-        # clip_timestamps: `transcribe`'s own argument (windows), not one for many files.
-        accepted = {f.name for f in fields(TranscriptionOptions)} - {
-            "temperatures",
-            "clip_timestamps",
-        }
-        unknown = set(options) - accepted
-        if unknown:
-            raise InvalidOptionError(
-                f"unknown option(s) for batched transcription: {sorted(unknown)}"
-            )
-        options.setdefault("condition_on_previous_text", False)  # the throughput mode
-        return TranscriptionOptions.from_arguments(temperature=temperature, **options)
+        return batched_options(temperature=temperature, **options)
 
     def _check(self, language: str | None, task: str, batch_size: int | None) -> None:
         if batch_size is not None:
@@ -324,12 +315,15 @@ class BatchedInferencePipeline:
             normalize_language(language, self.model.supported_languages)
 
     def _windows(
-        self, audios: list[np.ndarray], vad: VadOptions, seconds: float
+        self, audios: list[np.ndarray], vad: VadOptions | None, seconds: float
     ) -> list[list[Window]]:
-        """Each file's speech packed into windows of up to `seconds`. The VAD runs on the
-        model's device: on a GPU its LSTM over whole files is one cuDNN call, ten times cheaper
-        than on CPU threads."""
-        speech = detect_speech_many(audios, vad, str(self.model.device))
+        """Each file's speech packed into windows of up to `seconds`; without `vad`, all of
+        its audio (load_audio's: never empty). The VAD runs on the model's device: on a GPU
+        its LSTM over whole files is one cuDNN call, ten times cheaper than on CPU threads."""
+        if vad is None:
+            speech = [[SpeechRegion(0, len(samples))] for samples in audios]
+        else:
+            speech = detect_speech_many(audios, vad, str(self.model.device))
         return [pack_windows(regions, seconds) for regions in speech]
 
     def _open_group(
@@ -338,11 +332,12 @@ class BatchedInferencePipeline:
         language: str | None,
         task: str,
         options: TranscriptionOptions,
-        vad: VadOptions,
+        vad: VadOptions | None,
         size: int,
     ) -> list[_File]:
         """Files whose audio was read on threads, opened in input order with one VAD call for
-        them all; a file that could not be read or opened carries its error."""
+        them all (none without `vad`); a file that could not be read or opened carries its
+        error."""
         done: dict[int, _File] = {}
         read: list[tuple[int, np.ndarray]] = []
         for index, reading in group:
@@ -696,6 +691,18 @@ class _Chain:
             yield self.file, self.index, segments, False
         elif segments:
             yield self.file, self.index, segments, True
+
+
+def batched_options(**options) -> TranscriptionOptions:
+    """The batched pipeline's options from `transcribe_many`'s keywords (but language, task,
+    batch size and VAD), checked: `transcribe`'s, whose default here is no conditioning."""
+    # clip_timestamps: `transcribe`'s own argument (windows), not one for many files.
+    accepted = {f.name for f in fields(TranscriptionOptions)} - {"temperatures", "clip_timestamps"}
+    unknown = set(options) - accepted - {"temperature"}
+    if unknown:
+        raise InvalidOptionError(f"unknown option(s) for batched transcription: {sorted(unknown)}")
+    options.setdefault("condition_on_previous_text", False)  # the throughput mode
+    return TranscriptionOptions.from_arguments(**options)
 
 
 def clip_regions(

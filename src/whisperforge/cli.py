@@ -10,6 +10,7 @@ User errors print one `error: ...` line on stderr and exit 1; usage errors exit 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import queue
@@ -76,7 +77,7 @@ BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "
 
 # openai-whisper's flags that take True / False, which are switches here.
 SWITCHES = {"--verbose", "--word-timestamps", "--highlight-words", "--carry-initial-prompt",
-            "--condition-on-previous-text"}  # fmt: skip
+            "--condition-on-previous-text", "--vad-filter", "--without-timestamps"}  # fmt: skip
 
 
 def _bool(text: str) -> bool:
@@ -84,6 +85,19 @@ def _bool(text: str) -> bool:
     if key not in BOOLEANS:
         raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
     return BOOLEANS[key]
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """--vad-parameters: a JSON object (its fields are checked where the VAD's options are)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object such as '{{\"threshold\": 0.6}}', got {text!r}"
+        )
+    return value
 
 
 def _token_ids(text: str) -> list[int] | None:
@@ -151,114 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _add_model_options(t)
 
-    decode = t.add_argument_group("decoding")
-    decode.add_argument(
-        "--language",
-        metavar="LANG",
-        default=None,
-        help="spoken language as a code or name (en, German, ...); detected when omitted",
-    )
-    decode.add_argument(
-        "--task",
-        default="transcribe",
-        choices=["transcribe", "translate"],
-        help="transcribe, or translate to English (default: %(default)s)",
-    )
-    decode.add_argument(
-        "--beam-size",
-        metavar="N",
-        type=_optional_positive_int,
-        default=5,
-        help="beams at temperature 0; 1 or none is greedy (default: %(default)s)",
-    )
-    decode.add_argument(
-        "--best-of",
-        metavar="N",
-        type=_optional_positive_int,
-        default=5,
-        help="samples per window above temperature 0; none is 1 (default: %(default)s)",
-    )
-    decode.add_argument(
-        "--temperature",
-        metavar="T",
-        type=float,
-        default=0.0,
-        help="first sampling temperature (default: %(default)s)",
-    )
-    decode.add_argument(
-        "--temperature-increment-on-fallback",
-        metavar="STEP",
-        type=_optional_float,
-        default=0.2,
-        help="step up to 1.0 when a window fails the quality thresholds; "
-        "none: no fallback (default: %(default)s)",
-    )
-    decode.add_argument(
-        "--initial-prompt",
-        metavar="TEXT",
-        default=None,
-        help="text that conditions the first window (names, spelling, style)",
-    )
-    decode.add_argument(
-        "--hotwords",
-        metavar="TEXT",
-        default=None,
-        help="words to favour, e.g. names to spell right (put in every window's prompt)",
-    )
-    decode.add_argument(
-        "--repetition-penalty",
-        metavar="P",
-        type=float,
-        default=1.0,
-        help="above 1: each token a window has sampled scores lower (default: %(default)s)",
-    )
-    decode.add_argument(
-        "--no-repeat-ngram-size",
-        metavar="N",
-        type=int,
-        default=0,
-        help="no N tokens in a row twice within a window; 0: off (default: %(default)s)",
-    )
-    decode.add_argument(
-        "--multilingual",
-        action="store_true",
-        help="detect each 30 s window's language, for speech that changes language",
-    )
-    decode.add_argument(
-        "--condition-on-previous-text",
-        default=None,
-        action=argparse.BooleanOptionalAction,
-        help="prompt each window with the previous text (default: on; with --batch-size off, "
-        "and on it cuts the file into N chains of windows, each conditioned on its own text)",
-    )
-    decode.add_argument(
-        "--word-timestamps",
-        action="store_true",
-        help="time every word (implied by the subtitle options below and "
-        "--hallucination-silence-threshold)",
-    )
-    decode.add_argument(
-        "--prepend-punctuations",
-        metavar="CHARS",
-        help="with word timestamps: these join the next word (default: openai-whisper's)",
-    )
-    decode.add_argument(
-        "--append-punctuations",
-        metavar="CHARS",
-        help="with word timestamps: these join the word before (default: openai-whisper's)",
-    )
-    decode.add_argument(
-        "--clip-timestamps",
-        metavar="LIST",
-        default="0",
-        help="start,end,start,end,... seconds to transcribe; the last end "
-        "defaults to the end of the file (default: %(default)s)",
-    )
-    decode.add_argument(
-        "--vad-filter",
-        action="store_true",
-        help="skip the parts without speech (Silero VAD) before transcribing",
-    )
+    decode = add_decoding_options(t, batched=False)
     decode.add_argument(
         "--batch-size",
         metavar="N",
@@ -267,88 +174,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="the throughput mode: VAD-cut windows decoded N at a time, with temperature "
         "fallback and, unless --condition-on-previous-text, no conditioning "
         "(default: sequential)",
-    )
-    decode.add_argument(
-        "--hallucination-silence-threshold",
-        type=_optional_float,
-        default=None,
-        metavar="SECONDS",
-        help="skip silences longer than this around likely hallucinations",
-    )
-
-    search = t.add_argument_group("search and fallback (openai-whisper's and faster-whisper's)")
-    search.add_argument(
-        "--patience",
-        metavar="P",
-        type=_optional_float,
-        default=1.0,
-        help="beam search: finish after P x beam-size candidates (default: %(default)s)",
-    )
-    search.add_argument(
-        "--length-penalty",
-        metavar="P",
-        type=_optional_float,
-        default=None,
-        help="rank beams and samples by log-prob / ((5 + length) / 6)^P, the Google NMT "
-        "alpha, as openai-whisper's --length_penalty (faster-whisper's Python argument of "
-        "that name is an exponent of the length instead); default: by log-prob / length",
-    )
-    search.add_argument(
-        "--compression-ratio-threshold",
-        metavar="R",
-        type=_optional_float,
-        default=2.4,
-        help="fall back when the text's gzip ratio is above R; none: off (default: %(default)s)",
-    )
-    search.add_argument(
-        "--log-prob-threshold",
-        "--logprob-threshold",
-        metavar="L",
-        type=_optional_float,
-        default=-1.0,
-        help="fall back when the average log-probability is below L; none: off "
-        "(default: %(default)s)",
-    )
-    search.add_argument(
-        "--no-speech-threshold",
-        metavar="P",
-        type=_optional_float,
-        default=0.6,
-        help="skip a window as silence when its no-speech probability is above P and it "
-        "decoded below --log-prob-threshold; none: off (default: %(default)s)",
-    )
-    search.add_argument(
-        "--log-prob-low-threshold",
-        metavar="L",
-        type=_optional_float,
-        default=None,
-        help="skip a window whose average log-probability is below L, however likely speech",
-    )
-    search.add_argument(
-        "--suppress-tokens",
-        metavar="IDS",
-        type=_token_ids,
-        default="-1",
-        help="token ids never to sample, as -1,50362; -1: the symbols (default: %(default)s)",
-    )
-    search.add_argument(
-        "--carry-initial-prompt",
-        action="store_true",
-        help="put --initial-prompt before every window's prompt, not only the first",
-    )
-    search.add_argument(
-        "--chunk-length",
-        metavar="SECONDS",
-        type=float,
-        default=None,
-        help="seconds of audio a window holds, up to 30 (default: 30)",
-    )
-    search.add_argument(
-        "--max-new-tokens",
-        metavar="N",
-        type=_positive_int,
-        default=None,
-        help="tokens a window may sample (default: half the text context)",
     )
 
     out = t.add_argument_group("output")
@@ -435,6 +260,239 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_batch_parser(commands)
     return parser
+
+
+def add_decoding_options(parser: argparse.ArgumentParser, batched: bool) -> Any:
+    """The decoding options of `transcribe` and `batch` (`batched`: the corpus job, always on
+    the batched pipeline), in two groups; returns the first. `batch` takes the options only
+    the sequential loop honours too, hidden, to refuse them by name (`refuse_unbatched`)."""
+    decode = parser.add_argument_group("decoding")
+    decode.add_argument(
+        "--language",
+        metavar="LANG",
+        default=None,
+        help="spoken language as a code or name (en, German, ...); detected per file when omitted",
+    )
+    decode.add_argument(
+        "--task",
+        default="transcribe",
+        choices=["transcribe", "translate"],
+        help="transcribe, or translate to English (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--beam-size",
+        metavar="N",
+        type=_optional_positive_int,
+        default=5,
+        help="beams at temperature 0; 1 or none is greedy (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--best-of",
+        metavar="N",
+        type=_optional_positive_int,
+        default=5,
+        help="samples per window above temperature 0; none is 1 (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--temperature",
+        metavar="T",
+        type=float,
+        default=0.0,
+        help="first sampling temperature (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--temperature-increment-on-fallback",
+        metavar="STEP",
+        type=_optional_float,
+        default=0.2,
+        help="step up to 1.0 when a window fails the quality thresholds; "
+        "none: no fallback (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--initial-prompt",
+        metavar="TEXT",
+        default=None,
+        help="text that prompts every window (names, spelling, style); with "
+        "--condition-on-previous-text, each chain's first"
+        if batched
+        else "text that conditions the first window (names, spelling, style)",
+    )
+    decode.add_argument(
+        "--hotwords",
+        metavar="TEXT",
+        default=None,
+        help="words to favour, e.g. names to spell right (put in every window's prompt)",
+    )
+    decode.add_argument(
+        "--repetition-penalty",
+        metavar="P",
+        type=float,
+        default=1.0,
+        help="above 1: each token a window has sampled scores lower (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--no-repeat-ngram-size",
+        metavar="N",
+        type=int,
+        default=0,
+        help="no N tokens in a row twice within a window; 0: off (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--multilingual",
+        action="store_true",
+        help="detect each 30 s window's language, for speech that changes language",
+    )
+    decode.add_argument(
+        "--condition-on-previous-text",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help="prompt each window with the text before it; each file is then cut into "
+        "--batch-size chains of windows, each conditioned on its own text (default: off, "
+        "each window alone)"
+        if batched
+        else "prompt each window with the previous text (default: on; with --batch-size off, "
+        "and on it cuts the file into N chains of windows, each conditioned on its own text)",
+    )
+    decode.add_argument(
+        "--word-timestamps",
+        action="store_true",
+        help="time every word"
+        + ("" if batched else " (implied by the subtitle options below and "
+           "--hallucination-silence-threshold)"),
+    )  # fmt: skip
+    decode.add_argument(
+        "--without-timestamps",
+        action="store_true",
+        help="decode the text without timestamp tokens: one segment per window, timed by the "
+        "window",
+    )
+    decode.add_argument(
+        "--prepend-punctuations",
+        metavar="CHARS",
+        help="with word timestamps: these join the next word (default: openai-whisper's)",
+    )
+    decode.add_argument(
+        "--append-punctuations",
+        metavar="CHARS",
+        help="with word timestamps: these join the word before (default: openai-whisper's)",
+    )
+    decode.add_argument(
+        "--clip-timestamps",
+        metavar="LIST",
+        default="0",
+        help=argparse.SUPPRESS
+        if batched
+        else "start,end,start,end,... seconds to transcribe; the last end "
+        "defaults to the end of the file (default: %(default)s)",
+    )
+    decode.add_argument(
+        "--vad-filter",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help="decode only the speech that Silero VAD finds (default: on); --no-vad-filter "
+        "cuts each file every --chunk-length (30) seconds instead"
+        if batched
+        else "skip the parts without speech (Silero VAD) before transcribing (default: off; "
+        "on with --batch-size, where --no-vad-filter cuts the audio every --chunk-length "
+        "(30) seconds instead)",
+    )
+    decode.add_argument(
+        "--vad-parameters",
+        metavar="JSON",
+        type=_json_object,
+        default=None,
+        help="the VAD's options to change, e.g. '{\"threshold\": 0.6, "
+        '"min_silence_duration_ms": 500}\' (also neg_threshold, min_speech_duration_ms, '
+        "max_speech_duration_s, speech_pad_ms; default: faster-whisper's, with 160 ms "
+        "silences and speech of at most --chunk-length in the batched mode)",
+    )
+    decode.add_argument(
+        "--hallucination-silence-threshold",
+        type=_optional_float,
+        default=None,
+        metavar="SECONDS",
+        help=argparse.SUPPRESS
+        if batched
+        else "skip silences longer than this around likely hallucinations",
+    )
+
+    search = parser.add_argument_group(
+        "search and fallback (openai-whisper's and faster-whisper's)"
+    )
+    search.add_argument(
+        "--patience",
+        metavar="P",
+        type=_optional_float,
+        default=1.0,
+        help="beam search: finish after P x beam-size candidates (default: %(default)s)",
+    )
+    search.add_argument(
+        "--length-penalty",
+        metavar="P",
+        type=_optional_float,
+        default=None,
+        help="rank beams and samples by log-prob / ((5 + length) / 6)^P, the Google NMT "
+        "alpha, as openai-whisper's --length_penalty (faster-whisper's Python argument of "
+        "that name is an exponent of the length instead); default: by log-prob / length",
+    )
+    search.add_argument(
+        "--compression-ratio-threshold",
+        metavar="R",
+        type=_optional_float,
+        default=2.4,
+        help="fall back when the text's gzip ratio is above R; none: off (default: %(default)s)",
+    )
+    search.add_argument(
+        "--log-prob-threshold",
+        "--logprob-threshold",
+        metavar="L",
+        type=_optional_float,
+        default=-1.0,
+        help="fall back when the average log-probability is below L; none: off "
+        "(default: %(default)s)",
+    )
+    search.add_argument(
+        "--no-speech-threshold",
+        metavar="P",
+        type=_optional_float,
+        default=0.6,
+        help="skip a window as silence when its no-speech probability is above P and it "
+        "decoded below --log-prob-threshold; none: off (default: %(default)s)",
+    )
+    search.add_argument(
+        "--log-prob-low-threshold",
+        metavar="L",
+        type=_optional_float,
+        default=None,
+        help="skip a window whose average log-probability is below L, however likely speech",
+    )
+    search.add_argument(
+        "--suppress-tokens",
+        metavar="IDS",
+        type=_token_ids,
+        default="-1",
+        help="token ids never to sample, as -1,50362; -1: the symbols (default: %(default)s)",
+    )
+    search.add_argument(
+        "--carry-initial-prompt",
+        action="store_true",
+        help="put --initial-prompt before every window's prompt, not only the first",
+    )
+    search.add_argument(
+        "--chunk-length",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="seconds of audio a window holds, up to 30 (default: 30)",
+    )
+    search.add_argument(
+        "--max-new-tokens",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="tokens a window may sample (default: half the text context)",
+    )
+    return decode
 
 
 def _add_model_options(parser: argparse.ArgumentParser, threads: int = 0) -> None:
@@ -675,13 +733,11 @@ def _output_name(path: str) -> str:
     return "stdin" if path == STDIN else path
 
 
-def _transcribe_one(
-    model: WhisperModel, path: str, args: argparse.Namespace, stdout_text: bool, header: bool
-) -> tuple[list[Segment], dict[str, Any]]:
-    """Transcribe one file, showing progress and (when asked) the text as it arrives."""
-    from tqdm import tqdm
-
-    from .transcribe import TranscriptionOptions, temperature_ladder, with_progress
+def transcription_arguments(args: argparse.Namespace, batched: bool) -> dict[str, Any]:
+    """`TranscriptionOptions.from_arguments`' keywords from the decoding options, as
+    openai-whisper's command reads them, for the sequential loop or (`batched`) the batched
+    pipeline: no conditioning unless asked, and clip timestamps are its call's own."""
+    from .transcribe import temperature_ladder  # torch is slow to import: only when needed
 
     options: dict[str, Any] = {
         "beam_size": args.beam_size or 1,  # openai-whisper's "None": no beam search
@@ -689,6 +745,7 @@ def _transcribe_one(
         "temperature": temperature_ladder(args.temperature, args.temperature_increment_on_fallback),
         "initial_prompt": args.initial_prompt,
         "word_timestamps": args.word_timestamps,
+        "without_timestamps": args.without_timestamps,
         "hotwords": args.hotwords,
         "repetition_penalty": args.repetition_penalty,
         "no_repeat_ngram_size": args.no_repeat_ngram_size,
@@ -704,29 +761,56 @@ def _transcribe_one(
         "chunk_length": args.chunk_length,
         "max_new_tokens": args.max_new_tokens,
     }
+    if batched:
+        options["condition_on_previous_text"] = bool(args.condition_on_previous_text)
+    else:
+        options["condition_on_previous_text"] = args.condition_on_previous_text is not False
+        options["clip_timestamps"] = args.clip_timestamps
+        options["hallucination_silence_threshold"] = args.hallucination_silence_threshold
     for name in ("prepend_punctuations", "append_punctuations"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
+    return options
+
+
+def vad_arguments(args: argparse.Namespace, batched: bool) -> dict[str, Any]:
+    """`vad_filter` and `vad_parameters`: the VAD runs by default in the batched pipeline only,
+    and VAD parameters where no VAD runs are refused, not ignored."""
+    vad_filter = batched if args.vad_filter is None else args.vad_filter
+    if args.vad_parameters is not None and not vad_filter:
+        off = "with --no-vad-filter" if batched else "without --vad-filter"
+        raise InvalidOptionError(f"--vad-parameters: no VAD runs {off}; drop one of them")
+    return {"vad_filter": vad_filter, "vad_parameters": args.vad_parameters}
+
+
+def sequential_only(args: argparse.Namespace) -> list[str]:
+    """The options given that only the sequential loop honours."""
+    given = {"--hallucination-silence-threshold": args.hallucination_silence_threshold is not None}
+    return [name for name, on in given.items() if on]
+
+
+def _transcribe_one(
+    model: WhisperModel, path: str, args: argparse.Namespace, stdout_text: bool, header: bool
+) -> tuple[list[Segment], dict[str, Any]]:
+    """Transcribe one file, showing progress and (when asked) the text as it arrives."""
+    from tqdm import tqdm
+
+    from .transcribe import TranscriptionOptions, with_progress
+
     audio: str | bytes = sys.stdin.buffer.read() if path == STDIN else path
-    if args.batch_size is not None:
+    batched = args.batch_size is not None
+    transcription = TranscriptionOptions.from_arguments(**transcription_arguments(args, batched))
+    if batched:
         from .batched import BatchedInferencePipeline
 
-        transcription = TranscriptionOptions.from_arguments(
-            condition_on_previous_text=bool(args.condition_on_previous_text), **options
-        )
         segments_iter, info = BatchedInferencePipeline(model).transcribe_with(
             audio, transcription, args.language, args.task, args.batch_size,
             clip_timestamps=None if args.clip_timestamps == "0" else args.clip_timestamps,
+            **vad_arguments(args, batched),
         )  # fmt: skip
     else:
-        transcription = TranscriptionOptions.from_arguments(
-            condition_on_previous_text=args.condition_on_previous_text is not False,
-            clip_timestamps=args.clip_timestamps,
-            hallucination_silence_threshold=args.hallucination_silence_threshold,
-            **options,
-        )
         segments_iter, info = model.transcribe_with(
-            audio, transcription, args.language, args.task, args.vad_filter
+            audio, transcription, args.language, args.task, **vad_arguments(args, batched)
         )
     if header and (stdout_text or args.verbose):
         print(f"==> {path} <==", flush=True)
@@ -760,13 +844,12 @@ def run_transcribe(args: argparse.Namespace) -> int:
         from .timing import TRANSLATED_WORD_TIMES
 
         _warn(TRANSLATED_WORD_TIMES)
-    sequential_only = {
-        "--hallucination-silence-threshold": args.hallucination_silence_threshold is not None,
-        "--vad-filter": args.vad_filter,  # batched mode always uses VAD
-    }
-    if args.batch_size is not None and any(sequential_only.values()):
-        used = ", ".join(name for name, on in sequential_only.items() if on)
-        raise InvalidOptionError(f"{used}: not available with --batch-size; drop one of them")
+    unbatched = sequential_only(args)
+    if args.batch_size is not None and unbatched:
+        raise InvalidOptionError(
+            f"{', '.join(unbatched)}: not available with --batch-size; drop one of them"
+        )
+    vad_arguments(args, batched=args.batch_size is not None)  # refused before the model loads
     options = _writer_options(args)
     write_files = args.output_dir is not None or args.output_format is not None
     formats = args.output_format or "all"
@@ -1204,8 +1287,8 @@ def _openai_spelling(argv: Sequence[str], flags: set[str]) -> list[str]:
         if out and out[-1] in SWITCHES and arg.strip().lower() in BOOLEANS:
             if not BOOLEANS[arg.strip().lower()]:
                 switch = out.pop()
-                if switch == "--condition-on-previous-text":  # on by default: say no
-                    out.append("--no-condition-on-previous-text")
+                if "--no-" + switch[2:] in flags:  # on by default somewhere: say no
+                    out.append("--no-" + switch[2:])
             continue
         out.append(arg)
     return out

@@ -12,10 +12,10 @@ OUT is written as an append-only JSONL journal, one row per file, flushed per ro
 loses no finished row and a rerun skips every path already in it. Rows with an error are
 skipped too (a corrupt file stays corrupt) unless `retry_errors`, which drops them from the
 journal first so each path keeps exactly one row. Each row records the `settings` that made
-it (model name or path, compute type, options given); a rerun with other settings still skips
-the rows done, and warns that it does. A `.parquet` OUT is the journal
-`OUT.journal.jsonl` merged into Parquet when the job ends; the journal is then removed (a rerun
-seeds it from the Parquet file). A job that dies before the merge leaves the journal, and the
+it (model name or path, compute type, the options not at the batched pipeline's defaults); a
+rerun with other settings still skips the rows done, and warns that it does. A `.parquet` OUT
+is the journal `OUT.journal.jsonl` merged into Parquet when the job ends; the journal is then
+removed (a rerun seeds it from the Parquet file). A job that dies before the merge leaves the journal, and the
 rerun merges it.
 
 Without `ray_address` everything runs in this process: files are decoded a few ahead on
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import inspect
 import json
 import logging
 import os
@@ -43,14 +44,14 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import errors
-from .errors import WhisperforgeError
+from .errors import InvalidOptionError, WhisperforgeError
 
 if TYPE_CHECKING:
     from .batched import BatchedInferencePipeline, FileTranscription
@@ -633,7 +634,8 @@ class Journal:
         self.failed = {r["path"] for r in rows if r.get("error")}
         self.written = 0
         # Rows made otherwise (another model, language, ...) are still skipped as done: say so.
-        other = next((r["settings"] for r in rows if _differ(r.get("settings"), settings)), None)
+        recorded = dict.fromkeys(r.get("settings") for r in rows)  # a corpus has few
+        other = next((r for r in recorded if _differ(r, settings)), None)
         if other is not None:
             warnings.warn(
                 f"--output {output} holds rows made with other settings ({other}; now "
@@ -767,7 +769,8 @@ def transcribe_corpus(
     model: a name or path, a loaded `WhisperModel` (this process only), or a function that
     returns one (on Ray it must pickle: a module-level function); a name is looked for in
     `download_root` as `WhisperModel` does. options: as
-    `BatchedInferencePipeline.transcribe_many` (language, word_timestamps, beam_size, ...).
+    `BatchedInferencePipeline.transcribe_many` (language, word_timestamps, beam_size,
+    initial_prompt, vad_filter, ...), checked before any model loads.
     on_row: called with each row once it is written.
     """
     start = time.perf_counter()
@@ -834,29 +837,53 @@ def _rows_of(sources: list[Source], names: set[str], folder: Path | None) -> dic
 
 def _settings(model: Any, compute_type: str, options: dict[str, Any]) -> str:
     """What decides a row's text, as each row records it: the model (by name or path), the
-    compute type and the options given (None and False ones are the defaults: left out)."""
-    settings = {"compute_type": compute_type, **options}
+    compute type and the options that are not the batched pipeline's defaults."""
+    settings = {"compute_type": compute_type, **_changed_options(options)}
     if isinstance(model, (str, os.PathLike)):  # not a loaded model or a function making one
         settings["model"] = os.fspath(model)
-    kept = {k: v for k, v in settings.items() if v is not None and v is not False}
-    return json.dumps(kept, sort_keys=True, default=str)
+    return json.dumps(settings, sort_keys=True, default=str)
 
 
-# Settings that rows may lack while made with them: older rows have no `task`, and the Python
-# API names neither unless given (the command names both).
-DEFAULT_SETTINGS = {"task": "transcribe", "beam_size": 5}
+def _changed_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`transcribe_many`'s keyword arguments that differ from its defaults, each in one form
+    (temperature 0.0 as [0.0], suppress_tokens as a list, ...), as JSON values. They are
+    checked on the way: a bad option is refused here, before any model loads."""
+    from .batched import BatchedInferencePipeline, batched_options
+    from .transcribe import vad_options_of
+
+    # The call's own arguments, with their defaults; the others are TranscriptionOptions'.
+    parameters = inspect.signature(BatchedInferencePipeline.transcribe_many).parameters
+    call = {n: parameters[n].default for n in ("language", "task", "vad_filter", "vad_parameters")}
+    vad_options_of(options.get("vad_parameters"))
+    made = asdict(batched_options(**{k: v for k, v in options.items() if k not in call}))
+    default = asdict(batched_options())
+    changed = {k: v for k, v in options.items() if k in call and v != call[k]}
+    for name, value in made.items():
+        if value != default[name]:
+            changed["temperature" if name == "temperatures" else name] = value
+    return json.loads(json.dumps(changed, default=str))
 
 
 def _differ(recorded: str | None, settings: str) -> bool:
-    """Whether a row was made with other settings. A key only one side names counts (the other
-    had None or False: rows made without --word-timestamps or --language, say), except the
-    model, which a loaded one leaves unnamed."""
+    """Whether a row was made with other settings, each side's options read as
+    `_changed_options` reads them: an option a row names at its default value (as rows before
+    this form named the command's `task` and `beam_size`) is no difference. The model counts
+    only where both sides name it (a loaded one is unnamed)."""
     if recorded is None:  # a row of an older whisperforge
         return False
-    theirs = DEFAULT_SETTINGS | json.loads(recorded)
-    ours = DEFAULT_SETTINGS | json.loads(settings)
+    theirs, ours = _read_settings(recorded), _read_settings(settings)
     unknown = set() if "model" in theirs and "model" in ours else {"model"}
     return any(theirs.get(k) != ours.get(k) for k in (theirs.keys() | ours.keys()) - unknown)
+
+
+def _read_settings(settings: str) -> dict[str, Any]:
+    """A row's settings, its options as `_changed_options` gives them."""
+    read = json.loads(settings)
+    kept = {k: read.pop(k) for k in ("model", "compute_type") if k in read}
+    try:
+        return kept | _changed_options(read)
+    except (WhisperforgeError, ValueError, TypeError):  # not options of ours: as they are
+        return kept | read
 
 
 # --- the command -----------------------------------------------------------------------------
@@ -868,14 +895,18 @@ INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text 
   .npy files hold 16 kHz samples.
 OUT: .jsonl, written row by row as files finish, or .parquet, merged from OUT.journal.jsonl at
   the end. One row per file: path, language, duration, text, segments, error, timings, worker,
-  settings (the model and options that made it, as a JSON string). timings: seconds decoding
-  the file, and from the previous row to this one (files share batches: a file finished in the
-  same batch as the one before shows about 0).
+  settings (the model, and the options not at their defaults, as a JSON string; a rerun with
+  other ones warns). timings: seconds decoding the file, and from the previous row to this one
+  (files share batches: a file finished in the same batch as the one before shows about 0).
 Rerunning with the same OUT skips the files already in it, failed ones too unless
   --retry-errors; the exit status is 1 while OUT holds a failed file of INPUT.
 
+The decoding options are `transcribe`'s; --hallucination-silence-threshold and
+  --clip-timestamps are not available here (the sequential loop's, and one file's).
+
 examples:
   whisperforge batch recordings/ --output out.jsonl
+  whisperforge batch calls/ --output out.jsonl --initial-prompt "Acme, Zorbix" --no-vad-filter
   whisperforge batch manifest.parquet --output out.parquet --model base --language de
   whisperforge batch 'data/**/*.flac' --output out.jsonl --ray-address auto
 """
@@ -883,7 +914,7 @@ examples:
 
 def add_batch_parser(commands: Any) -> None:
     """`whisperforge batch`, for cli.py."""
-    from .cli import _add_model_options, _positive_float, _positive_int
+    from .cli import _add_model_options, _positive_float, _positive_int, add_decoding_options
 
     b = commands.add_parser(
         "batch",
@@ -895,19 +926,13 @@ def add_batch_parser(commands: Any) -> None:
     )
     b.add_argument("input", metavar="INPUT", help="folder, glob, list of paths or manifest")
     b.add_argument("--output", required=True, metavar="OUT", help=".jsonl or .parquet")
-    b.add_argument("--batch-size", metavar="N", type=_positive_int, default=None,
-                   help="windows per batch (default: as many as fit the device)")  # fmt: skip
-    b.add_argument("--language", metavar="LANG", default=None,
-                   help="spoken language; detected per file when omitted")  # fmt: skip
-    b.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
-                   help="translate: into English, with a multilingual model (default: %(default)s)")  # fmt: skip
-    b.add_argument("--beam-size", metavar="N", type=_positive_int, default=5,
-                   help="(default: %(default)s)")  # fmt: skip
-    b.add_argument("--word-timestamps", action="store_true", help="add each segment's words")
     b.add_argument("--retry-errors", action="store_true",
                    help="transcribe again the files whose rows in OUT hold an error")  # fmt: skip
     b.add_argument("--progress", action="store_true",
                    help="show the progress line even when stderr is not a terminal")  # fmt: skip
+    decode = add_decoding_options(b, batched=True)
+    decode.add_argument("--batch-size", metavar="N", type=_positive_int, default=None,
+                        help="windows per batch (default: as many as fit the device)")  # fmt: skip
     ray = b.add_argument_group(f"Ray (needs: {RAY_INSTALL_HINT})")
     ray.add_argument("--local", action="store_true",
                      help="run in this process (the default without --ray-address)")  # fmt: skip
@@ -925,10 +950,20 @@ def add_batch_parser(commands: Any) -> None:
 
 
 def run_batch(args: Any) -> int:
-    from .cli import _compute_type  # --fp16 False, as `transcribe` reads it
+    # --fp16 False and the decoding options, as `transcribe` reads them
+    from .cli import _compute_type, sequential_only, transcription_arguments, vad_arguments
 
     if args.local and args.ray_address:
         raise WhisperforgeError("--local and --ray-address contradict each other; drop one")
+    # Options the batched pipeline cannot honour: refused, not ignored.
+    unbatched = sequential_only(args) + ["--clip-timestamps"] * (args.clip_timestamps != "0")
+    if unbatched:
+        raise InvalidOptionError(
+            f"{', '.join(unbatched)}: not available in `batch`, whose batched pipeline decodes "
+            "each file's windows independently (clip timestamps are one file's); drop it, or "
+            "use `whisperforge transcribe`"
+        )
+    options = transcription_arguments(args, batched=True) | vad_arguments(args, batched=True)
     written: list[str] = []
     try:
         summary = transcribe_corpus(
@@ -938,8 +973,7 @@ def run_batch(args: Any) -> int:
             retry_errors=args.retry_errors, ray_address=args.ray_address, actors=args.actors,
             num_gpus_per_actor=args.num_gpus_per_actor, files_per_task=args.files_per_task,
             progress=args.progress or sys.stderr.isatty(), language=args.language,
-            beam_size=args.beam_size, word_timestamps=args.word_timestamps,
-            task=args.task, on_row=lambda row: written.append(row["path"]),
+            task=args.task, on_row=lambda row: written.append(row["path"]), **options,
         )  # fmt: skip
     except KeyboardInterrupt:
         # Ctrl-C on a long job: say that its rows are kept (a .parquet OUT's only in its
