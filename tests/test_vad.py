@@ -201,3 +201,41 @@ def test_bad_vad_parameters_are_refused_by_name(tiny_en, bad):
             BatchedInferencePipeline(tiny_en).transcribe(JFK, vad_parameters=parameters)
     with pytest.raises(InvalidOptionError, match=name):
         VadOptions(**bad)
+
+
+def test_faster_whispers_vad_functions_transcribe_the_speech_alone(tiny_en, jfk_in_silence):
+    """`from faster_whisper.vad import get_speech_timestamps, collect_chunks,
+    SpeechTimestampsMap` (its own VAD pipeline, by hand) with whisperforge in its place: they
+    failed to import; now they give what `vad_filter=True` gives."""
+    from faster_whisper.vad import VadOptions as TheirVadOptions
+
+    from whisperforge import InvalidOptionError
+    from whisperforge.vad import SpeechTimestampsMap, collect_chunks, get_speech_timestamps
+
+    chunks = get_speech_timestamps(jfk_in_silence, min_silence_duration_ms=2000)
+    regions = detect_speech(jfk_in_silence, VadOptions(min_silence_duration_ms=2000))
+    assert chunks == [{"start": r.start, "end": r.end} for r in regions] and len(chunks) == 2
+    assert get_speech_timestamps(jfk_in_silence, TheirVadOptions()) == chunks
+    pieces, metadata = collect_chunks(jfk_in_silence, chunks)
+    speech = np.concatenate(pieces)
+    assert metadata == [{"offset": 0.0, "duration": len(speech) / SR, "segments": chunks}]
+    timeline = SpeechTimestampsMap(chunks, SR)
+    by_hand = [
+        (timeline.get_original_time(s.start), timeline.get_original_time(s.end, is_end=True),
+         s.text)
+        for s in tiny_en.transcribe(speech, beam_size=1, temperature=0.0)[0]
+    ]  # fmt: skip
+    filtered = [
+        (s.start, s.end, s.text)
+        for s in tiny_en.transcribe(jfk_in_silence, vad_filter=True, beam_size=1, temperature=0.0)[
+            0
+        ]
+    ]
+    assert [t for *_, t in by_hand] == [t for *_, t in filtered]
+    assert np.allclose([t[:2] for t in by_hand], [t[:2] for t in filtered], atol=0.006)
+    assert 70 < by_hand[-1][0] < 82  # the second jfk, on the file's timeline
+    first, second = collect_chunks(jfk_in_silence, chunks, max_duration=15)[1]
+    assert (first["segments"], second["segments"]) == ([chunks[0]], [chunks[1]])
+    assert second["offset"] == first["duration"]
+    with pytest.raises(InvalidOptionError, match="16 kHz"):
+        get_speech_timestamps(jfk_in_silence, sampling_rate=8000)

@@ -55,11 +55,17 @@ from .transcribe import (
     options_of,
     parse_clip_timestamps,
     split_segments,
-    vad_options_of,
     window_tokenizer,
     with_progress,
 )
-from .vad import SpeechRegion, VadOptions, Window, detect_speech_many, pack_windows
+from .vad import (
+    SpeechRegion,
+    VadOptions,
+    Window,
+    detect_speech_many,
+    pack_windows,
+    vad_options_of,
+)
 
 # Batched mode's VAD: short pauses split regions, regions never exceed a window.
 BATCHED_VAD = VadOptions(max_speech_duration_s=30, min_silence_duration_ms=160)

@@ -16,8 +16,8 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, is_dataclass, replace
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -61,6 +61,7 @@ from .vad import (
     collect_speech,
     detect_speech,
     regions_within,
+    vad_options_of,
 )
 
 if TYPE_CHECKING:
@@ -982,31 +983,6 @@ class WhisperModel:
                     segment.id = segment_id
                     segment_id += 1
                     yield segment if timeline is None else restore_times(segment, timeline)
-
-
-def vad_options_of(
-    parameters: VadOptions | Mapping | None, default: VadOptions | None = None
-) -> VadOptions:
-    """`vad_parameters` as faster-whisper takes them: VadOptions, or a dict of the fields to
-    change in `default` (VadOptions' own defaults where None), or None for `default`."""
-    default = default or VadOptions()
-    if isinstance(parameters, VadOptions):
-        return parameters
-    if is_dataclass(parameters) and not isinstance(parameters, type):
-        # faster-whisper's own VadOptions, from code that still imports it: the same fields
-        parameters = asdict(parameters)
-    if parameters is not None and not isinstance(parameters, Mapping):
-        raise InvalidOptionError(
-            f"vad_parameters must be a VadOptions or a dict of its fields, not "
-            f"{type(parameters).__name__}"
-        )
-    unknown = set(parameters or {}) - {f.name for f in fields(VadOptions)}
-    if unknown:
-        raise InvalidOptionError(
-            f"unknown vad_parameters {sorted(unknown)}; VadOptions has "
-            f"{', '.join(f.name for f in fields(VadOptions))}"
-        )
-    return replace(default, **(parameters or {}))
 
 
 def locked(items: Iterator[T], lock: threading.RLock) -> Iterator[T]:

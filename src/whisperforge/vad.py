@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -59,6 +59,31 @@ class VadOptions:
                 f"vad max_speech_duration_s must be a number of seconds above 0 (inf: no limit), "
                 f"not {value!r}"
             )
+
+
+def vad_options_of(
+    parameters: VadOptions | Mapping | None, default: VadOptions | None = None
+) -> VadOptions:
+    """`vad_parameters` as faster-whisper takes them: VadOptions, or a dict of the fields to
+    change in `default` (VadOptions' own defaults where None), or None for `default`."""
+    default = default or VadOptions()
+    if isinstance(parameters, VadOptions):
+        return parameters
+    if is_dataclass(parameters) and not isinstance(parameters, type):
+        # faster-whisper's own VadOptions, from code that still imports it: the same fields
+        parameters = asdict(parameters)
+    if parameters is not None and not isinstance(parameters, Mapping):
+        raise InvalidOptionError(
+            f"vad_parameters must be a VadOptions or a dict of its fields, not "
+            f"{type(parameters).__name__}"
+        )
+    unknown = set(parameters or {}) - {f.name for f in fields(VadOptions)}
+    if unknown:
+        raise InvalidOptionError(
+            f"unknown vad_parameters {sorted(unknown)}; VadOptions has "
+            f"{', '.join(f.name for f in fields(VadOptions))}"
+        )
+    return replace(default, **(parameters or {}))
 
 
 @dataclass(frozen=True)
@@ -283,10 +308,11 @@ class TimelineMap:
     def region_of(self, seconds: float, is_end: bool = False) -> int:
         """The region a time of the concatenation lies in; an end exactly on a boundary
         belongs to the region before it."""
+        return self.region_of_sample(seconds * SAMPLE_RATE, is_end)
+
+    def region_of_sample(self, sample: float, is_end: bool = False) -> int:
         side = "left" if is_end else "right"
-        return max(
-            0, int(np.searchsorted(self.concat_starts, seconds * SAMPLE_RATE, side=side)) - 1
-        )
+        return max(0, int(np.searchsorted(self.concat_starts, sample, side=side)) - 1)
 
     def original_time(
         self, seconds: float, is_end: bool = False, region: int | None = None
@@ -312,3 +338,87 @@ def regions_within(regions: list[SpeechRegion], spans: list[tuple[int, int]]) ->
 
 def collect_speech(audio: np.ndarray, regions: list[SpeechRegion]) -> np.ndarray:
     return np.concatenate([audio[r.start : r.end] for r in regions]) if regions else audio[:0]
+
+
+# faster-whisper's `faster_whisper.vad` functions, for code that runs the VAD itself: speech as
+# [{"start": sample, "end": sample}], cut and mapped back by the region code above.
+
+
+def check_sampling_rate(sampling_rate: int) -> None:
+    if sampling_rate != SAMPLE_RATE:  # the Silero weights here are its 16 kHz ones
+        raise InvalidOptionError(
+            f"the VAD reads 16 kHz audio, not {sampling_rate!r} Hz; "
+            "decode it with decode_audio(path, sampling_rate=16000)"
+        )
+
+
+def get_speech_timestamps(
+    audio: np.ndarray,
+    vad_options: VadOptions | None = None,
+    sampling_rate: int = SAMPLE_RATE,
+    **kwargs: float,
+) -> list[dict[str, int]]:
+    """faster-whisper's: the speech in 16 kHz audio as [{"start": sample, "end": sample}, ...];
+    `vad_options` (or, without it, VadOptions' fields as keywords) as `vad_parameters` takes."""
+    check_sampling_rate(sampling_rate)
+    options = vad_options_of(kwargs if vad_options is None else vad_options)
+    return [{"start": r.start, "end": r.end} for r in detect_speech(audio, options)]
+
+
+def regions_of(chunks: Sequence[Mapping[str, int]]) -> list[SpeechRegion]:
+    return [SpeechRegion(int(c["start"]), int(c["end"])) for c in chunks]
+
+
+def collect_chunks(
+    audio: np.ndarray,
+    chunks: list[dict],
+    sampling_rate: int = SAMPLE_RATE,
+    max_duration: float = float("inf"),
+) -> tuple[list[np.ndarray], list[dict]]:
+    """faster-whisper's: the speech `chunks` cut from `audio`, joined into pieces of at most
+    `max_duration` seconds of speech each (a longer chunk alone), with each piece's metadata:
+    {"offset": seconds of speech before it, "duration": its seconds, "segments": its chunks}.
+    No chunks: one empty piece."""
+    check_sampling_rate(sampling_rate)
+    groups: list[list[dict]] = []
+    length = 0
+    for chunk in chunks:
+        size = chunk["end"] - chunk["start"]
+        if not groups or length + size > max_duration * sampling_rate:
+            groups.append([])
+            length = 0
+        groups[-1].append(chunk)
+        length += size
+    pieces, metadata, offset = [], [], 0
+    for group in groups or [[]]:
+        piece = collect_speech(audio, regions_of(group))
+        pieces.append(piece)
+        metadata.append(
+            {"offset": offset / sampling_rate, "duration": len(piece) / sampling_rate,
+             "segments": group}
+        )  # fmt: skip
+        offset += len(piece)
+    return pieces, metadata
+
+
+class SpeechTimestampsMap:
+    """faster-whisper's: times in the speech that `collect_chunks` joined, back on the original
+    audio's timeline (`TimelineMap`), rounded to `time_precision` decimals."""
+
+    def __init__(self, chunks: list[dict], sampling_rate: int, time_precision: int = 2):
+        check_sampling_rate(sampling_rate)
+        self.sampling_rate = sampling_rate
+        self.time_precision = time_precision
+        self.timeline = TimelineMap(regions_of(chunks))
+
+    def get_original_time(
+        self, time: float, chunk_index: int | None = None, is_end: bool = False
+    ) -> float:
+        if chunk_index is None:
+            chunk_index = self.get_chunk_index(time, is_end)
+        return round(self.timeline.original_time(time, region=chunk_index), self.time_precision)
+
+    def get_chunk_index(self, time: float, is_end: bool = False) -> int:
+        # A whole sample, as faster-whisper counts it: an end a rounding error past a chunk's
+        # last sample still belongs to that chunk.
+        return self.timeline.region_of_sample(int(time * self.sampling_rate), is_end)
