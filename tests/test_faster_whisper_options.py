@@ -666,3 +666,17 @@ def test_when_every_temperature_fails_the_most_probable_decode_is_kept(tiny_en):
     (kept,) = tiny_en.transcribe(cards, temperature=[0.0, 0.5, 1.0], **strict)[0]
     (greedy,) = tiny_en.transcribe(cards, temperature=0.0, **strict)[0]
     assert kept.avg_logprob >= greedy.avg_logprob and kept.temperature == 1.0
+
+
+def test_supported_languages_is_a_list_as_faster_whispers(tiny_en, base):
+    """A script's language menu, `["auto"] + model.supported_languages`, raised a TypeError (a
+    tuple); each code still names the language `transcribe` takes."""
+    from faster_whisper.tokenizer import _LANGUAGE_CODES
+
+    assert ["auto"] + tiny_en.supported_languages == ["auto", "en"]
+    menu = ["auto"] + base.supported_languages
+    assert len(menu) == 100 and set(menu[1:]) <= set(_LANGUAGE_CODES)
+    segments, info = base.transcribe(JFK, language=menu[menu.index("en")], beam_size=1)
+    assert info.language == "en" and "fellow Americans" in "".join(s.text for s in segments)
+    with pytest.raises(InvalidOptionError, match="English-only"):
+        tiny_en.transcribe(JFK, language="de")

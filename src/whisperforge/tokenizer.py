@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -362,7 +363,7 @@ def parse_token_ids(text: str) -> list[int]:
         ) from None
 
 
-def normalize_language(language: str, codes: tuple[str, ...]) -> str:
+def normalize_language(language: str, codes: Sequence[str]) -> str:
     """A language code from a code or a name; a clear error for anything else."""
     if not isinstance(language, str):
         raise InvalidOptionError(
@@ -373,7 +374,7 @@ def normalize_language(language: str, codes: tuple[str, ...]) -> str:
     if code is None:
         raise InvalidOptionError(f"unknown language {language!r}; use a code such as en, de, fr")
     if code not in codes:
-        if codes == ("en",):
+        if list(codes) == ["en"]:
             raise InvalidOptionError(
                 f"this model is English-only and cannot transcribe {LANGUAGES[code].title()}; "
                 "use a multilingual model such as base"

@@ -547,8 +547,9 @@ class WhisperModel:
         return self.checkpoint.config.is_multilingual
 
     @property
-    def supported_languages(self) -> tuple[str, ...]:
-        return self.tokenizer.all_language_codes
+    def supported_languages(self) -> list[str]:
+        # A list, as faster-whisper's: scripts extend it (["auto"] + model.supported_languages).
+        return list(self.tokenizer.all_language_codes)
 
     def encode(self, mel: Tensor) -> Tensor:
         """Audio features [B, n_audio_ctx, D] of mel windows [B, n_mels, 3000]."""
