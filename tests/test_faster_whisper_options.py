@@ -62,7 +62,10 @@ def test_the_api_is_shaped_as_faster_whispers():
     """Code written for faster-whisper (the test dependency) runs unchanged: its arguments in
     its order, so positional calls mean the same, and results with its fields in its order."""
     import faster_whisper.transcribe as fw
+    from faster_whisper.audio import decode_audio as fw_decode_audio
     from faster_whisper.utils import download_model as fw_download_model
+
+    from whisperforge import decode_audio
 
     def positional(function) -> list[str]:
         parameters = inspect.signature(function).parameters.items()
@@ -87,6 +90,7 @@ def test_the_api_is_shaped_as_faster_whispers():
         (WhisperModel.detect_language, fw.WhisperModel.detect_language),
         (BatchedInferencePipeline.transcribe, fw.BatchedInferencePipeline.transcribe),
         (download_model, fw_download_model),
+        (decode_audio, fw_decode_audio),
     ):
         expected = positional(theirs)
         assert positional(ours)[: len(expected)] == expected, ours.__qualname__
@@ -680,3 +684,17 @@ def test_supported_languages_is_a_list_as_faster_whispers(tiny_en, base):
     assert info.language == "en" and "fellow Americans" in "".join(s.text for s in segments)
     with pytest.raises(InvalidOptionError, match="English-only"):
         tiny_en.transcribe(JFK, language="de")
+
+
+def test_faster_whispers_utils_and_audio_names(tiny_en):
+    """`from faster_whisper.utils import download_model, available_models` failed to import
+    after the switch, and `decode_audio(input_file=...)` (its argument's name) was refused."""
+    from whisperforge.audio import decode_audio
+    from whisperforge.utils import available_models, download_model, format_timestamp
+
+    assert "tiny.en" in available_models()
+    model = WhisperModel(download_model("tiny.en"), device="cpu", compute_type="float32")
+    audio = decode_audio(input_file=str(JFK), sampling_rate=16000)
+    texts = [[s.text for s in m.transcribe(audio, beam_size=1)[0]] for m in (model, tiny_en)]
+    assert texts[0] == texts[1] and "fellow Americans" in texts[0][0]
+    assert format_timestamp(1.5, True, ",") == "00:00:01,500"

@@ -33,7 +33,7 @@ T = TypeVar("T", np.ndarray, torch.Tensor)
 
 
 def decode_audio(
-    source: str | Path | bytes | bytearray | memoryview | BinaryIO,
+    input_file: str | Path | bytes | bytearray | memoryview | BinaryIO,
     sampling_rate: int = SAMPLE_RATE,
     split_stereo: bool = False,
     *,
@@ -46,33 +46,33 @@ def decode_audio(
     the audio it holds. Without PyAV, only PCM WAV at `sampling_rate` is read (`read_pcm_wav`).
     `max_seconds`: refuse longer audio as soon as the decode passes it (a server's guard: a
     few MB of compressed silence decode to hours, 0.23 GB of samples an hour)."""
-    name = str(source) if isinstance(source, (str, Path)) else "<audio bytes>"
-    if isinstance(source, (str, Path)):
-        path = Path(source)
+    name = str(input_file) if isinstance(input_file, (str, Path)) else "<audio bytes>"
+    if isinstance(input_file, (str, Path)):
+        path = Path(input_file)
         if not path.exists():
             raise AudioError(f"{name}: no such file; check the path")
         if path.is_dir():
             raise AudioError(f"{name}: a folder, not a file; pass an audio or video file")
         if path.is_file() and path.stat().st_size == 0:  # (a pipe has no size to check)
             raise AudioError(f"{name}: the file is empty (0 bytes); pass a complete audio file")
-    elif isinstance(source, (bytes, bytearray, memoryview)):
-        if len(source) == 0:
+    elif isinstance(input_file, (bytes, bytearray, memoryview)):
+        if len(input_file) == 0:
             raise AudioError("the audio bytes are empty; pass the bytes of an audio file")
-        source = io.BytesIO(source)
-    elif isinstance(source, io.TextIOBase):
-        name = getattr(source, "name", "<text file object>")
+        input_file = io.BytesIO(input_file)
+    elif isinstance(input_file, io.TextIOBase):
+        name = getattr(input_file, "name", "<text file object>")
         raise AudioError(f"{name}: opened in text mode; open audio files with 'rb'")
-    elif not hasattr(source, "read"):
+    elif not hasattr(input_file, "read"):
         raise AudioError(
-            f"cannot read audio from a {type(source).__name__}; pass a path, bytes, "
+            f"cannot read audio from a {type(input_file).__name__}; pass a path, bytes, "
             "a binary file object or a 16 kHz float array"
         )
     else:
-        name = str(getattr(source, "name", "<audio file object>"))
+        name = str(getattr(input_file, "name", "<audio file object>"))
     try:
         import av  # imported here: PyAV is optional where audio comes in as arrays
     except ImportError:  # a slim install, e.g. a GPU box without FFmpeg's libraries
-        return read_pcm_wav(source, name, sampling_rate, split_stereo)
+        return read_pcm_wav(input_file, name, sampling_rate, split_stereo)
 
     # s16 like the ffmpeg command line that openai-whisper runs, so the samples agree with it.
     layout = "stereo" if split_stereo else "mono"
@@ -82,7 +82,7 @@ def decode_audio(
     channels = 2 if split_stereo else 1
     max_samples = math.inf if max_seconds is None else max_seconds * sampling_rate * channels
     try:
-        with av.open(source, mode="r", metadata_errors="ignore") as container:
+        with av.open(input_file, mode="r", metadata_errors="ignore") as container:
             if not container.streams.audio:
                 kind = container.format.name.split(",")[0]  # "tty" for a text file: a clue
                 raise AudioError(
@@ -125,9 +125,9 @@ def decode_audio(
             "(the file may be damaged or cut off)",
             stacklevel=2,
         )
-    if container.format.name == "wav" and isinstance(source, (str, Path, io.BytesIO)):
+    if container.format.name == "wav" and isinstance(input_file, (str, Path, io.BytesIO)):
         # FFmpeg sizes a WAV by the file, so a cut-off recording decodes without a complaint.
-        promised = _wav_promised_seconds(source)
+        promised = _wav_promised_seconds(input_file)
         held = n_samples / channels / sampling_rate
         if promised is not None and promised > held + 0.05:
             warnings.warn(_cut_off(name, promised, held), stacklevel=2)
