@@ -849,7 +849,7 @@ def _changed_options(options: dict[str, Any]) -> dict[str, Any]:
     (temperature 0.0 as [0.0], suppress_tokens as a list, ...), as JSON values. They are
     checked on the way: a bad option is refused here, before any model loads."""
     from .batched import BatchedInferencePipeline, batched_options
-    from .transcribe import vad_options_of
+    from .vad import vad_options_of
 
     # The call's own arguments, with their defaults; the others are TranscriptionOptions'.
     parameters = inspect.signature(BatchedInferencePipeline.transcribe_many).parameters
