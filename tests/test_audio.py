@@ -27,7 +27,7 @@ from whisperforge.audio import (
     mel_filters_numpy,
     pad_or_trim,
 )
-from whisperforge.errors import AudioError
+from whisperforge.errors import AudioError, AudioTooLongError
 
 JFK_SECONDS = 11.0
 
@@ -338,3 +338,16 @@ def test_audio_past_max_seconds_is_refused_while_decoding():
     with pytest.raises(AudioError, match="limit of 5 s"):
         load_audio(np.zeros(16000 * 6, np.float32), max_seconds=5)
     assert load_audio(JFK, max_seconds=12).size == load_audio(JFK).size
+
+
+def test_audio_too_long_for_the_memory_left_is_refused(monkeypatch):
+    """Hours of audio past what memory holds: a clear error that says to split the file, where
+    the process was killed by the OOM killer. Here the system is told 50 MB are left: the
+    19-minute file's samples (73 MB as float32) do not fit, and are refused at 10 minutes."""
+    import whisperforge.audio
+
+    monkeypatch.setattr(whisperforge.audio, "available_memory", lambda: 50_000_000)
+    with pytest.raises(AudioTooLongError, match=r"too long to hold in memory \(0\.2 h.*split"):
+        decode_audio(LONG_FILE)
+    monkeypatch.setattr(whisperforge.audio, "available_memory", lambda: 500_000_000)
+    assert decode_audio(LONG_FILE).size == pytest.approx(1142.472 * SAMPLE_RATE, abs=SAMPLE_RATE)

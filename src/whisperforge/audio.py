@@ -79,6 +79,7 @@ def decode_audio(
     resampler = av.AudioResampler(format="s16", layout=layout, rate=sampling_rate)
     chunks: list[np.ndarray] = []  # one small array per frame: appending is O(1), joined once
     n_packets = n_bad = n_samples = 0
+    next_check = MEMORY_CHECK_SAMPLES
     channels = 2 if split_stereo else 1
     max_samples = math.inf if max_seconds is None else max_seconds * sampling_rate * channels
     try:
@@ -109,6 +110,9 @@ def decode_audio(
                         n_samples += chunks[-1].size
                 if n_samples > max_samples:
                     raise AudioTooLongError(_too_long(name, max_seconds))
+                if n_samples >= next_check:  # hours of audio: will the samples fit in memory?
+                    next_check = n_samples + MEMORY_CHECK_SAMPLES
+                    _check_room(name, n_samples, sampling_rate * channels)
             chunks.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
     except AudioError:
         raise
@@ -233,6 +237,35 @@ def to_float32(audio: np.ndarray) -> np.ndarray:
         f"audio arrays must hold real float or integer PCM samples, not {audio.dtype}; "
         "convert them to float32 first"
     )
+
+
+MEMORY_CHECK_SAMPLES = 10 * 60 * SAMPLE_RATE  # how often a long decode checks for memory
+
+
+def _check_room(name: str, n_samples: int, rate: int) -> None:
+    """Refuse audio too long to hold: its samples are joined into one float32 array at the end
+    (4 bytes each, beside the int16 chunks: 2), so the memory free must hold that and the next
+    stretch's chunks. A longer file was killed by the OOM killer, not told."""
+    free = available_memory()
+    need = 4 * n_samples + 6 * MEMORY_CHECK_SAMPLES
+    if free is not None and free < need:
+        raise AudioTooLongError(
+            f"{name}: too long to hold in memory ({n_samples / rate / 3600:.1f} h decoded, "
+            f"{free / 1e9:.1f} GB left); split it, e.g. ffmpeg -i FILE -f segment "
+            "-segment_time 3600 part%03d.flac, and transcribe the parts"
+        )
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can still give (Linux's MemAvailable); None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _too_long(name: str, max_seconds: float) -> str:

@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.distributions import Categorical
 
 from . import kernels, runtime
-from .audio import CHUNK_LENGTH
+from .audio import CHUNK_LENGTH, available_memory
 from .errors import InvalidOptionError, check_whole_number
 from .model import KVCache, Whisper
 from .tokenizer import Tokenizer, parse_token_ids
@@ -584,18 +584,6 @@ def check_rows_fit(model: Whisper, n_audio: int, n_group: int, audio_features: T
             f"for their caches, more than the {free / 1e9:.1f} GB of memory free; use a smaller "
             "beam_size or best_of (5 is the usual), or fewer windows at once (batch_size)"
         )
-
-
-def available_memory() -> int | None:
-    """Bytes of memory the system can still give (Linux's MemAvailable); None where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 @torch.inference_mode()
