@@ -307,6 +307,9 @@ def test_batch_command_translates_with_a_multilingual_model_only(tmp_path, capsy
     command = ["batch", str(_clips()[2]), "--output", str(tmp_path / "t.jsonl"), "--task"]
     assert main([*command, "translate"]) == 1  # tiny.en, the default model
     assert "cannot translate" in capsys.readouterr().err
+    # As `transcribe` (and openai-whisper) warn: word times follow the spoken words.
+    assert main([*command, "translate", "--word-timestamps"]) == 1
+    assert "warning: Word-level timestamps on translations" in capsys.readouterr().err
 
 
 def test_batch_command_reads_model_dir_and_fp16(local_rows, tmp_path, monkeypatch):

@@ -712,6 +712,14 @@ def _writer_options(args: argparse.Namespace) -> WriterOptions:
     return options
 
 
+def warn_of_translated_word_times(args: argparse.Namespace) -> None:
+    """openai-whisper's warning: word times follow the spoken words, not their translation."""
+    if args.word_timestamps and args.task == "translate":
+        from .timing import TRANSLATED_WORD_TIMES
+
+        _warn(TRANSLATED_WORD_TIMES)
+
+
 def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
@@ -840,10 +848,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
     )
     if any(word_options):
         args.word_timestamps = True  # these work on word timings; openai-whisper makes you ask
-    if args.word_timestamps and args.task == "translate":
-        from .timing import TRANSLATED_WORD_TIMES
-
-        _warn(TRANSLATED_WORD_TIMES)
+    warn_of_translated_word_times(args)
     unbatched = sequential_only(args)
     if args.batch_size is not None and unbatched:
         raise InvalidOptionError(

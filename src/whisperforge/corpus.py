@@ -951,7 +951,13 @@ def add_batch_parser(commands: Any) -> None:
 
 def run_batch(args: Any) -> int:
     # --fp16 False and the decoding options, as `transcribe` reads them
-    from .cli import _compute_type, sequential_only, transcription_arguments, vad_arguments
+    from .cli import (
+        _compute_type,
+        sequential_only,
+        transcription_arguments,
+        vad_arguments,
+        warn_of_translated_word_times,
+    )
 
     if args.local and args.ray_address:
         raise WhisperforgeError("--local and --ray-address contradict each other; drop one")
@@ -964,6 +970,7 @@ def run_batch(args: Any) -> int:
             "use `whisperforge transcribe`"
         )
     options = transcription_arguments(args, batched=True) | vad_arguments(args, batched=True)
+    warn_of_translated_word_times(args)
     written: list[str] = []
     try:
         summary = transcribe_corpus(
