@@ -676,7 +676,10 @@ def _add_serve_parser(commands: Any) -> None:
         "already keeps busy",
     )
     v.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (default: %(default)s)",
     )
     _add_model_options(v)
     v.set_defaults(run=run_serve)
@@ -1223,8 +1226,9 @@ def _add_quantize_parser(commands: Any) -> None:
     q = commands.add_parser(
         "quantize",
         help="save a model with int8 (or fp8) weights: smaller on disk, faster to decode",
-        description="Quantize every linear weight and the token embedding per output channel "
-        "and save a folder that loads directly: `whisperforge transcribe FILE --model OUT`.",
+        description="Quantize every linear weight (a scale per output channel) and the token "
+        "embedding (a scale per 64 columns of each row) and save a folder that loads directly: "
+        "`whisperforge transcribe FILE --model OUT`.",
     )
     q.add_argument("model", metavar="MODEL", help="model name, model folder or OpenAI .pt file")
     q.add_argument("out", metavar="OUT", help="a new or empty folder")

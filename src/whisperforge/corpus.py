@@ -932,7 +932,8 @@ def add_batch_parser(commands: Any) -> None:
                    help="show the progress line even when stderr is not a terminal")  # fmt: skip
     decode = add_decoding_options(b, batched=True)
     decode.add_argument("--batch-size", metavar="N", type=_positive_int, default=None,
-                        help="windows per batch (default: as many as fit the device)")  # fmt: skip
+                        help="windows per batch (default: as many as fit the GPU's free "
+                        "memory, up to 128; 8 on the CPU)")  # fmt: skip
     ray = b.add_argument_group(f"Ray (needs: {RAY_INSTALL_HINT})")
     ray.add_argument("--local", action="store_true",
                      help="run in this process (the default without --ray-address)")  # fmt: skip
