@@ -119,15 +119,23 @@ def write_json(
     file.write("\n")
 
 
+OPENAI_SEGMENT_KEYS = ("id", "seek", "start", "end", "text", "tokens", "temperature",
+                       "avg_logprob", "compression_ratio", "no_speech_prob")  # fmt: skip
+OPENAI_WORD_KEYS = ("word", "start", "end", "probability")
+
+
 def openai_result(segments: Sequence[Segment], info: Mapping[str, Any] | object) -> dict[str, Any]:
     """openai-whisper's result dict: text, segments (words when present), language; and the
     audio's duration where known."""
     info = _info_dict(info)
     rows = []
     for number, segment in enumerate(segments):
-        row = asdict(segment) | {"id": number}  # openai-whisper counts from 0, faster-whisper 1
-        if segment.words is None:
-            del row["words"]  # openai-whisper has the key only with word timestamps
+        fields = asdict(segment) | {"id": number}  # openai-whisper counts from 0, faster-whisper 1
+        row = {key: fields[key] for key in OPENAI_SEGMENT_KEYS}  # in its order, as JSON shows it
+        if segment.words is not None:  # openai-whisper has the key only with word timestamps
+            row["words"] = [
+                {key: word[key] for key in OPENAI_WORD_KEYS} for word in fields["words"]
+            ]
         rows.append(row)
     result: dict[str, Any] = {
         "text": "".join(segment.text for segment in segments),
