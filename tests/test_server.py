@@ -262,14 +262,59 @@ def test_timeout_and_full_queue(tiny_en):
         assert error["code"] == "timeout" and "--request-timeout" in error["message"]
     with TestClient(create_app(ServerConfig(max_queue=0), model=tiny_en)) as c:
         response = c.post("/v1/audio/transcriptions", files=short, data={"model": "tiny.en"})
-        assert assert_openai_error(response, 429, None)["code"] == "queue_full"
+        error = assert_openai_error(response, 503, None)
+        assert error["code"] == "server_is_overloaded" and "--max-queue" in error["message"]
+        assert response.headers["retry-after"] == "1"
         streamed = {"model": "tiny.en", "stream": "true"}  # refused before its stream begins
         response = c.post("/v1/audio/transcriptions", files=short, data=streamed)
-        assert assert_openai_error(response, 429, None)["code"] == "queue_full"
+        assert assert_openai_error(response, 503, None)["code"] == "server_is_overloaded"
+        assert c.app.state.whisperforge.memory.held == 0  # what the refused requests held
     with TestClient(create_app(ServerConfig(max_audio_s=5), model=tiny_en)) as c:
         response = c.post("/v1/audio/transcriptions", files=jfk_file(), data={"model": "tiny.en"})
         error = assert_openai_error(response, 400, "file")  # 11 s
         assert error["code"] == "audio_too_long" and "--max-audio-s" in error["message"]
+
+
+def test_the_audio_of_requests_in_progress_is_capped(tiny_en):
+    """Past --max-audio-memory-mb a request is refused with a 503, as its upload arrives or as it
+    decodes (many large uploads at once were decoded and queued until the OOM killer took the
+    server); alone past it, a 400. What a request held is given back once it is answered."""
+    from whisperforge.server import BYTES_PER_SAMPLE, MB
+
+    upload = JFK.stat().st_size
+    needs = upload + BYTES_PER_SAMPLE * 11 * 16000  # its bytes, then 11 s of samples
+    config = ServerConfig(beam_size=1, max_audio_memory_mb=3)
+    with TestClient(create_app(config, model=tiny_en)) as c:
+        memory = c.app.state.whisperforge.memory
+        assert memory.limit == 3 * MB > needs
+        others = memory.reserve()  # the audio of other requests in progress
+        for room in (upload // 2, (upload + needs) // 2):  # full as it uploads, as it decodes
+            others.cover(memory.limit - room)
+            response = post(c, {"model": "tiny.en"}, jfk_file())
+            error = assert_openai_error(response, 503, None)
+            assert error["code"] == "server_is_overloaded" and error["type"] == "server_error"
+            assert "--max-audio-memory-mb" in error["message"]
+            assert response.headers["retry-after"] == "1"
+            assert memory.held == others.bytes
+        others.release()
+        answer = post(c, {"model": "tiny.en"}, jfk_file())
+        assert plain_wer(JFK_TEXT, answer.json()["text"]) < 0.1
+        health = c.get("/health").json()
+        assert health["audio_memory_mb"] == 0 and health["max_audio_memory_mb"] == 3
+    with TestClient(create_app(ServerConfig(max_audio_memory_mb=2), model=tiny_en)) as c:
+        error = assert_openai_error(post(c, {"model": "tiny.en"}, jfk_file()), 400, "file")
+        assert error["code"] == "audio_too_long" and "in parts" in error["message"]
+
+
+def test_a_job_dropped_from_the_queue_lets_go_of_its_audio(tiny_en):
+    """A queued job whose client left waits in the queue until the worker, maybe busy with a
+    long job, comes to it: its audio is freed at once, as its share of memory is."""
+    from whisperforge.engine import Job
+    from whisperforge.transcribe import TranscriptionOptions
+
+    job = Job(load_audio(JFK), TranscriptionOptions.from_arguments())
+    job.abandon()
+    assert job.future.cancelled() and job.audio.size == 0
 
 
 def test_verbose_json_numbers_from_0_and_names_a_translations_language_english(tiny_en):

@@ -10,6 +10,7 @@ import io
 import math
 import warnings
 import wave
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -38,6 +39,7 @@ def decode_audio(
     split_stereo: bool = False,
     *,
     max_seconds: float | None = None,
+    on_samples: Callable[[int], None] | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Decode a file, bytes or file object (any container FFmpeg reads, video included) to mono
     float32 at `sampling_rate` (16 kHz, Whisper's), or with `split_stereo` to its (left, right)
@@ -45,7 +47,9 @@ def decode_audio(
     a warning, as the ffmpeg command line does, so a damaged or cut-off recording still gives
     the audio it holds. Without PyAV, only PCM WAV at `sampling_rate` is read (`read_pcm_wav`).
     `max_seconds`: refuse longer audio as soon as the decode passes it (a server's guard: a
-    few MB of compressed silence decode to hours, 0.23 GB of samples an hour)."""
+    few MB of compressed silence decode to hours, 0.23 GB of samples an hour). `on_samples` is
+    called with the count of samples decoded so far after each packet; what it raises stops the
+    decode (a server's memory budget, shared by the requests decoding at once)."""
     name = str(input_file) if isinstance(input_file, (str, Path)) else "<audio bytes>"
     if isinstance(input_file, (str, Path)):
         path = Path(input_file)
@@ -110,6 +114,8 @@ def decode_audio(
                         n_samples += chunks[-1].size
                 if n_samples > max_samples:
                     raise AudioTooLongError(_too_long(name, max_seconds))
+                if on_samples is not None:
+                    on_samples(n_samples)
                 if n_samples >= next_check:  # hours of audio: will the samples fit in memory?
                     next_check = n_samples + MEMORY_CHECK_SAMPLES
                     _check_room(name, n_samples, sampling_rate * channels)
@@ -272,9 +278,15 @@ def _too_long(name: str, max_seconds: float) -> str:
     return f"{name}: longer than the limit of {max_seconds:g} s of audio; send it in parts"
 
 
-def load_audio(audio: AudioInput, *, max_seconds: float | None = None) -> np.ndarray:
+def load_audio(
+    audio: AudioInput,
+    *,
+    max_seconds: float | None = None,
+    on_samples: Callable[[int], None] | None = None,
+) -> np.ndarray:
     """Any accepted input as a 1-D float32 array at 16 kHz. Arrays are taken to be 16 kHz mono.
-    `max_seconds`: longer audio is refused (a file as soon as its decode passes the limit)."""
+    `max_seconds`: longer audio is refused (a file as soon as its decode passes the limit);
+    `on_samples`: `decode_audio`'s, for a file."""
     if isinstance(audio, torch.Tensor):
         tensor = audio.detach().cpu()
         audio = (tensor.float() if tensor.is_floating_point() else tensor).numpy()
@@ -287,7 +299,7 @@ def load_audio(audio: AudioInput, *, max_seconds: float | None = None) -> np.nda
         # A reversed or strided view (audio[::-1]) has strides torch.from_numpy refuses.
         samples = np.ascontiguousarray(to_float32(audio))
     else:
-        samples = decode_audio(audio, max_seconds=max_seconds)
+        samples = decode_audio(audio, max_seconds=max_seconds, on_samples=on_samples)
     if max_seconds is not None and samples.size > max_seconds * SAMPLE_RATE:
         raise AudioTooLongError(_too_long("the audio", max_seconds))
     if samples.size == 0:

@@ -664,7 +664,16 @@ def _add_serve_parser(commands: Any) -> None:
         metavar="N",
         type=_positive_int,
         default=256,
-        help="requests waiting before new ones get 429 (default: %(default)s)",
+        help="requests waiting before new ones get 503 (default: %(default)s)",
+    )
+    v.add_argument(
+        "--max-audio-memory-mb",
+        metavar="MB",
+        type=_positive_float,
+        default=None,
+        help="memory that the audio of the requests in progress may hold (uploads, samples, "
+        "mels: about 440 MB an hour of audio) before new ones get 503 (default: half the "
+        "memory available once the model has loaded)",
     )
     v.add_argument(
         "--batch-size",
@@ -1175,6 +1184,7 @@ def run_serve(args: argparse.Namespace) -> int:
         threads=args.threads, beam_size=args.beam_size, max_upload_mb=args.max_upload_mb,
         max_audio_s=args.max_audio_s,
         request_timeout_s=args.request_timeout, max_queue=args.max_queue,
+        max_audio_memory_mb=args.max_audio_memory_mb,
         api_key=args.api_key or None, batch_size=args.batch_size,
     )  # fmt: skip
     try:

@@ -87,7 +87,8 @@ class Job:
         """Nobody waits for the result any more (a client left, a request timed out): a queued
         job is dropped, a running one stops at its next window."""
         self.deadline = -math.inf
-        self.future.cancel()
+        if self.future.cancel():  # not started: its audio is let go now, not when the worker
+            self.audio = np.empty(0, np.float32)  # (busy with a long job) drops it from the queue
 
     @property
     def abandoned(self) -> bool:

@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, load_audio
+from .audio import SAMPLE_RATE, available_memory, load_audio
 from .engine import Backend, Engine, Job, QueueFull, make_backend
 from .errors import AudioError, AudioTooLongError, InvalidOptionError
 from .results import Segment, TranscriptionInfo
@@ -68,6 +69,11 @@ DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is
 # Audio a streaming client may send ahead of the decoding before the server stops reading
 # (5 minutes of s16le): bounds the memory of a client that sends faster than real time.
 STREAM_BACKLOG_BYTES = 300 * SAMPLE_RATE * 2
+# Memory a request's audio holds, per 16 kHz sample: its float32 samples (4 bytes) and the mel
+# made of them while it runs (80 bins a 160-sample hop: 2 bytes; large-v3's 128 bins: 3.2), or
+# while it decodes, the 16-bit frames beside the float32 result (2 + 4).
+BYTES_PER_SAMPLE = 8
+MB = 1 << 20
 
 
 @dataclass
@@ -86,6 +92,9 @@ class ServerConfig:
     max_audio_s: float = 4 * 3600.0
     request_timeout_s: float = 300.0
     max_queue: int = 256
+    # What the audio of the requests in progress may hold (uploads, samples, mels) before new
+    # ones get 503; None: half the memory available once the model has loaded.
+    max_audio_memory_mb: float | None = None
     api_key: str | None = None
     batch_size: int | None = None  # windows decoded together; None: 16 on CUDA, 1 on the CPU
 
@@ -112,8 +121,58 @@ class APIError(Exception):
                           "code": self.code}}  # fmt: skip
 
 
-class UploadTooLarge(Exception):
-    pass
+def overloaded(reason: str) -> APIError:
+    """503, as OpenAI's API answers when it has no room: the client should retry later (the
+    `openai` client does, after Retry-After)."""
+    return APIError(503, f"the server is overloaded: {reason}; retry in a few seconds", None,
+                    "server_is_overloaded", "server_error")  # fmt: skip
+
+
+class AudioMemory:
+    """The memory that the audio of the requests in progress may hold: each request's upload
+    as it arrives, then its decoded samples (`BYTES_PER_SAMPLE`) while it decodes, waits and runs.
+    A request that would take more than is left is refused with a 503, as it asks: many large
+    uploads at once were each decoded and queued until the OOM killer took the server."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+        self._lock = threading.Lock()
+
+    def reserve(self) -> Reservation:
+        return Reservation(self)
+
+
+class Reservation:
+    """One request's share of `AudioMemory`: `cover` grows it (from the event loop as the upload
+    arrives, from the decoding thread as samples come), `release` gives it back, once."""
+
+    def __init__(self, memory: AudioMemory):
+        self.memory, self.bytes = memory, 0
+
+    def cover(self, total: int) -> None:
+        """Hold `total` bytes, or raise: a 400 where the request alone needs more than the
+        limit (no retry would help), a 503 where the others' requests hold the rest."""
+        memory = self.memory
+        if total <= self.bytes:
+            return
+        if total > memory.limit:
+            raise APIError(400, f"the audio needs more memory than this server gives all "
+                           f"requests together ({memory.limit / MB:.0f} MB, its "
+                           "--max-audio-memory-mb); send it in parts", "file",
+                           "audio_too_long")  # fmt: skip
+        with memory._lock:
+            if memory.held - self.bytes + total > memory.limit:
+                raise overloaded(
+                    f"the audio of the requests in progress fills its memory "
+                    f"({memory.limit / MB:.0f} MB, --max-audio-memory-mb)"
+                )
+            memory.held += total - self.bytes
+            self.bytes = total
+
+    def release(self) -> None:
+        with self.memory._lock:
+            self.memory.held -= self.bytes
+            self.bytes = 0
 
 
 # --- request parsing ------------------------------------------------------------------------
@@ -131,9 +190,12 @@ class ParsedRequest:
     options: TranscriptionOptions
     language: str | None
     task: str
+    memory: Reservation  # the audio's share of the server's memory, until the job is done
 
     def job(self, on_segment: Callable[[Segment], None] | None = None) -> Job:
-        return Job(self.audio, self.options, self.language, self.task, on_segment=on_segment)
+        job = Job(self.audio, self.options, self.language, self.task, on_segment=on_segment)
+        job.future.add_done_callback(lambda _: self.memory.release())  # done with the audio
+        return job
 
 
 def _text_field(form: Any, name: str, default: str | None = None) -> str | None:
@@ -160,11 +222,17 @@ class App:
         self.config = config
         self.model = model
         self.engine = engine
-        self.max_bytes = int(config.max_upload_mb * 1024 * 1024)
+        self.max_bytes = int(config.max_upload_mb * MB)
+        limit = config.max_audio_memory_mb
+        if limit is None:  # half: the rest for the work's own buffers and the allocator's slack
+            free = available_memory()  # (four 4 h uploads peaked at 1.4x what they held)
+            limit = free / 2 / MB if free is not None else math.inf  # unknown: no limit
+        self.memory = AudioMemory(int(min(limit * MB, 2**62)))
 
     # --- parsing ---------------------------------------------------------------------------
 
-    async def read_form(self, request: Any) -> Any:
+    async def read_form(self, request: Any, memory: Reservation) -> Any:
+        """The multipart form, its bytes held in `memory` as they arrive."""
         from starlette.requests import ClientDisconnect
         from starlette.requests import Request as StarletteRequest
 
@@ -179,14 +247,13 @@ class App:
             message = await receive()
             received += len(message.get("body", b""))
             if received > self.max_bytes + 64 * 1024:  # room for the form's own fields
-                raise UploadTooLarge
+                raise self._too_large()
+            memory.cover(received)
             return message
 
         limited = StarletteRequest(request.scope, limited_receive)
         try:
             return await limited.form(max_files=4, max_fields=64)
-        except UploadTooLarge:
-            raise self._too_large() from None
         except ClientDisconnect:  # gone during its upload: nobody to answer, nothing to log
             raise APIError(499, "the client closed the request", None, "client_closed") from None
 
@@ -197,10 +264,18 @@ class App:
                         "file", "file_too_large")  # fmt: skip
 
     async def parse(self, request: Any, task: str) -> ParsedRequest:
+        memory = self.memory.reserve()
+        try:
+            return await self._parse(request, task, memory)
+        except BaseException:
+            memory.release()
+            raise
+
+    async def _parse(self, request: Any, task: str, memory: Reservation) -> ParsedRequest:
         from starlette.concurrency import run_in_threadpool
         from starlette.datastructures import UploadFile
 
-        form = await self.read_form(request)
+        form = await self.read_form(request, memory)
         uploads = form.getlist("file")
         if not uploads:
             raise APIError(400, "no audio file: send it as the multipart/form-data field 'file'",
@@ -275,10 +350,14 @@ class App:
                            "file")  # fmt: skip
         if len(data) > self.max_bytes:
             raise self._too_large()
+
+        def hold(n_samples: int) -> None:  # the upload's bytes are held until it is decoded
+            memory.cover(len(data) + BYTES_PER_SAMPLE * n_samples)
+
         try:
-            audio = await run_in_threadpool(
-                functools.partial(load_audio, data, max_seconds=self.config.max_audio_s)
-            )
+            audio = await run_in_threadpool(functools.partial(
+                load_audio, data, max_seconds=self.config.max_audio_s, on_samples=hold
+            ))  # fmt: skip
         except AudioTooLongError as error:
             raise APIError(400, f"{str(error).removeprefix('<audio bytes>: ')} (this server's "
                            "--max-audio-s)", "file", "audio_too_long") from None  # fmt: skip
@@ -296,8 +375,9 @@ class App:
             )  # fmt: skip
         except InvalidOptionError as error:
             raise APIError(400, str(error)) from None
+        memory.cover(len(data) + BYTES_PER_SAMPLE * audio.size)  # what a WAV without PyAV took
         return ParsedRequest(audio, response_format, stream, words, with_segments, options,
-                             language, task)  # fmt: skip
+                             language, task, memory)  # fmt: skip
 
     # --- running --------------------------------------------------------------------------
 
@@ -306,8 +386,9 @@ class App:
         try:
             return self.engine.submit(job)
         except QueueFull:
-            raise APIError(429, "the server's queue is full; retry in a few seconds", None,
-                           "queue_full", "server_busy") from None  # fmt: skip
+            job.future.cancel()  # never queued: what it holds is released
+            raise overloaded(f"its queue of {self.config.max_queue} requests is full "
+                             "(--max-queue)") from None  # fmt: skip
 
     async def wait(self, job: Job, request: Any) -> tuple[list[Segment], TranscriptionInfo]:
         """The job's result. A client that leaves, or a request past its timeout, abandons the
@@ -345,7 +426,7 @@ class App:
             loop = asyncio.get_running_loop()
             deltas: asyncio.Queue[Segment] = asyncio.Queue()
             job = parsed.job(on_segment=lambda s: loop.call_soon_threadsafe(deltas.put_nowait, s))
-            self.submit(job)  # a full queue is a 429 before the stream begins
+            self.submit(job)  # a full queue is a 503 before the stream begins
             return StreamingResponse(self.sse(job, deltas), media_type="text/event-stream")
         job = parsed.job()
         self.submit(job)
@@ -683,7 +764,7 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
 
     @app.exception_handler(APIError)
     async def api_error(_: Any, error: APIError) -> JSONResponse:
-        retry = {"Retry-After": "1"} if error.status == 429 else None  # the openai client waits
+        retry = {"Retry-After": "1"} if error.status == 503 else None  # the openai client waits
         return JSONResponse(error.body(), status_code=error.status, headers=retry)
 
     @app.exception_handler(HTTPException)
@@ -743,6 +824,8 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
         body = {"status": "ok" if ok else "error", "model": config.model_id,
                 "device": str(model.device), "queued": engine.queued,
                 "completed": engine.completed, "active": engine.backend.active,
+                "audio_memory_mb": round(state.memory.held / MB, 1),
+                "max_audio_memory_mb": round(state.memory.limit / MB),
                 **engine.backend.stats()}  # fmt: skip
         return JSONResponse(body, status_code=200 if ok else 503)
 
