@@ -562,6 +562,34 @@ def test_keys_given_in_a_query_stay_out_of_the_logs(tiny_en, capfd):
     assert KEY not in logged
 
 
+def test_an_upload_that_trickles_is_cut_off_at_the_request_timeout(tiny_en):
+    """A slowloris client (headers, then a body sent slower than any upload) gets a 408 after
+    --request-timeout; it held a connection and its memory for as long as it kept sending."""
+    import socket
+
+    app = create_app(ServerConfig(request_timeout_s=1), model=tiny_en)
+    server = serve_on_loopback(app)
+    url = next(server)
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: multipart/form-data; boundary=b\r\n"
+                         b"Content-Length: 100000\r\n\r\n--b\r\nContent-Disposition: "
+                         b'form-data; name="file"; filename="a.wav"\r\n\r\nRIFF')  # fmt: skip
+            start = time.monotonic()
+            answer = b""
+            while chunk := sock.recv(65536):  # the server closes the connection after it
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and 0.9 < time.monotonic() - start < 5
+        error = json.loads(body)["error"]
+        assert error["code"] == "timeout" and "--request-timeout" in error["message"]
+        assert app.state.whisperforge.memory.held == 0
+    finally:
+        next(server, None)
+
+
 def test_openai_client_verbose_json(live_server):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{live_server}/v1", api_key=KEY, max_retries=0, timeout=120)

@@ -241,10 +241,20 @@ class App:
             raise self._too_large()
         received = 0
         receive = request.receive
+        loop = asyncio.get_running_loop()
+        # A client that trickles its upload (slowloris) is cut off: each held a connection and
+        # its share of the audio memory for as long as it kept sending, a byte a minute or less.
+        deadline = loop.time() + self.config.request_timeout_s
 
         async def limited_receive() -> dict:
             nonlocal received
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - loop.time())
+            except TimeoutError:
+                raise APIError(408, f"the upload did not arrive within the server's "
+                               f"{self.config.request_timeout_s:g} s request timeout; send it "
+                               "faster, or start the server with a larger --request-timeout",
+                               "file", "timeout") from None  # fmt: skip
             received += len(message.get("body", b""))
             if received > self.max_bytes + 64 * 1024:  # room for the form's own fields
                 raise self._too_large()
@@ -764,8 +774,10 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
 
     @app.exception_handler(APIError)
     async def api_error(_: Any, error: APIError) -> JSONResponse:
-        retry = {"Retry-After": "1"} if error.status == 503 else None  # the openai client waits
-        return JSONResponse(error.body(), status_code=error.status, headers=retry)
+        headers = {"Retry-After": "1"} if error.status == 503 else {}  # the openai client waits
+        if error.status in (408, 413):  # the body's rest is not read: the connection is done
+            headers["Connection"] = "close"
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Any, error: HTTPException) -> JSONResponse:
