@@ -217,6 +217,10 @@ def test_other_errors_and_the_server_keeps_serving(client):
         headers={"content-type": "multipart/form-data; boundary=x"},
     )
     assert_openai_error(response, 413, "file")
+    gzipped = client.post("/v1/audio/transcriptions", content=b"\x1f\x8b",
+                          headers={"content-type": "multipart/form-data; boundary=x",
+                                   "content-encoding": "gzip"})  # fmt: skip
+    assert "uncompressed" in assert_openai_error(gzipped, 415, None)["message"]
     cards = (DEV_DIR / "pocketsphinx__cards__001.wav").read_bytes()
     two = [("file", ("a.wav", cards)), ("file", ("b.wav", cards))]
     assert_openai_error(post(client, {"model": "tiny.en"}, two), 400, "file")

@@ -236,6 +236,11 @@ class App:
         from starlette.requests import ClientDisconnect
         from starlette.requests import Request as StarletteRequest
 
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":  # read as it came, the form was "Invalid multipart data."
+            raise APIError(415, f"Content-Encoding {encoding!r} is not supported; send the form "
+                           "uncompressed (audio files are compressed already)", None,
+                           "unsupported_content_encoding")  # fmt: skip
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes + 64 * 1024:
             raise self._too_large()
