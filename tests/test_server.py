@@ -248,6 +248,29 @@ def test_api_key(tiny_en, monkeypatch):
         assert c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
+def test_cors_is_off_unless_origins_are_given(tiny_en):
+    """A web page's script on another origin can call the API only where --cors-origin allows
+    its origin; a preflight was a bare 405 (the browser then refuses), now one that says how."""
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization"}  # fmt: skip
+    path = "/v1/audio/transcriptions"
+    with TestClient(create_app(ServerConfig(), model=tiny_en)) as c:
+        assert "--cors-origin" in assert_openai_error(c.options(path, headers=preflight), 405,
+                                                      None)["message"]  # fmt: skip
+        assert "access-control-allow-origin" not in c.get("/v1/models", headers=preflight).headers
+    config = ServerConfig(api_key=KEY, cors_origins=("https://app.example",))
+    with TestClient(create_app(config, model=tiny_en)) as c:
+        answer = c.options(path, headers=preflight)  # asked before the key is sent
+        assert answer.status_code == 200
+        assert answer.headers["access-control-allow-origin"] == "https://app.example"
+        assert "authorization" in answer.headers["access-control-allow-headers"].lower()
+        models = c.get("/v1/models", headers={"Origin": "https://app.example",
+                                              "Authorization": f"Bearer {KEY}"})  # fmt: skip
+        assert models.headers["access-control-allow-origin"] == "https://app.example"
+        other = c.options(path, headers={**preflight, "Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+
+
 def test_a_hub_name_is_found_in_model_dir(tmp_path, monkeypatch):
     """`serve --model NAME --model-dir DIR` loads NAME from DIR, as `transcribe` does."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the cache or nothing

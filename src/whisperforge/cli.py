@@ -633,6 +633,14 @@ def _add_serve_parser(commands: Any) -> None:
         help="require 'Authorization: Bearer KEY' (default: $WHISPERFORGE_API_KEY, else no key)",
     )
     v.add_argument(
+        "--cors-origin",
+        metavar="ORIGIN",
+        action="append",
+        default=[],
+        help="let scripts of web pages from ORIGIN (e.g. https://app.example.com; '*': any) call "
+        "the API from a browser; repeat it for more (default: none)",
+    )
+    v.add_argument(
         "--max-upload-mb",
         type=_positive_float,
         default=25.0,
@@ -1186,6 +1194,7 @@ def run_serve(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout, max_queue=args.max_queue,
         max_audio_memory_mb=args.max_audio_memory_mb,
         api_key=args.api_key or None, batch_size=args.batch_size,
+        cors_origins=tuple(args.cors_origin),
     )  # fmt: skip
     try:
         serve(config, host=args.host, port=args.port, log_level=args.log_level)

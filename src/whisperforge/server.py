@@ -96,6 +96,8 @@ class ServerConfig:
     # ones get 503; None: half the memory available once the model has loaded.
     max_audio_memory_mb: float | None = None
     api_key: str | None = None
+    # Web pages (origins, "*": any) whose scripts may call the API (CORS); none by default.
+    cors_origins: tuple[str, ...] = ()
     batch_size: int | None = None  # windows decoded together; None: 16 on CUDA, 1 on the CPU
 
     @property
@@ -747,6 +749,7 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
     try:
         from fastapi import Depends, FastAPI
         from fastapi.exceptions import RequestValidationError
+        from fastapi.middleware.cors import CORSMiddleware
         from fastapi.responses import JSONResponse
         from starlette.exceptions import HTTPException
     except ImportError as error:
@@ -775,6 +778,10 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
     app = FastAPI(title="whisperforge", summary="OpenAI-compatible speech to text",
                   lifespan=lifespan)  # fmt: skip
     app.state.whisperforge = state
+    if config.cors_origins:  # a browser's preflight (OPTIONS) answered, its reads allowed
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
+                           allow_methods=["GET", "POST"], allow_headers=["*"],
+                           expose_headers=["Retry-After"])  # fmt: skip
     engine.start()
 
     @app.exception_handler(APIError)
@@ -791,6 +798,9 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
             message = f"Invalid URL ({request.method} {request.url.path}); see GET /v1/models"
         elif error.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}"
+            if request.method == "OPTIONS" and "origin" in request.headers:  # a preflight
+                message += ("; this server takes no cross-origin requests from web pages: "
+                            "start it with --cors-origin ORIGIN (or '*') to allow them")  # fmt: skip
         kind = "invalid_request_error" if error.status_code < 500 else "server_error"
         return JSONResponse(APIError(error.status_code, message, type=kind).body(),
                             status_code=error.status_code, headers=error.headers)  # fmt: skip
