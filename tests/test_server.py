@@ -229,6 +229,7 @@ def test_other_errors_and_the_server_keeps_serving(client):
     assert_openai_error(client.get("/v1/models/whisper-9"), 404, "model")
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["model"] == "tiny.en"
+    assert client.head("/health").status_code == 200  # uptime monitors ask with HEAD (was 405)
     models = client.get("/v1/models").json()
     assert models["object"] == "list"
     assert [m["id"] for m in models["data"]] == ["tiny.en", "whisper-1"]

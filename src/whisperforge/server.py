@@ -845,7 +845,7 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
                            "model", "model_not_found")  # fmt: skip
         return model_card(model_id)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # monitors that ask with HEAD too
     async def health() -> JSONResponse:
         ok = engine.alive
         body = {"status": "ok" if ok else "error", "model": config.model_id,
