@@ -404,6 +404,31 @@ def test_a_job_abandoned_before_its_first_window_decodes_none(tiny_en):
     assert seen == []
 
 
+def test_a_short_request_is_not_held_up_behind_a_long_one(tiny_en):
+    """The server's worker runs the requests in progress a window at a time, on the CPU too: a
+    short one sent while a long one runs is answered before the long one ends. One at a time, it
+    waited for all of the long one: behind a 2-hour upload, for --request-timeout, then a 504."""
+    from whisperforge.engine import Job
+    from whisperforge.transcribe import TranscriptionOptions
+
+    state = create_app(ServerConfig(beam_size=1), model=tiny_en).state.whisperforge
+    options = TranscriptionOptions.from_arguments(beam_size=1, temperature=0.0)
+    started = threading.Event()
+    lecture = load_audio(LECTURE)[: 16000 * 90]  # 3 windows, of 4 tokens each: quick turns
+    few = TranscriptionOptions.from_arguments(beam_size=1, temperature=0.0, max_new_tokens=4)
+    long = Job(lecture, few, "en", on_start=lambda _: started.set())
+    try:
+        state.submit(long)
+        assert started.wait(60)
+        short = Job(load_audio(JFK), options, "en")
+        segments, _ = state.submit(short).result(timeout=60)
+        assert not long.future.done(), "the short request waited for the long one to end"
+        assert plain_wer(JFK_TEXT, "".join(s.text for s in segments)) < 0.1
+    finally:
+        long.abandon()
+        state.engine.stop()
+
+
 def test_a_running_job_is_active(tiny_en):
     """/health's `active` counts the job the CPU's one-at-a-time worker is running (it was 0
     all through a transcription: a busy server looked idle)."""

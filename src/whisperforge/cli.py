@@ -689,8 +689,8 @@ def _add_serve_parser(commands: Any) -> None:
         type=_positive_int,
         default=None,
         help="decode the 30 s windows of up to N requests together (continuous batching; "
-        "1: one request at a time). Default: 16 on CUDA, 1 on the CPU, whose cores one request "
-        "already keeps busy",
+        "1: one request at a time, a short one waiting behind a long one). Default: 16 on CUDA, "
+        "4 on the CPU",
     )
     v.add_argument(
         "--log-level",

@@ -12,7 +12,7 @@ for anything the client can fix; the server keeps serving.
 
 One worker thread owns the model (`engine.Engine`): requests from all clients, file uploads and
 streaming updates alike, become `Job`s on its queue, run by its `Backend` (see `engine.py`):
-batched on CUDA, one after another on the CPU. Nothing above the Backend (HTTP, validation,
+batched by windows on CUDA and the CPU alike. Nothing above the Backend (HTTP, validation,
 streaming, timeouts) depends on which one runs.
 """
 
@@ -98,7 +98,7 @@ class ServerConfig:
     api_key: str | None = None
     # Web pages (origins, "*": any) whose scripts may call the API (CORS); none by default.
     cors_origins: tuple[str, ...] = ()
-    batch_size: int | None = None  # windows decoded together; None: 16 on CUDA, 1 on the CPU
+    batch_size: int | None = None  # windows decoded together; None: 16 on CUDA, 4 on the CPU
 
     @property
     def model_id(self) -> str:
