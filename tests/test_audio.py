@@ -351,3 +351,28 @@ def test_audio_too_long_for_the_memory_left_is_refused(monkeypatch):
         decode_audio(LONG_FILE)
     monkeypatch.setattr(whisperforge.audio, "available_memory", lambda: 500_000_000)
     assert decode_audio(LONG_FILE).size == pytest.approx(1142.472 * SAMPLE_RATE, abs=SAMPLE_RATE)
+
+
+def test_available_memory_heeds_a_containers_limit(tmp_path):
+    """In a container MemAvailable is the host's: a server sized its audio memory by it could
+    pass the container's limit (docker --memory) and be killed. Its cgroup's limit, less what
+    is used and cannot be reclaimed, bounds it (v2's files, else v1's)."""
+    from whisperforge.audio import available_memory, container_memory_left
+
+    host = available_memory(tmp_path)  # no cgroup files: the host's figure
+    assert host is not None and host > 300_000_000
+    (tmp_path / "memory.max").write_text("max\n")
+    (tmp_path / "memory.current").write_text("600000000\n")
+    (tmp_path / "memory.stat").write_text("anon 400000000\ninactive_file 100000000\n")
+    assert container_memory_left(tmp_path) is None  # no limit
+    (tmp_path / "memory.max").write_text("800000000\n")
+    assert container_memory_left(tmp_path) == 300_000_000
+    assert available_memory(tmp_path) == 300_000_000
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text("600000000\n")
+    (v1 / "memory" / "memory.stat").write_text("cache 1\ntotal_inactive_file 200000000\n")
+    assert container_memory_left(v1) is None
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("1000000000\n")
+    assert container_memory_left(v1) == 600_000_000

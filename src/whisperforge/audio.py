@@ -262,15 +262,41 @@ def _check_room(name: str, n_samples: int, rate: int) -> None:
         )
 
 
-def available_memory() -> int | None:
-    """Bytes of memory the system can still give (Linux's MemAvailable); None where unknown."""
+def available_memory(cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes of memory the system can still give (Linux's MemAvailable), or less where the
+    container's memory limit leaves less (`container_memory_left`); None where unknown."""
+    free = None
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    free = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    known = [n for n in (free, container_memory_left(cgroup)) if n is not None]
+    return min(known) if known else None
+
+
+def container_memory_left(cgroup: Path) -> int | None:
+    """What a container's memory limit leaves (`docker run --memory`, a Kubernetes limit), as
+    its cgroup (v2, else v1) at `cgroup` gives it: the limit less the memory used, the page
+    cache that can be reclaimed not counted as used. None without a limit. MemAvailable is the
+    host's in a container: past the limit the OOM killer ends the process all the same."""
+    for limit_file, used_file, cache_key in (
+        ("memory.max", "memory.current", "inactive_file"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "total_inactive_file"),
+    ):
+        try:
+            text = (cgroup / limit_file).read_text().strip()
+            limit = 1 << 62 if text == "max" else int(text)
+            used = int((cgroup / used_file).read_text())
+            stat = (cgroup / limit_file).with_name("memory.stat").read_text().split()
+            cache = int(dict(zip(stat[::2], stat[1::2])).get(cache_key, "0"))
+        except (OSError, ValueError):
+            continue
+        if limit >= 1 << 60:  # no limit: v2's "max", v1's 2**63 rounded to a page
+            return None
+        return max(0, limit - used + cache)
     return None
 
 
