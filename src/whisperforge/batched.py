@@ -88,6 +88,16 @@ class FileTranscription:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class FileRequest:
+    """An input of `transcribe_many` with a language or task of its own; None (or "") takes
+    the call's."""
+
+    audio: AudioInput
+    language: str | None = None
+    task: str | None = None
+
+
 @dataclass
 class _File:
     """A file in flight: its audio, its windows, and the segments of the windows decoded so far."""
@@ -243,7 +253,7 @@ class BatchedInferencePipeline:
 
     def transcribe_many(
         self,
-        audios: Iterable[AudioInput],
+        audios: Iterable[AudioInput | FileRequest],
         language: str | None = None,
         task: str = "transcribe",
         batch_size: int | None = None,
@@ -257,7 +267,10 @@ class BatchedInferencePipeline:
         yields a result with its `error`, and the others go on. Files are read lazily, a few
         ahead of the batches, so a corpus never sits in memory at once. The options are
         `transcribe`'s but `clip_timestamps` (one file's); `vad_filter=False` cuts each file
-        every `chunk_length` (30) seconds as it is."""
+        every `chunk_length` (30) seconds as it is. An input given as a `FileRequest` may
+        name its own language or task; a bad one is that file's error. Files of one language
+        and task share batches, so give them one after another: a batch ends where the next
+        window decodes otherwise."""
         options = self._options(language, task, batch_size, temperature, **options)
         vad = window_vad(vad_options_of(vad_parameters, BATCHED_VAD), options)
         used = vad if vad_filter else None
@@ -273,13 +286,14 @@ class BatchedInferencePipeline:
                 ahead: deque[tuple[int, Future]] = deque()
                 while True:
                     while len(ahead) < 2 * READ_AHEAD and (item := next(inputs, None)):
-                        ahead.append((item[0], pool.submit(load_audio, item[1])))
+                        read = pool.submit(self._read, item[1], language, task)
+                        ahead.append((item[0], read))
                     if not ahead:
                         return
                     group = [ahead.popleft()]  # the next file, and those already read after it
                     while ahead and ahead[0][1].done():
                         group.append(ahead.popleft())
-                    for file in self._open_group(group, language, task, options, used, size):
+                    for file in self._open_group(group, options, used, size):
                         opened.append(file)
                         yield file
 
@@ -320,6 +334,17 @@ class BatchedInferencePipeline:
         if language is not None:
             normalize_language(language, self.model.supported_languages)
 
+    def _read(
+        self, audio: AudioInput | FileRequest, language: str | None, task: str
+    ) -> tuple[np.ndarray, str | None, str]:
+        """A file's samples, language and task (its own where it names them, else the call's);
+        its own are checked before its audio is read, so a bad one fails the file at once."""
+        if isinstance(audio, FileRequest):
+            language, task = audio.language or language, audio.task or task
+            self._check(language, task, None)
+            audio = audio.audio
+        return load_audio(audio), language, task
+
     def _windows(
         self, audios: list[np.ndarray], vad: VadOptions | None, seconds: float
     ) -> list[list[Window]]:
@@ -334,25 +359,24 @@ class BatchedInferencePipeline:
 
     def _open_group(
         self,
-        group: list[tuple[int, Future]],
-        language: str | None,
-        task: str,
+        group: list[tuple[int, Future[tuple[np.ndarray, str | None, str]]]],
         options: TranscriptionOptions,
         vad: VadOptions | None,
         size: int,
     ) -> list[_File]:
-        """Files whose audio was read on threads, opened in input order with one VAD call for
-        them all (none without `vad`); a file that could not be read or opened carries its
-        error."""
+        """Files read on threads (`_read`: samples, language, task), opened in input order with
+        one VAD call for them all (none without `vad`); a file that could not be read or opened
+        carries its error."""
         done: dict[int, _File] = {}
-        read: list[tuple[int, np.ndarray]] = []
+        read: list[tuple[int, tuple[np.ndarray, str | None, str]]] = []
         for index, reading in group:
             try:
                 read.append((index, reading.result()))
             except (WhisperforgeError, OSError, ValueError) as error:
                 done[index] = self._failed(index, error)
-        speech = self._windows([samples for _, samples in read], vad, options.window_seconds)
-        for (index, samples), windows in zip(read, speech):
+        audios = [samples for _, (samples, _, _) in read]
+        speech = self._windows(audios, vad, options.window_seconds)
+        for (index, (samples, language, task)), windows in zip(read, speech):
             try:
                 done[index] = self._open(
                     index, samples, windows, language, task, options, vad, size
