@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DEV_DIR, LONG_FILE, hub_cache_of_tiny_en
+from conftest import DEV_DIR, LONG_FILE, hub_cache_of_tiny_en, manifest, plain_wer, plain_words
 
 from whisperforge.cli import main
 from whisperforge.corpus import list_inputs, transcribe_corpus
@@ -255,14 +255,23 @@ def test_ray_matches_local_and_resumes(ray_cluster, corpus, local_rows, tmp_path
 
 
 def test_ray_actors_decode_with_the_jobs_options(ray_cluster, option_run, tmp_path):
-    """The decoding options reach the model actors: Ray's row equals the one-process row."""
-    hotwords = str(_clips()[0])
+    """The decoding options reach the model actors: Ray's row equals the one-process row. So
+    do a manifest row's own language and task: on tiny.en, rows marked de or translate are
+    each that row's error (their files are never transcribed)."""
+    hotwords, mfa, jfk = (str(c) for c in _clips())
+    rows = [{"path": hotwords, "language": None}, {"path": mfa, "language": "de"},
+            {"path": jfk, "task": "translate"}]  # fmt: skip
+    listing = tmp_path / "manifest.jsonl"
+    listing.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "ray.jsonl"
-    transcribe_corpus([hotwords], out, "tiny.en", ray_address="local", **OPTIONS,
+    transcribe_corpus(str(listing), out, "tiny.en", ray_address="local", **OPTIONS,
                       **PROMPTED_WITHOUT_VAD)  # fmt: skip
-    ours, theirs = _rows(out)[hotwords], option_run[0][hotwords]
+    written = _rows(out)
+    ours, theirs = written[hotwords], option_run[0][hotwords]
     assert (ours["text"], ours["segments"]) == (theirs["text"], theirs["segments"])
     assert ours["settings"] == theirs["settings"]
+    assert "English-only and cannot transcribe German" in written[mfa]["error"]
+    assert "cannot translate" in written[jfk]["error"]
 
 
 def test_ray_actor_killed_mid_run(ray_cluster, corpus, local_rows, tmp_path):
@@ -410,24 +419,63 @@ def test_ctrl_c_says_the_done_files_are_kept(tmp_path):
     assert "rerun the same command" in err and not out.exists()
 
 
-def test_a_manifest_language_column_is_said_to_be_unread(tmp_path):
-    """A manifest with a `language` (or `task`) column per file, as the dev set's own: the job
-    has one --language, so the column was ignored in silence; it is now said."""
+def test_a_manifests_language_and_task_columns_are_read(tmp_path):
+    """A manifest's `language` and `task` columns (JSONL or Parquet) are each file's own; an
+    empty one (missing, null, "") is the job's. They were ignored, with a warning."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [{"audio": str(c), "language": "en", "speaker": "?"} for c in _clips()]
+    rows = [{"audio": str(c), "language": language, "task": task, "speaker": "?"}
+            for c, language, task in zip(_clips(), (" de ", None, ""), ("translate", "", None))]  # fmt: skip
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "m.parquet")
-    for manifest in ("m.jsonl", "m.parquet"):
-        with pytest.warns(UserWarning, match="`language` column is not read"):
-            assert len(list_inputs(str(tmp_path / manifest))) == len(rows)
-    (tmp_path / "plain.jsonl").write_text(
-        "".join(json.dumps({"path": r["audio"]}) + "\n" for r in rows)
-    )
-    with warnings.catch_warnings():
+    for name in ("m.jsonl", "m.parquet"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            sources = list_inputs(str(tmp_path / name))
+        own = [(s.language, s.task) for s in sources]
+        assert own == [("de", "translate"), (None, None), (None, None)]
+
+
+GERMAN = DEV_DIR / "picovoice-leopard__test_de.wav"
+
+
+def test_each_row_is_transcribed_in_its_own_language_and_task(base, tmp_path):
+    """On base, a job with --language en --task translate: the German clip's row, marked de
+    and transcribe, is transcribed in German; its copy (one file is one row), marked only de,
+    takes the job's translate: English. A bad value is that row's error (its file never read)
+    and the others go on. A rerun of the same manifest is no change of settings; a row whose
+    language the manifest has changed since is. Greedy at temperature 0: two windows."""
+    (tmp_path / "copy.wav").write_bytes(GERMAN.read_bytes())
+    rows = [{"path": str(GERMAN), "language": "de", "task": "transcribe"},
+            {"path": "copy.wav", "language": "de", "task": ""},
+            {"path": str(_clips()[0]), "language": "xx"},
+            {"path": str(_clips()[1]), "task": "summarize"}]  # fmt: skip
+    listing = tmp_path / "manifest.jsonl"
+    listing.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out.jsonl"
+    job = {"language": "en", "task": "translate", "temperature": 0.0, **OPTIONS}
+    summary = transcribe_corpus(str(listing), out, base, **job)
+    assert (summary.ok, summary.failed) == (2, 2)
+    written = _rows(out)
+    german, translated = written[str(GERMAN)], written["copy.wav"]
+    assert german["language"] == translated["language"] == "de"
+    reference = next(r["text"] for r in manifest() if r["audio"] == GERMAN.name)
+    assert plain_wer(reference, german["text"]) < 0.5, german["text"]
+    words = set(plain_words(translated["text"]).split())
+    assert "the" in words and not words & (set(plain_words(reference).split()) - {"portal"})
+    assert "unknown language 'xx'" in written[str(_clips()[0])]["error"]
+    assert "unknown task 'summarize'" in written[str(_clips()[1])]["error"]
+    settings = json.loads(german["settings"])  # the row's own, not the job's
+    assert (settings["language"], settings.get("task", "transcribe")) == ("de", "transcribe")
+
+    with warnings.catch_warnings():  # the same manifest and options: no other settings
         warnings.simplefilter("error")
-        list_inputs(str(tmp_path / "plain.jsonl"))
+        summary = transcribe_corpus(str(listing), out, base, **job)
+    assert (summary.skipped, summary.ok + summary.failed) == (4, 0)
+    listing.write_text(listing.read_text().replace('"de", "task": ""', '"fr", "task": ""'))
+    with pytest.warns(UserWarning, match="other settings"):
+        transcribe_corpus(str(listing), out, base, **job)
 
 
 # --initial-prompt ComfyUI --no-vad-filter --without-timestamps, as the Python API spells them

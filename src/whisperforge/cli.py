@@ -267,17 +267,20 @@ def add_decoding_options(parser: argparse.ArgumentParser, batched: bool) -> Any:
     the batched pipeline), in two groups; returns the first. `batch` takes the options only
     the sequential loop honours too, hidden, to refuse them by name (`refuse_unbatched`)."""
     decode = parser.add_argument_group("decoding")
+    # A manifest's own `language` and `task` columns win over these in `batch`.
+    own = "; a manifest row's own `{}` wins" if batched else ""
     decode.add_argument(
         "--language",
         metavar="LANG",
         default=None,
-        help="spoken language as a code or name (en, German, ...); detected per file when omitted",
+        help="spoken language as a code or name (en, German, ...); detected per file when "
+        "omitted" + own.format("language"),
     )
     decode.add_argument(
         "--task",
         default="transcribe",
         choices=["transcribe", "translate"],
-        help="transcribe, or translate to English (default: %(default)s)",
+        help="transcribe, or translate to English (default: %(default)s)" + own.format("task"),
     )
     decode.add_argument(
         "--beam-size",

@@ -3,7 +3,13 @@
 INPUT is a folder (audio files by extension, recursive), a glob, a text file of paths, a
 Parquet or JSONL manifest (column `path` or `audio`), or one audio file. Relative paths in a
 list or manifest are relative to the list's folder. A row's `path` is the input's own name for
-the file (as the list or manifest writes it). A file is one row however it is named: INPUT
+the file (as the list or manifest writes it). A manifest's `language` and `task` columns are
+each file's own: where a row gives one it wins over the job's `language` and `task`, which are
+the default for the rows that leave it empty (without either, the language is detected). A bad
+value (an unknown language, a task other than transcribe and translate, a language or
+translation the model cannot do) is that file's error, and the job goes on. (Checked per file,
+not up front: the model that knows what it can do may be only on Ray's actors, and one bad row
+of a large corpus should not stop the rest.) A file is one row however it is named: INPUT
 naming it twice (a.wav and ./a.wav, its absolute path, a symlink) transcribes it once, under
 its first name, with a warning; a rerun finds its row under another of its names too, a
 relative one read from the same folder as before (the list's, or the current one).
@@ -11,15 +17,16 @@ relative one read from the same folder as before (the list's, or the current one
 OUT is written as an append-only JSONL journal, one row per file, flushed per row, so a crash
 loses no finished row and a rerun skips every path already in it. Rows with an error are
 skipped too (a corrupt file stays corrupt) unless `retry_errors`, which drops them from the
-journal first so each path keeps exactly one row. Each row records the `settings` that made
-it (model name or path, compute type, the options not at the batched pipeline's defaults); a
-rerun with other settings still skips the rows done, and warns that it does. A `.parquet` OUT
-is the journal `OUT.journal.jsonl` merged into Parquet when the job ends; the journal is then
-removed (a rerun seeds it from the Parquet file). A job that dies before the merge leaves the journal, and the
-rerun merges it.
+journal first so each path keeps exactly one row. Each row records the `settings` that made it
+(model name or path, compute type, the options not at the batched pipeline's defaults, with the
+file's own language and task); a rerun that would make a row done otherwise still skips it, and
+warns that it does. A `.parquet` OUT is the journal `OUT.journal.jsonl` merged into Parquet
+when the job ends; the journal is then removed (a rerun seeds it from the Parquet file). A job
+that dies before the merge leaves the journal, and the rerun merges it.
 
 Without `ray_address` everything runs in this process: files are decoded a few ahead on
-threads and transcribed by `BatchedInferencePipeline.transcribe_many`. With it, Ray Data
+threads and transcribed by `BatchedInferencePipeline.transcribe_many`, files of one language
+and task one after another so that their windows share batches. With it, Ray Data
 decodes files in CPU tasks and streams the arrays to a pool of model actors (one per GPU, or
 `actors` CPU actors on a cluster without GPUs), each running `transcribe_many` on a batch of
 files; the driver writes rows as they stream back. (Without GPUs the decode stage asks for the
@@ -62,7 +69,8 @@ AUDIO_EXTENSIONS = frozenset(
     {".wav", ".flac", ".mp3", ".m4a", ".ogg", ".oga", ".opus", ".webm", ".mp4", ".m4v", ".mkv",
      ".mka", ".mov", ".aac", ".wma", ".aif", ".aiff", ".amr", ".npy"}
 )  # fmt: skip
-PER_FILE_COLUMNS = ("language", "task")  # a manifest's, not read: the job has one of each
+# A manifest's columns that set a file's own language and task (empty: the job's).
+PER_FILE_COLUMNS = ("language", "task")
 READ_AHEAD = 4  # files decoded ahead of the model in one process
 MAX_DECODE_TASKS = 10_000  # Ray: one decode task per file, up to this many (then several each)
 RAY_INSTALL_HINT = "pip install 'whisperforge[ray]'"
@@ -74,6 +82,8 @@ USER_ERROR_LINE = re.compile(r"^whisperforge\.errors\.(\w+): (.+)$", re.MULTILIN
 class Source:
     path: str  # the input's name for the file: the row's key
     location: str  # where to open it
+    language: str | None = None  # its manifest row's, if any: wins over the job's
+    task: str | None = None
 
 
 @dataclass
@@ -140,8 +150,7 @@ def _listing(spec: str | Iterable[str]) -> tuple[list[Source], Path | None]:
         suffix = path.suffix.lower()
         if suffix == ".parquet":
             rows = _parquet_rows(path)  # a file that is not Parquet: refused there
-            columns = _pyarrow_parquet().read_schema(path).names
-            sources, folder = _manifest(path, rows, columns), path.parent
+            sources, folder = _manifest(path, rows), path.parent
         elif suffix in (".jsonl", ".ndjson"):
             sources, folder = _manifest(path, _jsonl_rows(path)), path.parent
         elif _is_audio(path):
@@ -202,8 +211,10 @@ def _files(locations: Iterable[str]) -> list[str]:
     return files
 
 
-def _located(folder: Path, name: str) -> Source:
-    return Source(name, str(folder / Path(name).expanduser()))
+def _located(
+    folder: Path, name: str, language: str | None = None, task: str | None = None
+) -> Source:
+    return Source(name, str(folder / Path(name).expanduser()), language, task)
 
 
 def _path_list(listing: Path) -> list[Source]:
@@ -218,21 +229,10 @@ def _path_list(listing: Path) -> list[Source]:
     return [_located(listing.parent, n) for n in names if n and not n.startswith("#")]
 
 
-def _manifest(listing: Path, rows: list[dict], columns: Iterable[str] = ()) -> list[Source]:
-    """The files of a manifest's rows; `columns`: its columns beyond the rows' keys."""
+def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
+    """The files of a manifest's rows, each with its own language and task if it has them."""
     if not rows:
         raise WhisperforgeError(f"INPUT {listing}: the manifest has no rows")
-    # A column that looks as if it set each file's language or task, but the job has one
-    # --language and --task: say so, not transcribe the corpus otherwise in silence.
-    present = set(columns).union(*rows)
-    unread = [f"`{c}`" for c in PER_FILE_COLUMNS if c in present]
-    if unread:
-        warnings.warn(
-            f"INPUT {listing}: its {' and '.join(unread)} column is not read: every file is "
-            "transcribed with --language and --task (without --language, each file's language "
-            "is detected); split the manifest by them and run one job per part",
-            stacklevel=5,
-        )
     column = next((c for c in ("path", "audio") if any(c in row for row in rows)), None)
     if column is None:
         raise WhisperforgeError(f"INPUT {listing}: the manifest needs a `path` or `audio` column")
@@ -242,7 +242,17 @@ def _manifest(listing: Path, rows: list[dict], columns: Iterable[str] = ()) -> l
                 f"INPUT {listing}, row {number}: its `{column}` is {row.get(column)!r}, not a "
                 "file's path; fix or drop the row"
             )
-    return [_located(listing.parent, row[column]) for row in rows]
+    return [
+        _located(listing.parent, row[column], *(_own(row.get(c)) for c in PER_FILE_COLUMNS))
+        for row in rows
+    ]
+
+
+def _own(value: Any) -> str | None:
+    """A manifest row's language or task: None where it leaves it empty (missing, null, ""),
+    else as text (checked where it is used: a bad one is that file's error)."""
+    text = "" if value is None else str(value).strip()
+    return text or None
 
 
 def _jsonl_rows(listing: Path) -> list[dict]:
@@ -262,14 +272,19 @@ def _jsonl_rows(listing: Path) -> list[dict]:
     return rows
 
 
-def _parquet_rows(listing: Path, columns: tuple[str, ...] = ("path", "audio")) -> list[dict]:
-    """The rows of a Parquet file (its first of `columns`, or all of them where empty)."""
+def _parquet_rows(listing: Path, columns: tuple[str, ...] | None = ("path", "audio")) -> list[dict]:
+    """The rows of a Parquet file: its first of `columns` (not both: an `audio` column may hold
+    the audio itself) and the `PER_FILE_COLUMNS` it has; every column where None."""
     pq = _pyarrow_parquet()
     import pyarrow as pa
 
     try:
         names = pq.read_schema(listing).names
-        read = [c for c in columns if c in names][:1] if columns else None
+        read = None
+        if columns is not None:
+            read = [c for c in columns if c in names][:1] + [
+                c for c in PER_FILE_COLUMNS if c in names
+            ]
         if read == []:
             return [{} for _ in range(pq.read_metadata(listing).num_rows)]
         return pq.read_table(listing, columns=read).to_pylist()
@@ -333,19 +348,22 @@ def transcribe_decoded(
     options: dict[str, Any],
     worker: str = "",
 ) -> Iterator[dict]:
-    """One output row per decoded file (files that failed to decode included), as each is done.
-    A file's `transcribe` time is the wall time since the previous file's result: files share
-    batches, so that is its share of the model's time, not an isolated measurement."""
+    """One output row per decoded file (files that failed to decode included), as each is done,
+    each file in its own language and task where its source has them. A file's `transcribe`
+    time is the wall time since the previous file's result: files share batches, so that is
+    its share of the model's time, not an isolated measurement."""
+    from .batched import FileRequest
+
     fed: deque[Decoded] = deque()  # files handed to transcribe_many, whose results come in order
     failed: list[dict] = []
 
-    def audios() -> Iterator[np.ndarray]:
+    def audios() -> Iterator[FileRequest]:
         for item in decoded:
             if item.audio is None:
                 failed.append(make_row(item, None, 0.0, worker))
                 continue
             fed.append(Decoded(item.source, None, None, item.decode_s, item.duration))  # no audio
-            yield item.audio
+            yield FileRequest(item.audio, item.source.language, item.source.task)
 
     last = time.perf_counter()
     for result in pipeline.transcribe_many(audios(), batch_size=batch_size, **options):
@@ -438,13 +456,16 @@ def _import_ray() -> Any:
 
 
 def _decode_batch(batch: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Ray Data CPU stage: paths in, 16 kHz float32 arrays out (empty where decoding failed)."""
+    """Ray Data CPU stage: paths in, 16 kHz float32 arrays out (empty where decoding failed);
+    each file's own language and task ("": the job's) passed on."""
     done = [decode(Source(str(p), str(loc))) for p, loc in zip(batch["path"], batch["location"])]
     return {
         "path": np.array([d.source.path for d in done]),
         "audio": [d.audio if d.audio is not None else np.zeros(0, np.float32) for d in done],
         "error": np.array([d.error or "" for d in done]),  # "": fine (a column without nulls)
         "decode_s": np.array([d.decode_s for d in done]),
+        "language": batch["language"],
+        "task": batch["task"],
     }
 
 
@@ -470,15 +491,18 @@ class RayTranscriber:
         self.worker = _worker_name()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
-        columns = zip(batch["path"], batch["audio"], batch["error"], batch["decode_s"])
-        items = [
-            Decoded(Source(str(p), ""), None, e, d)
-            if e
-            else Decoded(
-                Source(str(p), ""), np.asarray(a, np.float32), None, d, a.size / SAMPLE_RATE
-            )
-            for p, a, e, d in columns
-        ]
+        columns = zip(
+            batch["path"], batch["audio"], batch["error"], batch["decode_s"], batch["language"],
+            batch["task"],
+        )  # fmt: skip
+        items = []
+        for path, audio, error, decode_s, language, task in columns:
+            source = Source(str(path), "", str(language) or None, str(task) or None)
+            if error:
+                items.append(Decoded(source, None, str(error), decode_s))
+            else:
+                samples = np.asarray(audio, np.float32)
+                items.append(Decoded(source, samples, None, decode_s, samples.size / SAMPLE_RATE))
         rows = transcribe_decoded(self.pipeline, items, self.batch_size, self.options, self.worker)
         return {"row": np.array([json.dumps(r) for r in rows])}
 
@@ -532,7 +556,11 @@ def run_ray(
         # waits for a CPU that the actors hold (`--threads` = every core would starve them).
         decode_cpus, device = threads, "cpu"
     # Absolute paths: Ray's workers may run in another folder (on a cluster: a shared disk).
-    items = [{"path": s.path, "location": os.path.abspath(s.location)} for s in sources]
+    items = [
+        {"path": s.path, "location": os.path.abspath(s.location), "language": s.language or "",
+         "task": s.task or ""}
+        for s in sources
+    ]  # fmt: skip
     blocks = min(len(items), MAX_DECODE_TASKS)
     dataset = ray.data.from_items(items, override_num_blocks=blocks)
     dataset = dataset.map_batches(
@@ -604,7 +632,7 @@ def _user_error(error: BaseException | None) -> WhisperforgeError | None:
 class Journal:
     """OUT as an append-only JSONL journal (see the module's docstring)."""
 
-    def __init__(self, output: str | Path, retry_errors: bool = False, settings: str = ""):
+    def __init__(self, output: str | Path, retry_errors: bool = False):
         out = Path(output).expanduser()
         suffix = out.suffix.lower()
         if suffix not in (".jsonl", ".parquet"):
@@ -632,17 +660,8 @@ class Journal:
             ) from None
         self.done = {r["path"] for r in rows}
         self.failed = {r["path"] for r in rows if r.get("error")}
+        self.settings: dict[str, str | None] = {r["path"]: r.get("settings") for r in rows}
         self.written = 0
-        # Rows made otherwise (another model, language, ...) are still skipped as done: say so.
-        recorded = dict.fromkeys(r.get("settings") for r in rows)  # a corpus has few
-        other = next((r for r in recorded if _differ(r, settings)), None)
-        if other is not None:
-            warnings.warn(
-                f"--output {output} holds rows made with other settings ({other}; now "
-                f"{settings}): those files are skipped as done; write to another --output to "
-                "transcribe them with these settings",
-                stacklevel=3,
-            )
 
     @staticmethod
     def kept_in(output: str | Path) -> Path:
@@ -654,7 +673,7 @@ class Journal:
 
     def _load(self) -> list[dict]:
         if not self.path.exists() and self.parquet is not None and self.parquet.exists():
-            rows = _parquet_rows(self.parquet, columns=())
+            rows = _parquet_rows(self.parquet, columns=None)
             self._rewrite(rows)  # seed the journal with the finished Parquet's rows
             return rows
         if not self.path.exists():
@@ -770,7 +789,8 @@ def transcribe_corpus(
     returns one (on Ray it must pickle: a module-level function); a name is looked for in
     `download_root` as `WhisperModel` does. options: as
     `BatchedInferencePipeline.transcribe_many` (language, word_timestamps, beam_size,
-    initial_prompt, vad_filter, ...), checked before any model loads.
+    initial_prompt, vad_filter, ...), checked before any model loads; a manifest row's own
+    language and task win over `language` and `task`.
     on_row: called with each row once it is written.
     """
     start = time.perf_counter()
@@ -778,10 +798,29 @@ def transcribe_corpus(
     same = isinstance(inputs, (str, os.PathLike)) and os.path.exists(output)
     if same and os.path.exists(inputs) and os.path.samefile(inputs, output):
         raise WhisperforgeError(f"--output {output} is the input; write to another file")
-    settings = _settings(model, compute_type, options)
-    journal = Journal(output, retry_errors, settings)
+    settings = _settings_of(sources, model, compute_type, options)
+    journal = Journal(output, retry_errors)
     done = _rows_of(sources, journal.done, folder)
-    todo = [s for s in sources if s.path not in done]
+    # Rows made otherwise (another model, language, ...) are still skipped as done: say so.
+    pairs = dict.fromkeys((journal.settings[row], settings[path]) for path, row in done.items())
+    other = next((pair for pair in pairs if _differ(*pair)), None)  # a corpus has few pairs
+    if other is not None:
+        warnings.warn(
+            f"--output {output} holds rows made with other settings ({other[0]}; now "
+            f"{other[1]}): those files are skipped as done; write to another --output to "
+            "transcribe them with these settings",
+            stacklevel=2,
+        )
+    # Files of one language and task one after another: their windows share batches.
+    todo = sorted(
+        (s for s in sources if s.path not in done), key=lambda s: (s.language or "", s.task or "")
+    )
+    if options.get("word_timestamps") and any(
+        (s.task or options.get("task")) == "translate" for s in todo
+    ):
+        from .timing import TRANSLATED_WORD_TIMES  # openai-whisper's warning
+
+        warnings.warn(TRANSLATED_WORD_TIMES, stacklevel=2)
     summary = Summary(
         listed=len(sources), skipped=len(sources) - len(todo),
         skipped_failed=sum(row in journal.failed for row in done.values()),
@@ -803,7 +842,7 @@ def transcribe_corpus(
         for row in rows:
             if row["path"] in journal.done:
                 continue  # a retried Ray task never repeats a row, but the journal makes sure
-            journal.write(row | {"settings": settings})
+            journal.write(row | {"settings": settings[row["path"]]})
             summary.ok += row["error"] is None
             summary.failed += row["error"] is not None
             summary.audio_s += row["duration"] or 0.0
@@ -833,6 +872,23 @@ def _rows_of(sources: list[Source], names: set[str], folder: Path | None) -> dic
             if file in by_file:
                 rows[source.path] = by_file[file]
     return rows
+
+
+def _settings_of(
+    sources: list[Source], model: Any, compute_type: str, options: dict[str, Any]
+) -> dict[str, str]:
+    """Each source's `_settings`, by path: the job's, with the file's own language and task
+    where its manifest row gives them (so a rerun compares a row with what it would be now).
+    The job's options are checked first, even for a corpus whose rows all name their own."""
+    job = _settings(model, compute_type, options)
+    made: dict[tuple[str | None, str | None], str] = {(None, None): job}  # a corpus has few
+    for source in sources:
+        own = (source.language, source.task)
+        if own not in made:
+            given = {"language": source.language, "task": source.task}
+            file_options = options | {k: v for k, v in given.items() if v is not None}
+            made[own] = _settings(model, compute_type, file_options)
+    return {source.path: made[source.language, source.task] for source in sources}
 
 
 def _settings(model: Any, compute_type: str, options: dict[str, Any]) -> str:
@@ -891,13 +947,17 @@ def _read_settings(settings: str) -> dict[str, Any]:
 BATCH_EPILOG = """\
 INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text file of paths,
   or a .parquet/.jsonl manifest with a `path` or `audio` column (relative paths are relative to
-  the list's folder; its other columns are not read: --language and --task are the job's);
-  .npy files hold 16 kHz samples.
+  the list's folder); .npy files hold 16 kHz samples. A manifest's `language` (en, de, ...) and
+  `task` (transcribe, translate) columns are each file's own: a row's value wins over
+  --language and --task, which are the default for rows that leave it empty (missing, null or
+  ""). A bad value (an unknown language, another task, German on an English-only model) is
+  that row's error; the other files go on.
 OUT: .jsonl, written row by row as files finish, or .parquet, merged from OUT.journal.jsonl at
   the end. One row per file: path, language, duration, text, segments, error, timings, worker,
-  settings (the model, and the options not at their defaults, as a JSON string; a rerun with
-  other ones warns). timings: seconds decoding the file, and from the previous row to this one
-  (files share batches: a file finished in the same batch as the one before shows about 0).
+  settings (the model, and the options not at their defaults, the row's own language and task
+  included, as a JSON string; a rerun that would make a done row otherwise warns). timings:
+  seconds decoding the file, and from the previous row to this one (files share batches: a file
+  finished in the same batch as the one before shows about 0).
 Rerunning with the same OUT skips the files already in it, failed ones too unless
   --retry-errors; the exit status is 1 while OUT holds a failed file of INPUT.
 
@@ -908,6 +968,7 @@ examples:
   whisperforge batch recordings/ --output out.jsonl
   whisperforge batch calls/ --output out.jsonl --initial-prompt "Acme, Zorbix" --no-vad-filter
   whisperforge batch manifest.parquet --output out.parquet --model base --language de
+  whisperforge batch voices.jsonl --output out.jsonl --model base  # rows name their language
   whisperforge batch 'data/**/*.flac' --output out.jsonl --ray-address auto
 """
 
@@ -957,7 +1018,6 @@ def run_batch(args: Any) -> int:
         sequential_only,
         transcription_arguments,
         vad_arguments,
-        warn_of_translated_word_times,
     )
 
     if args.local and args.ray_address:
@@ -970,8 +1030,9 @@ def run_batch(args: Any) -> int:
             "each file's windows independently (clip timestamps are one file's); drop it, or "
             "use `whisperforge transcribe`"
         )
+    # (Translated word times are warned of per file, in transcribe_corpus: a manifest row may
+    # translate where the job does not.)
     options = transcription_arguments(args, batched=True) | vad_arguments(args, batched=True)
-    warn_of_translated_word_times(args)
     written: list[str] = []
     try:
         summary = transcribe_corpus(
