@@ -420,8 +420,9 @@ def test_ctrl_c_says_the_done_files_are_kept(tmp_path):
 
 
 def test_a_manifests_language_and_task_columns_are_read(tmp_path):
-    """A manifest's `language` and `task` columns (JSONL or Parquet) are each file's own; an
-    empty one (missing, null, "") is the job's. They were ignored, with a warning."""
+    """A manifest's `language` and `task` columns (JSONL, Parquet, CSV or TSV) are each file's
+    own; an empty one (missing, null, "") is the job's. They were ignored, with a warning (and a
+    CSV was read as a list of paths, its header and every line a missing file)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -429,7 +430,11 @@ def test_a_manifests_language_and_task_columns_are_read(tmp_path):
             for c, language, task in zip(_clips(), (" de ", None, ""), ("translate", "", None))]  # fmt: skip
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "m.parquet")
-    for name in ("m.jsonl", "m.parquet"):
+    for name, sep in (("m.csv", ","), ("m.tsv", "\t")):
+        lines = [sep.join(("audio", "language", "task", "speaker"))]
+        lines += [sep.join((r["audio"], r["language"] or "", r["task"] or "", "?")) for r in rows]
+        (tmp_path / name).write_text("\ufeff" + "\n".join(lines) + "\n")  # Excel's BOM
+    for name in ("m.jsonl", "m.parquet", "m.csv", "m.tsv"):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             sources = list_inputs(str(tmp_path / name))

@@ -38,6 +38,7 @@ stay.
 from __future__ import annotations
 
 import argparse
+import csv
 import glob
 import inspect
 import json
@@ -153,6 +154,8 @@ def _listing(spec: str | Iterable[str]) -> tuple[list[Source], Path | None]:
             sources, folder = _manifest(path, rows), path.parent
         elif suffix in (".jsonl", ".ndjson"):
             sources, folder = _manifest(path, _jsonl_rows(path)), path.parent
+        elif suffix in (".csv", ".tsv"):
+            sources, folder = _manifest(path, _csv_rows(path)), path.parent
         elif _is_audio(path):
             sources = [Source(spec, spec)]
         else:
@@ -165,7 +168,7 @@ def _listing(spec: str | Iterable[str]) -> tuple[list[Source], Path | None]:
     else:
         raise WhisperforgeError(
             f"INPUT {spec}: no such file or folder; pass a folder, a glob in quotes, a text file "
-            "of paths, or a .parquet/.jsonl manifest"
+            "of paths, or a .parquet/.jsonl/.csv manifest"
         )
     if not sources:
         raise WhisperforgeError(
@@ -270,6 +273,16 @@ def _jsonl_rows(listing: Path) -> list[dict]:
                     )
                 rows.append(row)
     return rows
+
+
+def _csv_rows(listing: Path) -> list[dict]:
+    """The rows of a CSV (or, by its extension, tab-separated) manifest with a header line."""
+    try:
+        delimiter = "\t" if listing.suffix.lower() == ".tsv" else ","
+        with open(listing, newline="", encoding="utf-8-sig") as f:  # -sig: Excel's BOM
+            return list(csv.DictReader(f, delimiter=delimiter))
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise WhisperforgeError(f"INPUT {listing}: not a readable UTF-8 CSV file ({error})") from None
 
 
 def _parquet_rows(listing: Path, columns: tuple[str, ...] | None = ("path", "audio")) -> list[dict]:
@@ -946,8 +959,9 @@ def _read_settings(settings: str) -> dict[str, Any]:
 
 BATCH_EPILOG = """\
 INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text file of paths,
-  or a .parquet/.jsonl manifest with a `path` or `audio` column (relative paths are relative to
-  the list's folder); .npy files hold 16 kHz samples. A manifest's `language` (en, de, ...) and
+  or a .parquet/.jsonl/.csv/.tsv manifest with a `path` or `audio` column (a CSV's in its
+  header line; relative paths are relative to the list's folder); .npy files hold 16 kHz
+  samples. A manifest's `language` (en, de, ...) and
   `task` (transcribe, translate) columns are each file's own: a row's value wins over
   --language and --task, which are the default for rows that leave it empty (missing, null or
   ""). A bad value (an unknown language, another task, German on an English-only model) is
