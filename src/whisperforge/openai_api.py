@@ -358,7 +358,7 @@ class ResultWriter:
         options = options or {}
         read = {f.name: kwargs.get(f.name) or options.get(f.name) for f in fields(WriterOptions)}
         chosen = {**kwargs, **{name: value for name, value in read.items() if value}}
-        info = {"language": result.get("language"), "duration": result.get("duration")}
+        info = {"language": result.get("language")}
         write(self.extension, result_segments(result), info, file, chosen)  # unknown: refused
 
 

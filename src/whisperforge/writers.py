@@ -1,8 +1,11 @@
 """Transcripts to files: openai-whisper's txt, srt, vtt, tsv and json layouts.
 
-Each writer takes the segments, a dict of facts about the audio (language, duration) and a
-text stream. `write_result` names the files after the input (`jfk.flac` -> `jfk.srt`) and
-refuses to overwrite the input or to write outside the output folder.
+Each writer takes the segments, a dict of facts about the audio (its language) and a text
+stream, and writes what openai-whisper's writer of that format writes from its result dict
+(`openai_result`), byte for byte; they differ only where openai-whisper's file would break (a
+line break in a tsv row, "-->" in a cue's words). `write_result` names the files after the
+input (`jfk.flac` -> `jfk.srt`) and refuses to overwrite the input or to write outside the
+output folder.
 """
 
 from __future__ import annotations
@@ -104,7 +107,9 @@ def write_tsv(
     """`start<TAB>end<TAB>text` with integer milliseconds: no locale can turn '.' into ','."""
     print("start", "end", "text", sep="\t", file=file)
     for segment in segments:
-        text = re.sub(r"[\t\r\n]+", " ", segment.text.strip())  # one row per segment
+        # A tab is a space, as openai-whisper writes it; a line break too (there its row would
+        # be cut in two), so that each segment stays one row.
+        text = re.sub(r"[\r\n]+", " ", segment.text.strip().replace("\t", " "))
         print(round(1000 * segment.start), round(1000 * segment.end), text, sep="\t", file=file)
 
 
@@ -114,9 +119,9 @@ def write_json(
     file: TextIO,
     options: WriterOptions | None = None,
 ) -> None:
-    """`openai_result` as JSON."""
-    json.dump(openai_result(segments, info), file, ensure_ascii=False)
-    file.write("\n")
+    """`openai_result` as JSON, as openai-whisper's `WriteJSON` dumps it: non-ASCII escaped
+    (`\\u00e9`), no newline at the end."""
+    json.dump(openai_result(segments, info), file)
 
 
 OPENAI_SEGMENT_KEYS = ("id", "seek", "start", "end", "text", "tokens", "temperature",
@@ -125,8 +130,7 @@ OPENAI_WORD_KEYS = ("word", "start", "end", "probability")
 
 
 def openai_result(segments: Sequence[Segment], info: Mapping[str, Any] | object) -> dict[str, Any]:
-    """openai-whisper's result dict: text, segments (words when present), language; and the
-    audio's duration where known."""
+    """openai-whisper's result dict: text, segments (words when present), language."""
     info = _info_dict(info)
     rows = []
     for number, segment in enumerate(segments):
@@ -137,14 +141,11 @@ def openai_result(segments: Sequence[Segment], info: Mapping[str, Any] | object)
                 {key: word[key] for key in OPENAI_WORD_KEYS} for word in fields["words"]
             ]
         rows.append(row)
-    result: dict[str, Any] = {
+    return {
         "text": "".join(segment.text for segment in segments),
         "segments": rows,
         "language": info.get("language"),
     }
-    if info.get("duration") is not None:
-        result["duration"] = info["duration"]
-    return result
 
 
 def result_segments(result: Mapping[str, Any]) -> list[Segment]:
