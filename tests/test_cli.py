@@ -99,6 +99,16 @@ def test_verbose_prints_timed_segments(model, capsys):
     assert JFK_WORDS in " ".join(lines).lower()
 
 
+def test_verbose_says_it_detects_the_language_as_openai_whisper_does(base, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "load_model", lambda args: base)
+    clip = DEV_DIR / "picovoice-leopard__test_de.wav"  # 5 s of German
+    assert cli.main(["transcribe", str(clip), *FAST, "--verbose", "True"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    detecting = "Detecting language using up to the first 30 seconds. Use `--language` to"
+    assert lines[:2] == [f"{detecting} specify the language", "Detected language: German"]
+    assert len(lines) > 2 and all(line.startswith("[00:0") for line in lines[2:])
+
+
 @pytest.mark.parametrize("mode", [["--batch-size", "4"], ["--vad-filter"]])
 def test_batched_and_vad_modes(model, mode, capsys):
     assert cli.main(["transcribe", str(JFK), *FAST, *mode, "--verbose"]) == 0

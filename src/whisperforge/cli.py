@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import InvalidOptionError, WhisperforgeError
-from .tokenizer import LANGUAGES, parse_token_ids
+from .tokenizer import parse_token_ids
 from .writers import (
+    DETECTING_LANGUAGE,
     FORMATS,
     WriterOptions,
+    detected_language,
     format_timestamp,
     output_paths,
     timed_line,
@@ -831,6 +833,11 @@ def _transcribe_one(
     audio: str | bytes = sys.stdin.buffer.read() if path == STDIN else path
     batched = args.batch_size is not None
     transcription = TranscriptionOptions.from_arguments(**transcription_arguments(args, batched))
+    if header and (stdout_text or args.verbose):
+        print(f"==> {path} <==", flush=True)
+    detect = args.verbose and args.language is None and model.is_multilingual
+    if detect:  # openai-whisper's lines (an English-only model has no language to detect)
+        print(DETECTING_LANGUAGE, flush=True)
     if batched:
         from .batched import BatchedInferencePipeline
 
@@ -843,10 +850,8 @@ def _transcribe_one(
         segments_iter, info = model.transcribe_with(
             audio, transcription, args.language, args.task, **vad_arguments(args, batched)
         )
-    if header and (stdout_text or args.verbose):
-        print(f"==> {path} <==", flush=True)
-    if args.verbose and args.language is None and model.is_multilingual:  # as openai-whisper
-        print(f"Detected language: {LANGUAGES[info.language].title()}", flush=True)
+    if detect:
+        print(detected_language(info.language), flush=True)
     segments = []
     # A bar in a log file is noise: shown only on a terminal.
     for segment in with_progress(
@@ -858,7 +863,7 @@ def _transcribe_one(
         elif stdout_text:
             tqdm.write(segment.text.strip(), file=sys.stdout)  # the txt layout, streamed
     sys.stdout.flush()
-    return segments, {"language": info.language, "duration": info.duration}
+    return segments, {"language": info.language}
 
 
 def run_transcribe(args: argparse.Namespace) -> int:

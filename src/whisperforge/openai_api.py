@@ -28,10 +28,11 @@ from .errors import InvalidOptionError
 from .model import ModelConfig
 from .results import Segment
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, TRANSLATED_WORD_TIMES
-from .tokenizer import LANGUAGES
 from .transcribe import TranscriptionOptions, WhisperModel, resolve_device, with_progress
 from .writers import (
+    DETECTING_LANGUAGE,
     WriterOptions,
+    detected_language,
     expand_formats,
     openai_result,
     output_folder,
@@ -284,13 +285,12 @@ class OpenAIWhisper:
         language = decode_options.get("language")
         detect = language is None and model.is_multilingual
         if detect and verbose:  # openai-whisper's lines, word for word
-            print("Detecting language using up to the first 30 seconds. Use `--language` to "
-                  "specify the language")  # fmt: skip
+            print(DETECTING_LANGUAGE)
         segments, info = model.transcribe_with(
             audio, transcription, language, decode_options.get("task", "transcribe")
         )
         if detect and verbose is not None:
-            print(f"Detected language: {LANGUAGES[info.language].title()}")
+            print(detected_language(info.language))
         done: list[Segment] = []
         for segment in with_progress(segments, info.duration, shown=verbose is False):
             done.append(segment)

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from .errors import InvalidOptionError, WhisperforgeError
 from .results import Segment, Word
+from .tokenizer import LANGUAGES
 
 FORMATS = ("txt", "srt", "vtt", "tsv", "json")
 
@@ -59,6 +60,17 @@ def timed_line(segment: Segment) -> str:
     (the text as it is, its leading space too)."""
     start, end = format_timestamp(segment.start), format_timestamp(segment.end)
     return f"[{start} --> {end}] {segment.text}"
+
+
+# openai-whisper's lines around language detection, as its `verbose` prints them.
+DETECTING_LANGUAGE = (
+    "Detecting language using up to the first 30 seconds. Use `--language` to specify the language"
+)
+
+
+def detected_language(language: str) -> str:
+    """`Detected language: German`, as openai-whisper prints it."""
+    return f"Detected language: {LANGUAGES[language].title()}"
 
 
 def _info_dict(info: Mapping[str, Any] | object) -> dict[str, Any]:
