@@ -221,6 +221,44 @@ def test_output_format_alone_writes_in_the_current_folder(model, tmp_path, monke
     assert json.loads((tmp_path / f"{JFK.stem}.json").read_text())["language"] == "en"
 
 
+def recorded(model: OnceModel, monkeypatch) -> list[tuple[list[Segment], TranscriptionInfo]]:
+    """Each transcription's segments and info, as the command gets them from `model`."""
+    done: list[tuple[list[Segment], TranscriptionInfo]] = []
+    transcribe_with = model.transcribe_with
+
+    def recording(audio, *arguments, **keywords):
+        segments, info = transcribe_with(audio, *arguments, **keywords)
+        done.append((list(segments), info))
+        return iter(done[-1][0]), info
+
+    monkeypatch.setattr(model, "transcribe_with", recording)
+    return done
+
+
+@pytest.mark.parametrize(
+    "flags, options",
+    [(["--highlight_words", "True", "--max_line_width", "20", "--max_line_count", "2"],
+      {"highlight_words": True, "max_line_width": 20, "max_line_count": 2}),
+     (["--max_words_per_line", "3"], {"max_words_per_line": 3})],
+)  # fmt: skip
+def test_files_are_openai_whispers(model, monkeypatch, tmp_path, flags, options):
+    """Each file the command writes is what openai-whisper's writers write from the result dict
+    of the same transcription, given the same subtitle options."""
+    import whisper.utils
+
+    from whisperforge.writers import openai_result
+
+    done = recorded(model, monkeypatch)
+    argv = ["transcribe", str(JFK), *FAST, "--word_timestamps", "True", *flags]
+    assert cli.main([*argv, "--output_dir", str(tmp_path / "ours")]) == 0
+    (tmp_path / "theirs").mkdir()
+    writer = whisper.utils.get_writer("all", str(tmp_path / "theirs"))
+    writer(openai_result(*done[0]), str(JFK), **options)
+    for fmt in FORMATS:
+        name = f"{JFK.stem}.{fmt}"
+        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "theirs" / name).read_bytes()
+
+
 def test_subtitle_options_imply_word_timestamps(model, tmp_path):
     argv = ["transcribe", str(JFK), *FAST, "-f", "srt", "-o", str(tmp_path)]
     argv += ["--highlight-words", "--max-line-width", "24", "--max-line-count", "1"]
