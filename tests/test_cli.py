@@ -267,6 +267,22 @@ def test_subtitle_options_imply_word_timestamps(model, tmp_path):
     assert all(c.content.count("<u>") == 1 and len(c.content) <= 24 + 7 for c in cues)
 
 
+def test_subtitle_options_without_subtitle_files_warn(model, tmp_path, capsys):
+    """The subtitle options on the text printed or a txt file are said to shape nothing."""
+    assert cli.main(["transcribe", str(JFK), *FAST, "--max_line_width", "42"]) == 0
+    out, err = capsys.readouterr()
+    assert JFK_WORDS in out.lower()
+    assert err == (
+        "warning: --max-line-width: for srt and vtt files, and this run prints the text; "
+        "add -f srt, vtt or all\n"
+    )
+    argv = ["transcribe", str(JFK), *FAST, "--highlight_words", "True", "-f", "txt"]
+    assert cli.main([*argv, "-o", str(tmp_path)]) == 0
+    assert "--highlight-words: for srt and vtt files, and this run writes txt;" in (
+        capsys.readouterr().err
+    )
+
+
 def test_several_files_go_on_after_a_bad_one(model, tmp_path, bad_files, capsys):
     other = tmp_path / "again.flac"
     shutil.copy(JFK, other)

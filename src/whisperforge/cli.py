@@ -33,6 +33,7 @@ from .writers import (
     FORMATS,
     WriterOptions,
     detected_language,
+    expand_formats,
     format_timestamp,
     output_paths,
     timed_line,
@@ -723,13 +724,19 @@ def _compute_type(args: argparse.Namespace) -> str:
     return "float32" if args.fp16 is False and args.compute_type == "default" else args.compute_type
 
 
-def _writer_options(args: argparse.Namespace) -> WriterOptions:
+def _writer_options(args: argparse.Namespace, formats: list[str]) -> WriterOptions:
+    """The subtitle options; a warning where `formats` (the files written) have no use for them."""
     options = WriterOptions(
         max_line_width=args.max_line_width,
         max_line_count=args.max_line_count,
         highlight_words=args.highlight_words,
         max_words_per_line=args.max_words_per_line,
     )
+    given = [f"--{name.replace('_', '-')}" for name, value in vars(options).items() if value]
+    if given and not {"srt", "vtt"} & set(formats):
+        written = "prints the text" if not formats else f"writes {', '.join(formats)}"
+        _warn(f"{', '.join(given)}: for srt and vtt files, and this run {written}; "
+              "add -f srt, vtt or all")  # fmt: skip
     if options.max_line_count and not options.max_line_width:
         _warn("--max-line-count has no effect without --max-line-width")
     if options.max_words_per_line and options.max_line_width and options.max_line_count:
@@ -883,9 +890,9 @@ def run_transcribe(args: argparse.Namespace) -> int:
             f"{', '.join(unbatched)}: not available with --batch-size; drop one of them"
         )
     vad_arguments(args, batched=args.batch_size is not None)  # refused before the model loads
-    options = _writer_options(args)
     write_files = args.output_dir is not None or args.output_format is not None
     formats = args.output_format or "all"
+    options = _writer_options(args, expand_formats(formats) if write_files else [])
     output_dir = args.output_dir if args.output_dir is not None else "."
 
     failed = False
