@@ -450,8 +450,9 @@ def test_temperature_ladder():
     assert temperature_ladder(0.4) == (0.4, 0.6, 0.8, 1.0)  # the server's: OpenAI raises by 0.2
     # --temperature nan is one rung, refused by name later (int(nan) was an internal error)
     assert math.isnan(temperature_ladder(float("nan"))[0])
-    with pytest.raises(InvalidOptionError, match="temperature_increment_on_fallback"):
-        temperature_ladder(0.0, float("nan"))
+    for increment in (float("nan"), -0.2):  # openai-whisper fails on them with a traceback
+        with pytest.raises(InvalidOptionError, match="temperature_increment_on_fallback"):
+            temperature_ladder(0.0, increment)
 
 
 # --- the installed command ---------------------------------------------------------------------

@@ -250,9 +250,10 @@ def temperature_ladder(temperature: float, increment: float | None = 0.2) -> tup
     """openai-whisper's fallback temperatures: from `temperature` up to 1.0 by `increment`
     (the CLI's --temperature_increment_on_fallback; OpenAI's API raises by 0.2 from its
     `temperature` when a window fails the thresholds)."""
-    if increment is not None and math.isnan(increment):
+    if increment is not None and not increment >= 0:  # NaN too
         raise InvalidOptionError(
-            "temperature_increment_on_fallback must be a number (0 or none: no fallback), not nan"
+            f"temperature_increment_on_fallback must be a number from 0 up (0 or none: no "
+            f"fallback), not {increment}"
         )
     # A NaN temperature is one rung, refused by name with the other options (no int(NaN) here).
     if increment is None or increment <= 0 or not temperature < 1.0:
