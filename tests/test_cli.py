@@ -259,6 +259,22 @@ def test_files_are_openai_whispers(model, monkeypatch, tmp_path, flags, options)
         assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "theirs" / name).read_bytes()
 
 
+def test_an_instantaneous_segment_is_kept_emptied_as_openai_whisper_keeps_it(model, tmp_path):
+    """Here (the case of test_reference's) tiny.en's window ends in an instantaneous segment:
+    openai-whisper's files keep it, emptied (an empty txt line, a tsv row, a JSON segment that
+    the ids count), and so do these."""
+    clip = DEV_DIR / "mfa__cold_corpus.wav"
+    argv = ["transcribe", str(clip), *FAST, "--word_timestamps", "True", "--initial_prompt",
+            "Um, uh, so like, corpus.", "-o", str(tmp_path)]  # fmt: skip
+    assert cli.main(argv) == 0
+    segments = json.loads((tmp_path / f"{clip.stem}.json").read_text())["segments"]
+    emptied = [s for s in segments if s["start"] == s["end"]]
+    assert emptied and all(s["text"] == "" and s["words"] == [] for s in emptied)
+    assert [s["id"] for s in segments] == list(range(len(segments)))
+    lines = (tmp_path / f"{clip.stem}.txt").read_text().splitlines()
+    assert lines == [s["text"].strip() for s in segments]
+
+
 def test_subtitle_options_imply_word_timestamps(model, tmp_path):
     argv = ["transcribe", str(JFK), *FAST, "-f", "srt", "-o", str(tmp_path)]
     argv += ["--highlight-words", "--max-line-width", "24", "--max-line-count", "1"]

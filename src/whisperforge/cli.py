@@ -805,6 +805,8 @@ def transcription_arguments(args: argparse.Namespace, batched: bool) -> dict[str
         options["condition_on_previous_text"] = bool(args.condition_on_previous_text)
     else:
         options["condition_on_previous_text"] = args.condition_on_previous_text is not False
+        # openai-whisper's loop: its files hold the instantaneous segments a window cuts, emptied
+        options["keep_empty_segments"] = True
         options["clip_timestamps"] = args.clip_timestamps
         options["hallucination_silence_threshold"] = args.hallucination_silence_threshold
     for name in ("prepend_punctuations", "append_punctuations"):
