@@ -17,6 +17,7 @@ from typing import IO
 
 import pytest
 import srt
+import torch
 from conftest import DEV_DIR, JFK, hub_cache_of_tiny_en, run_script
 
 from whisperforge import InvalidOptionError, Segment, TranscriptionInfo, WhisperModel, cli
@@ -337,6 +338,14 @@ def test_output_dir_that_is_a_file_fails_before_loading_the_model(tmp_path, caps
     assert cli.main(["transcribe", str(JFK), "-o", str(blocker)]) == 1
     assert error_lines(capsys.readouterr().err) == [
         f"error: --output-dir {blocker} is not a folder"
+    ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible")
+def test_device_cuda_without_a_gpu(capsys):
+    assert cli.main(["transcribe", str(JFK), "--device", "cuda"]) == 1
+    assert error_lines(capsys.readouterr().err) == [
+        "error: device 'cuda': no CUDA GPU is visible here; use cpu or auto"
     ]
 
 

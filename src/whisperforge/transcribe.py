@@ -342,7 +342,8 @@ def resolve_device(device: str) -> torch.device:
     if resolved is None or resolved.type not in ("cpu", "cuda"):  # mps, xpu, meta: not run here
         raise InvalidOptionError(f"unsupported device {device!r}; use auto, cpu or cuda[:N]")
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidOptionError(f"device={device!r} but no CUDA GPU is visible; use device='cpu'")
+        # Said without `device=`: the command's --device reads this message too.
+        raise InvalidOptionError(f"device {device!r}: no CUDA GPU is visible here; use cpu or auto")
     return resolved
 
 
