@@ -184,9 +184,11 @@ def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
     # openai-whisper's "None" for its optional numbers
     nones = ["transcribe", "x.wav", "--beam_size", "None", "--best_of", "None", "--patience",
              "None", "--max_line_width", "None", "--max_line_count", "None",
-             "--max_words_per_line", "None", "--hallucination_silence_threshold", "None"]  # fmt: skip
+             "--max_words_per_line", "None", "--hallucination_silence_threshold", "None",
+             "--language", "None"]  # fmt: skip
     unset = parser.parse_args(cli._openai_spelling(nones, cli._option_strings(parser)))
     assert unset.beam_size is unset.max_line_width is unset.hallucination_silence_threshold
+    assert unset.language is None  # detected, as openai-whisper's --help says of None
     zeros = ["transcribe", "x.wav", "--max_line_width", "0", "--max_line_count", "0",
              "--max_words_per_line", "0"]  # fmt: skip
     unset = parser.parse_args(cli._openai_spelling(zeros, cli._option_strings(parser)))

@@ -90,6 +90,12 @@ def _bool(text: str) -> bool:
     return BOOLEANS[key]
 
 
+def _language(text: str) -> str | None:
+    """--language: a code or name (checked where the model reads it), or none to detect it, as
+    openai-whisper's --help says."""
+    return None if text.strip().lower() == "none" else text
+
+
 def _json_object(text: str) -> dict[str, Any]:
     """--vad-parameters: a JSON object (its fields are checked where the VAD's options are)."""
     try:
@@ -275,9 +281,10 @@ def add_decoding_options(parser: argparse.ArgumentParser, batched: bool) -> Any:
     decode.add_argument(
         "--language",
         metavar="LANG",
+        type=_language,
         default=None,
         help="spoken language as a code or name (en, German, ...); detected per file when "
-        "omitted" + own.format("language"),
+        "omitted or none" + own.format("language"),
     )
     decode.add_argument(
         "--task",
@@ -580,8 +587,9 @@ def _add_stream_parser(commands: Any) -> None:
     s.add_argument(
         "--language",
         metavar="LANG",
+        type=_language,
         default=None,
-        help="spoken language; detected once speech starts when omitted",
+        help="spoken language; detected once speech starts when omitted or none",
     )
     s.add_argument(
         "--beam-size",
