@@ -4,6 +4,7 @@ and the log-mel spectrogram equals openai-whisper's."""
 from __future__ import annotations
 
 import io
+import re
 import time
 import tracemalloc
 import warnings
@@ -236,7 +237,20 @@ BAD_INPUTS: dict[str, Callable[[Path], object]] = {
     "int16 PCM cast to float": lambda d: np.array([0, 1200, -25647, 3], dtype=np.float32),
     "text-mode file": lambda d: io.StringIO("RIFF...."),
     "not audio at all": lambda d: 12345,
+    "file object read already": lambda d: _read(io.BytesIO(JFK.read_bytes()), -1),
+    "file object read partway": lambda d: _read(io.BytesIO(JFK.read_bytes()), 1000),
 }
+
+# What the message must say, where a cause is known: the way out.
+BAD_INPUT_HINTS = {
+    "file object read already": r"at byte 1152693, not at its start.*\.seek\(0\)",
+    "file object read partway": r"at byte 1000, not at its start.*\.seek\(0\)",
+}
+
+
+def _read(file: io.IOBase, size: int) -> io.IOBase:
+    file.read(size)
+    return file
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
@@ -250,6 +264,7 @@ def test_bad_input_raises_audio_error(tmp_path: Path, case: str) -> None:
     assert "\n" not in message and len(message) < 300
     # every message says what to do, after the semicolon
     assert ";" in message, message
+    assert re.search(BAD_INPUT_HINTS.get(case, ""), message), message
 
 
 def test_integer_pcm_arrays_and_a_float_overshoot_are_taken(jfk: np.ndarray) -> None:

@@ -73,6 +73,15 @@ def decode_audio(
         )
     else:
         name = str(getattr(input_file, "name", "<audio file object>"))
+        # FFmpeg probes from where the object stands but seeks in it from byte 0: one read
+        # already (a second transcribe of it) failed as invalid data, one part-read decoded
+        # from its start or not at all, as the container's probe went.
+        position = _position(input_file)
+        if position:
+            raise AudioError(
+                f"{name}: the file object is at byte {position}, not at its start (read "
+                "already?); call its .seek(0) first, or pass the path or the bytes"
+            )
     try:
         import av  # imported here: PyAV is optional where audio comes in as arrays
     except ImportError:  # a slim install, e.g. a GPU box without FFmpeg's libraries
@@ -146,6 +155,14 @@ def decode_audio(
     if split_stereo:  # s16 stereo comes interleaved: left, right, left, ...
         return samples[0::2], samples[1::2]
     return samples
+
+
+def _position(file: BinaryIO) -> int:
+    """Where a seekable file object stands; 0 for a stream (a pipe, a socket) that can't say."""
+    try:
+        return file.tell() if file.seekable() else 0
+    except (AttributeError, OSError, ValueError):  # no seekable(), or closed: av.open says so
+        return 0
 
 
 def read_pcm_wav(
