@@ -237,12 +237,16 @@ BAD_INPUTS: dict[str, Callable[[Path], object]] = {
     "int16 PCM cast to float": lambda d: np.array([0, 1200, -25647, 3], dtype=np.float32),
     "text-mode file": lambda d: io.StringIO("RIFF...."),
     "not audio at all": lambda d: 12345,
+    "int64 holding int16 PCM": lambda d: np.array([0, 1200, -25647, 3]),
+    "int32 holding int16 PCM": lambda d: np.array([0, 32767, -32768], dtype=np.int32),
     "file object read already": lambda d: _read(io.BytesIO(JFK.read_bytes()), -1),
     "file object read partway": lambda d: _read(io.BytesIO(JFK.read_bytes()), 1000),
 }
 
 # What the message must say, where a cause is known: the way out.
 BAD_INPUT_HINTS = {
+    "int64 holding int16 PCM": r"peak at 25647: 16-bit PCM in a wider type.*astype\(np\.int16\)",
+    "int32 holding int16 PCM": r"peak at 32768: 16-bit PCM",
     "file object read already": r"at byte 1152693, not at its start.*\.seek\(0\)",
     "file object read partway": r"at byte 1000, not at its start.*\.seek\(0\)",
 }
@@ -272,6 +276,9 @@ def test_integer_pcm_arrays_and_a_float_overshoot_are_taken(jfk: np.ndarray) -> 
     scaled, and float audio a little past full scale (a clipped overshoot) stays as it is."""
     pcm = np.round(jfk * 32767).astype(np.int16)
     np.testing.assert_allclose(load_audio(pcm), jfk, atol=1 / 32767)
+    # 32-bit PCM at its full scale, and silence in any width (the 16-bit-in-int64 check spares it)
+    np.testing.assert_allclose(load_audio(pcm.astype(np.int32) << 16), jfk, atol=1 / 32767)
+    assert not load_audio(np.zeros(100, dtype=np.int64)).any()
     loud = (jfk * (1.5 / np.abs(jfk).max())).astype(np.float32)
     assert np.abs(load_audio(loud)).max() == pytest.approx(1.5)
 

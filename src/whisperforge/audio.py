@@ -339,6 +339,7 @@ def load_audio(
                 f"audio arrays must be 1-D mono at {SAMPLE_RATE} Hz, got shape {audio.shape}; "
                 "average the channel axis first (e.g. audio.mean(axis=1) for [samples, channels])"
             )
+        _check_integer_width(audio)
         # A reversed or strided view (audio[::-1]) has strides torch.from_numpy refuses.
         samples = np.ascontiguousarray(to_float32(audio))
     else:
@@ -350,6 +351,21 @@ def load_audio(
     if not np.isfinite(samples).all():
         raise AudioError(NOT_FINITE)
     return samples
+
+
+def _check_integer_width(audio: np.ndarray) -> None:
+    """Refuse 16-bit PCM in a wider integer type (np.array of a list of ints is int64): scaled
+    by its type's range it would be near-silence, -96 dB down, and decode to nothing. 32-bit
+    PCM that quiet is inaudible anyway."""
+    if audio.dtype.kind != "i" or audio.dtype.itemsize <= 2:
+        return
+    peak = max(int(audio.max(initial=0)), -int(audio.min(initial=0)))  # int(): no overflow
+    if 0 < peak <= 32768:
+        raise AudioError(
+            f"{audio.dtype} samples that peak at {peak}: 16-bit PCM in a wider type, which "
+            f"scaled as {8 * audio.dtype.itemsize}-bit PCM is near-silence; pass "
+            "audio.astype(np.int16), or float samples in [-1, 1]"
+        )
 
 
 def pad_or_trim(array: T, length: int = N_SAMPLES, *, axis: int = -1) -> T:
