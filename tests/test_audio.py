@@ -16,7 +16,7 @@ import av
 import numpy as np
 import pytest
 import torch
-from conftest import DEV_DIR, JFK, LONG_FILE, manifest, pcm_wav
+from conftest import DEV_DIR, JFK, LONG_FILE, manifest, pcm_wav, plain_words
 
 from whisperforge.audio import (
     N_FRAMES,
@@ -182,6 +182,17 @@ def test_arrays_and_tensors_pass_through() -> None:
         np.testing.assert_array_equal(load_audio(view), view.astype(np.float32))
         assert pad_or_trim(view, 1200).shape == (1200,)
         np.testing.assert_array_equal(log_mel_spectrogram(view), log_mel_spectrogram(view.copy()))
+
+
+def test_openai_transcribe_takes_a_bfloat16_tensor(tiny_en, jfk: np.ndarray) -> None:
+    """openai-whisper's transcribe takes a torch tensor: one in bfloat16 (a model's dtype) failed
+    with numpy's TypeError there, where the other entry points convert it (load_audio)."""
+    from whisperforge.openai_api import OpenAIWhisper
+
+    tensor = torch.from_numpy(jfk[: 3 * SAMPLE_RATE]).bfloat16()  # "And so my fellow Americans"
+    words = plain_words(OpenAIWhisper(tiny_en).transcribe(tensor, temperature=0.0)["text"])
+    reference = next(r["text"] for r in manifest() if r["audio"] == JFK.name)
+    assert len(words.split()) >= 4 and plain_words(reference).startswith(words), words
 
 
 def test_stereo_44k_wav_mixes_down_and_resamples(tmp_path: Path, jfk: np.ndarray) -> None:

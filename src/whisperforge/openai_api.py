@@ -261,8 +261,6 @@ class OpenAIWhisper:
         options = {name: decode_options[name] for name in SAME_NAMES & set(decode_options)}
         options.setdefault("beam_size", 1)  # openai-whisper: greedy unless a beam is asked for
         options.setdefault("best_of", 1)
-        if isinstance(audio, torch.Tensor):
-            audio = audio.detach().cpu().numpy()
         transcription = TranscriptionOptions.from_arguments(
             temperature=temperature,
             compression_ratio_threshold=compression_ratio_threshold,
