@@ -177,6 +177,8 @@ def test_arrays_and_tensors_pass_through() -> None:
     # integer PCM, as `wave` or scipy read it, is scaled to [-1, 1)
     pcm = np.array([0, 16384, -32768], dtype=np.int16)
     np.testing.assert_array_equal(load_audio(pcm), [0.0, 0.5, -1.0])
+    with pytest.raises(AudioError, match="holds samples already; pass it to transcribe"):
+        decode_audio(x)  # type: ignore[arg-type]
     # views with negative or wide strides, which torch.from_numpy refuses
     for view in (x[::-1], np.stack([x, x], axis=1)[:, 0], x.astype(np.float32)[::-2]):
         np.testing.assert_array_equal(load_audio(view), view.astype(np.float32))
@@ -248,6 +250,9 @@ BAD_INPUTS: dict[str, Callable[[Path], object]] = {
     "int16 PCM cast to float": lambda d: np.array([0, 1200, -25647, 3], dtype=np.float32),
     "text-mode file": lambda d: io.StringIO("RIFF...."),
     "not audio at all": lambda d: 12345,
+    "0-d array": lambda d: np.array(0.5, dtype=np.float32),
+    "channels-first stereo": lambda d: np.zeros((2, 16000), dtype=np.float32),
+    "masked array": lambda d: np.ma.masked_array(np.zeros(100), mask=np.arange(100) > 50),
     "int64 holding int16 PCM": lambda d: np.array([0, 1200, -25647, 3]),
     "int32 holding int16 PCM": lambda d: np.array([0, 32767, -32768], dtype=np.int32),
     "file object read already": lambda d: _read(io.BytesIO(JFK.read_bytes()), -1),
@@ -256,6 +261,10 @@ BAD_INPUTS: dict[str, Callable[[Path], object]] = {
 
 # What the message must say, where a cause is known: the way out.
 BAD_INPUT_HINTS = {
+    "0-d array": "not a single number",
+    "2-D array": r"audio\.mean\(axis=1\) for \[samples, channels\]",
+    "channels-first stereo": r"audio\.mean\(axis=0\) for \[channels, samples\]",
+    "masked array": r"audio\.filled",
     "int64 holding int16 PCM": r"peak at 25647: 16-bit PCM in a wider type.*astype\(np\.int16\)",
     "int32 holding int16 PCM": r"peak at 32768: 16-bit PCM",
     "file object read already": r"at byte 1152693, not at its start.*\.seek\(0\)",

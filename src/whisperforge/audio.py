@@ -66,6 +66,11 @@ def decode_audio(
     elif isinstance(input_file, io.TextIOBase):
         name = getattr(input_file, "name", "<text file object>")
         raise AudioError(f"{name}: opened in text mode; open audio files with 'rb'")
+    elif isinstance(input_file, (np.ndarray, torch.Tensor)):
+        raise AudioError(
+            "decode_audio reads files: an array holds samples already; pass it to transcribe "
+            "or load_audio as it is (16 kHz mono)"
+        )
     elif not hasattr(input_file, "read"):
         raise AudioError(
             f"cannot read audio from a {type(input_file).__name__}; pass a path, bytes, "
@@ -334,11 +339,9 @@ def load_audio(
         tensor = audio.detach().cpu()
         audio = (tensor.float() if tensor.is_floating_point() else tensor).numpy()
     if isinstance(audio, np.ndarray):
-        if audio.ndim != 1:
-            raise AudioError(
-                f"audio arrays must be 1-D mono at {SAMPLE_RATE} Hz, got shape {audio.shape}; "
-                "average the channel axis first (e.g. audio.mean(axis=1) for [samples, channels])"
-            )
+        if isinstance(audio, np.ma.MaskedArray):  # its methods take other arguments
+            raise AudioError("a masked array; fill its masked samples first: audio.filled(0.0)")
+        _check_mono(audio)
         _check_integer_width(audio)
         # A reversed or strided view (audio[::-1]) has strides torch.from_numpy refuses.
         samples = np.ascontiguousarray(to_float32(audio))
@@ -351,6 +354,24 @@ def load_audio(
     if not np.isfinite(samples).all():
         raise AudioError(NOT_FINITE)
     return samples
+
+
+def _check_mono(audio: np.ndarray) -> None:
+    """Refuse a shape other than 1-D, saying which axis to average (channels: the short one)."""
+    if audio.ndim == 1:
+        return
+    if audio.ndim == 2 and audio.size:
+        axis = int(np.argmin(audio.shape))
+        what = "samples, channels" if axis else "channels, samples"
+        hint = f"average its channels first: audio.mean(axis={axis}) for [{what}]"
+    elif audio.ndim == 0:
+        hint = "pass a 1-D array of samples, not a single number"
+    else:
+        hint = "pass one recording's samples as a 1-D array"
+    shape = tuple(audio.shape)
+    raise AudioError(
+        f"audio arrays must be 1-D mono at {SAMPLE_RATE} Hz, got shape {shape}; {hint}"
+    )
 
 
 def _check_integer_width(audio: np.ndarray) -> None:
