@@ -46,7 +46,7 @@ def short_english_clips() -> list[dict]:
 
 def pcm_wav(samples: np.ndarray, rate: int = 16000) -> bytes:
     """16-bit PCM WAV of float samples: [n] mono, or [n, channels] interleaved."""
-    frames = samples.reshape(len(samples), -1)
+    frames = samples if samples.ndim == 2 else samples[:, None]
     out = io.BytesIO()
     with wave.open(out, "wb") as wav:
         wav.setnchannels(frames.shape[1])

@@ -250,6 +250,7 @@ BAD_INPUTS: dict[str, Callable[[Path], object]] = {
     "int16 PCM cast to float": lambda d: np.array([0, 1200, -25647, 3], dtype=np.float32),
     "text-mode file": lambda d: io.StringIO("RIFF...."),
     "not audio at all": lambda d: 12345,
+    "~ in the path": lambda d: "~/no-such-folder-here/talk.wav",
     "0-d array": lambda d: np.array(0.5, dtype=np.float32),
     "channels-first stereo": lambda d: np.zeros((2, 16000), dtype=np.float32),
     "masked array": lambda d: np.ma.masked_array(np.zeros(100), mask=np.arange(100) > 50),
@@ -257,10 +258,12 @@ BAD_INPUTS: dict[str, Callable[[Path], object]] = {
     "int32 holding int16 PCM": lambda d: np.array([0, 32767, -32768], dtype=np.int32),
     "file object read already": lambda d: _read(io.BytesIO(JFK.read_bytes()), -1),
     "file object read partway": lambda d: _read(io.BytesIO(JFK.read_bytes()), 1000),
+    "header-only WAV (0 frames)": lambda d: pcm_wav(np.zeros((0, 1))),
 }
 
 # What the message must say, where a cause is known: the way out.
 BAD_INPUT_HINTS = {
+    "~ in the path": r"os\.path\.expanduser",
     "0-d array": "not a single number",
     "2-D array": r"audio\.mean\(axis=1\) for \[samples, channels\]",
     "channels-first stereo": r"audio\.mean\(axis=0\) for \[channels, samples\]",
@@ -269,6 +272,7 @@ BAD_INPUT_HINTS = {
     "int32 holding int16 PCM": r"peak at 32768: 16-bit PCM",
     "file object read already": r"at byte 1152693, not at its start.*\.seek\(0\)",
     "file object read partway": r"at byte 1000, not at its start.*\.seek\(0\)",
+    "header-only WAV (0 frames)": r"its audio stream is empty \(0 s\)",
 }
 
 

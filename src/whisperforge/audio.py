@@ -54,7 +54,10 @@ def decode_audio(
     if isinstance(input_file, (str, Path)):
         path = Path(input_file)
         if not path.exists():
-            raise AudioError(f"{name}: no such file; check the path")
+            # Only a shell expands ~: open() and FFmpeg look for a folder named "~".
+            tilde = name.startswith("~")
+            hint = " (~ is not expanded here: pass os.path.expanduser(path))" if tilde else ""
+            raise AudioError(f"{name}: no such file; check the path{hint}")
         if path.is_dir():
             raise AudioError(f"{name}: a folder, not a file; pass an audio or video file")
         if path.is_file() and path.stat().st_size == 0:  # (a pipe has no size to check)
@@ -136,11 +139,15 @@ def decode_audio(
             chunks.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
     except AudioError:
         raise
+    except PermissionError:  # not "unreadable audio": the file may be fine
+        raise AudioError(f"{name}: permission denied; check its permissions (ls -l)") from None
     except (av.error.FFmpegError, OSError, UnicodeDecodeError, ValueError) as error:
         reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
         raise AudioError(
             f"{name}: not a readable audio file ({reason}); pass a complete audio or video file"
         ) from None
+    if not n_packets:  # a header alone: a recording stopped at once, or an empty stream
+        raise AudioError(f"{name}: its audio stream is empty (0 s); pass a recording with sound")
     if not chunks:
         raise AudioError(f"{name}: no audio decodes from it; check that it plays, or re-encode it")
     if n_bad:
