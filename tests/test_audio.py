@@ -28,7 +28,7 @@ from whisperforge.audio import (
     mel_filters_numpy,
     pad_or_trim,
 )
-from whisperforge.errors import AudioError, AudioTooLongError
+from whisperforge.errors import AudioError, AudioTooLongError, InvalidOptionError
 
 JFK_SECONDS = 11.0
 
@@ -293,6 +293,13 @@ def test_bad_input_raises_audio_error(tmp_path: Path, case: str) -> None:
     # every message says what to do, after the semicolon
     assert ";" in message, message
     assert re.search(BAD_INPUT_HINTS.get(case, ""), message), message
+
+
+@pytest.mark.parametrize("rate", [0, -1, 16000.5, "16000"])
+def test_decode_audio_refuses_a_sampling_rate_that_is_not_one(rate: object) -> None:
+    """0 gave the file's own rate, a negative one blamed the file ("not a readable audio")."""
+    with pytest.raises(InvalidOptionError, match="sampling_rate must be a whole number"):
+        decode_audio(JFK, sampling_rate=rate)  # type: ignore[arg-type]
 
 
 def test_integer_pcm_arrays_and_a_float_overshoot_are_taken(jfk: np.ndarray) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import AudioError, AudioTooLongError
+from .errors import AudioError, AudioTooLongError, check_whole_number
 
 SAMPLE_RATE = 16000
 N_FFT = 400
@@ -50,6 +50,8 @@ def decode_audio(
     few MB of compressed silence decode to hours, 0.23 GB of samples an hour). `on_samples` is
     called with the count of samples decoded so far after each packet; what it raises stops the
     decode (a server's memory budget, shared by the requests decoding at once)."""
+    # PyAV reads 0 as the file's own rate, and a negative one failed as an unreadable file.
+    check_whole_number("sampling_rate", sampling_rate)
     name = str(input_file) if isinstance(input_file, (str, Path)) else "<audio bytes>"
     if isinstance(input_file, (str, Path)):
         path = Path(input_file)
