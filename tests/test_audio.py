@@ -4,6 +4,7 @@ and the log-mel spectrogram equals openai-whisper's."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import time
 import tracemalloc
@@ -164,6 +165,7 @@ def test_bytes_file_objects_and_paths_agree(jfk: np.ndarray) -> None:
         load_audio(bytearray(data)),
         load_audio(io.BytesIO(data)),
         load_audio(str(JFK)),
+        load_audio(next(e for e in os.scandir(DEV_DIR) if e.name == JFK.name)),  # os.PathLike
         from_file,
     ):
         np.testing.assert_array_equal(audio, jfk)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import warnings
 import wave
 from collections.abc import Callable
@@ -29,12 +30,14 @@ N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a window
 N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100
 
-AudioInput = str | Path | bytes | bytearray | memoryview | BinaryIO | np.ndarray | torch.Tensor
+AudioInput = (
+    str | os.PathLike | bytes | bytearray | memoryview | BinaryIO | np.ndarray | torch.Tensor
+)
 T = TypeVar("T", np.ndarray, torch.Tensor)
 
 
 def decode_audio(
-    input_file: str | Path | bytes | bytearray | memoryview | BinaryIO,
+    input_file: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO,
     sampling_rate: int = SAMPLE_RATE,
     split_stereo: bool = False,
     *,
@@ -52,8 +55,10 @@ def decode_audio(
     decode (a server's memory budget, shared by the requests decoding at once)."""
     # PyAV reads 0 as the file's own rate, and a negative one failed as an unreadable file.
     check_whole_number("sampling_rate", sampling_rate)
-    name = str(input_file) if isinstance(input_file, (str, Path)) else "<audio bytes>"
-    if isinstance(input_file, (str, Path)):
+    if isinstance(input_file, os.PathLike):  # pathlib's, os.scandir's entries, ...
+        input_file = os.fsdecode(input_file)
+    name = input_file if isinstance(input_file, str) else "<audio bytes>"
+    if isinstance(input_file, str):
         path = Path(input_file)
         if not path.exists():
             # Only a shell expands ~: open() and FFmpeg look for a folder named "~".
@@ -158,7 +163,7 @@ def decode_audio(
             "(the file may be damaged or cut off)",
             stacklevel=2,
         )
-    if container.format.name == "wav" and isinstance(input_file, (str, Path, io.BytesIO)):
+    if container.format.name == "wav" and isinstance(input_file, (str, io.BytesIO)):
         # FFmpeg sizes a WAV by the file, so a cut-off recording decodes without a complaint.
         promised = _wav_promised_seconds(input_file)
         held = n_samples / channels / sampling_rate
