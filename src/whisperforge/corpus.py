@@ -282,7 +282,9 @@ def _csv_rows(listing: Path) -> list[dict]:
         with open(listing, newline="", encoding="utf-8-sig") as f:  # -sig: Excel's BOM
             return list(csv.DictReader(f, delimiter=delimiter))
     except (UnicodeDecodeError, csv.Error) as error:
-        raise WhisperforgeError(f"INPUT {listing}: not a readable UTF-8 CSV file ({error})") from None
+        raise WhisperforgeError(
+            f"INPUT {listing}: not a readable UTF-8 CSV file ({error})"
+        ) from None
 
 
 def _parquet_rows(listing: Path, columns: tuple[str, ...] | None = ("path", "audio")) -> list[dict]:
