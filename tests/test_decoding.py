@@ -43,3 +43,21 @@ def test_completion_read_a_step_late_changes_nothing(tiny_en, features, monkeypa
     assert len({len(r.tokens) for r in results[False]}) > 1  # complete at different steps
     for now, late in zip(results[False], results[True]):
         assert (now.tokens, now.avg_logprob) == (late.tokens, late.avg_logprob)
+
+
+@pytest.mark.parametrize(
+    "given, code",
+    [("de", "de"), (" DE ", "de"), ("German", "de"), ("pt-BR", "pt"), ("zh_CN", "zh"),
+     ("en-US", "en"), ("yue", "yue"), ("xx", None), ("xx-DE", None), ("de-", "de")],
+)  # fmt: skip
+def test_a_language_is_a_code_a_name_or_a_locale(given, code):
+    """A manifest's or a user's locale (pt-BR, zh_CN: Common Voice's codes) is its language;
+    anything else unknown is refused by name (openai-whisper refuses the locales)."""
+    from whisperforge.errors import InvalidOptionError
+    from whisperforge.tokenizer import LANGUAGES, normalize_language
+
+    if code is None:
+        with pytest.raises(InvalidOptionError, match=f"unknown language {given!r}"):
+            normalize_language(given, list(LANGUAGES))
+    else:
+        assert normalize_language(given, list(LANGUAGES)) == code

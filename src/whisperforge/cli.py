@@ -283,8 +283,8 @@ def add_decoding_options(parser: argparse.ArgumentParser, batched: bool) -> Any:
         metavar="LANG",
         type=_language,
         default=None,
-        help="spoken language as a code or name (en, German, ...); detected per file when "
-        "omitted or none" + own.format("language"),
+        help="spoken language as a code, name or locale (en, German, pt-BR, ...); detected per "
+        "file when omitted or none" + own.format("language"),
     )
     decode.add_argument(
         "--task",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -364,13 +365,16 @@ def parse_token_ids(text: str) -> list[int]:
 
 
 def normalize_language(language: str, codes: Sequence[str]) -> str:
-    """A language code from a code or a name; a clear error for anything else."""
+    """A language code from a code, a name or a locale (pt-BR); a clear error for anything else."""
     if not isinstance(language, str):
         raise InvalidOptionError(
             f"language must be a code or a name such as en, de or German, not {language!r}"
         )
     key = language.lower().strip()
-    code = key if key in LANGUAGES else TO_LANGUAGE_CODE.get(key)
+    # A locale (pt-BR, zh_CN, en-US: Common Voice's and most manifests' codes) by its language:
+    # Whisper has one token a language, not a region.
+    base = re.split(r"[-_]", key, maxsplit=1)[0]
+    code = next((c for c in (key, base) if c in LANGUAGES), None) or TO_LANGUAGE_CODE.get(key)
     if code is None:
         raise InvalidOptionError(f"unknown language {language!r}; use a code such as en, de, fr")
     if code not in codes:
