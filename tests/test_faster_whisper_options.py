@@ -638,6 +638,9 @@ def test_language_of_the_speech_alone(base):
         ({"log_prob_threshold": float("nan")}, "log_prob_threshold"),
         ({"max_initial_timestamp": -1}, "max_initial_timestamp"),
         ({"prepend_punctuations": 5, "word_timestamps": True}, "prepend_punctuations"),
+        # Past the 448-token text context: max_new_tokens was cut short without a word (as
+        # faster-whisper, refused), a 500-token prefix failed with a tensor shape error.
+        ({"max_new_tokens": 448}, "max_new_tokens"), ({"prefix": " word" * 500}, "prefix"),
         # More beams than the memory holds: the CPU process was killed, not told (6 TB here).
         ({"beam_size": 10**6}, "beam_size or best_of"),
         ({"best_of": 10**6, "temperature": 0.5}, "beam_size or best_of"),

@@ -567,6 +567,27 @@ def validate_options(options: DecodingOptions) -> None:
     check_whole_number("no_repeat_ngram_size", options.no_repeat_ngram_size, 0, " (0: off)")
 
 
+def check_context_room(start_length: int, sample_len: int | None, n_ctx: int) -> None:
+    """Refuse a decode whose start tokens (prompt, task tokens, prefix) leave no room in the
+    text context for its text, or for the `sample_len` (max_new_tokens) asked for, as
+    faster-whisper refuses it: past the context a long prefix failed with a tensor shape error,
+    and a max_new_tokens past it was cut short without a word. The prompt alone never fills
+    it (half the context at most); a long prefix or max_new_tokens does."""
+    room = n_ctx - start_length
+    if room >= (sample_len or 1):
+        return
+    if room < 1:
+        raise InvalidOptionError(
+            f"the prompt and prefix take {start_length} tokens of the model's {n_ctx}-token "
+            "text context, leaving no room for the transcript; use a shorter prefix"
+        )
+    raise InvalidOptionError(
+        f"max_new_tokens (sample_len) {sample_len} and the {start_length} tokens a window "
+        f"starts with (prompt, previous text, prefix) exceed the model's {n_ctx}-token text "
+        f"context; use max_new_tokens of at most {room}, or a shorter prompt or prefix"
+    )
+
+
 def check_rows_fit(model: Whisper, n_audio: int, n_group: int, audio_features: Tensor) -> None:
     """Refuse a decode whose rows' self-attention caches and scores cannot fit the memory left:
     on the CPU the allocation does not fail, the process is killed (beam_size 10000 on tiny.en
@@ -667,6 +688,7 @@ def _decode(
         else [replace(options, prompt=prompt) for prompt in prompts]
     )
     starts = [initial_tokens(tokenizer, o, n_ctx, sample_len) for o in window_options]
+    check_context_room(max(len(start) for start in starts), options.sample_len, n_ctx)
     lengths = sorted({len(start) for start in starts})
     if len(lengths) > 1 and not getattr(model, "pads_prompts", True):
         # An ONNX export's graphs take no padding mask: each prompt length is decoded apart.
