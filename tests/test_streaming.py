@@ -364,6 +364,19 @@ def test_a_live_pipe_is_read_while_updates_decode(tiny_en, capsys, monkeypatch):
     assert plain_wer(spoken, capsys.readouterr().out) < 0.15
 
 
+@pytest.mark.parametrize(
+    ("stdin", "error"),
+    [(b"", "stdin: no audio, the input is empty"), (b"meeting notes\n", "stdin holds text")],
+)
+def test_stream_command_refuses_stdin_without_audio(model, capsys, monkeypatch, stdin, error):
+    """`whisperforge stream - < /dev/null` printed a blank line and exited 0, and text piped in
+    was read as PCM noise and transcribed (" ."); both are errors, before any decode."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    assert cli.main(["stream", "-"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"error: {error}")
+
+
 def test_stream_command_missing_file(model, capsys, tmp_path):
     assert cli.main(["stream", "nope.wav"]) == 1
     assert "no such file" in capsys.readouterr().err
@@ -373,3 +386,7 @@ def test_stream_command_missing_file(model, capsys, tmp_path):
     not_audio.write_text("meeting notes, not a recording")
     assert cli.main(["stream", str(not_audio)]) == 1
     assert f"{not_audio}: not a readable audio file" in capsys.readouterr().err
+    empty = tmp_path / "empty.raw"
+    empty.write_bytes(b"")
+    assert cli.main(["stream", str(empty)]) == 1
+    assert f"{empty}: no audio, the file is empty" in capsys.readouterr().err

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import InvalidOptionError, WhisperforgeError
+from .errors import AudioError, InvalidOptionError, WhisperforgeError
 from .tokenizer import parse_token_ids
 from .writers import (
     DETECTING_LANGUAGE,
@@ -1060,6 +1060,13 @@ def _looks_like_container(head: bytes) -> bool:
     return head.startswith(_CONTAINER_MAGIC) or head[4:8] == b"ftyp"
 
 
+def _looks_like_text(head: bytes) -> bool:
+    """Printable ASCII only: text piped in by mistake. As s16le PCM, 12 such bytes would be six
+    loud positive samples in a row, never how a recording starts (its high bytes are near 0x00
+    or 0xff)."""
+    return all(32 <= byte < 127 or byte in b"\t\n\r" for byte in head)
+
+
 def _stream_chunks(args: argparse.Namespace, chunk_bytes: int) -> Any:
     """(float32 array | s16le bytes) chunks of the input, read as they arrive where raw."""
     from .audio import load_audio
@@ -1075,6 +1082,11 @@ def _stream_chunks(args: argparse.Namespace, chunk_bytes: int) -> Any:
             args.input_format == "auto"
             and (raw_name or (stdin and not _looks_like_container(head)))
         )
+        if raw and args.input_format == "auto" and stdin and head and _looks_like_text(head):
+            raise AudioError(
+                f"stdin holds text ({head.decode()!r}...), not audio; pipe in raw 16 kHz mono "
+                "s16le PCM or an audio file, or pass --input-format s16le to read it as PCM"
+            )
         if not raw:  # a container: decode it whole, then hand it out in chunks
             audio = load_audio(head + source.read() if stdin else args.input)
             step = chunk_bytes // 2
@@ -1197,6 +1209,13 @@ def run_stream(args: argparse.Namespace) -> int:
     if pending:
         for event in stream.feed(_joined(pending)):
             show(event)
+    if stream.received_s == 0 and not interrupted:  # a blank line and 0 read as a transcript
+        if args.input == "-":
+            raise AudioError(
+                "stdin: no audio, the input is empty; pipe in raw 16 kHz mono s16le PCM or an "
+                "audio file"
+            )
+        raise AudioError(f"{args.input}: no audio, the file is empty")
     show(stream.finish())
     if not args.timestamps:
         print(flush=True)
