@@ -390,8 +390,8 @@ def test_chunk_length_decodes_shorter_windows(tiny_en, monkeypatch):
     chunked, segments = transcribed(tiny_en, SPOKEN_FAST_AND_SLOW, chunk_length=10)
     assert len(windows) >= 3 and all(s.end - s.start <= 10 for s in segments)
     assert english_wer([whole], [chunked]) < 0.25  # the same speech, cut differently
-    for bad in (0.5, 31):
-        with pytest.raises(InvalidOptionError, match="chunk_length"):
+    for bad in (0.5, 31, 100):  # faster-whisper takes 31 and 100, past what the model hears
+        with pytest.raises(InvalidOptionError, match=f"chunk_length .* 1 to 30 .* not {bad}"):
             tiny_en.transcribe(JFK, chunk_length=bad)
 
 

@@ -165,7 +165,8 @@ class TranscriptionOptions:
         check_probability("language_detection_threshold", options.language_detection_threshold)
         if options.chunk_length is not None and not 1 <= options.chunk_length <= CHUNK_LENGTH:
             raise InvalidOptionError(
-                f"chunk_length is the seconds of audio a window holds, 1 to {CHUNK_LENGTH}"
+                f"chunk_length is the seconds of audio a window holds, 1 to {CHUNK_LENGTH} (the "
+                f"model hears {CHUNK_LENGTH} s at a time), not {options.chunk_length!r}"
             )
         for t in options.temperatures:  # now, not lazily at the first window
             validate_options(options.decoding_options(t, "en", "transcribe", []))
