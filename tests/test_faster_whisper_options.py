@@ -6,6 +6,7 @@ the low log-probability skip."""
 from __future__ import annotations
 
 import inspect
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, fields, replace
 
@@ -650,6 +651,21 @@ def test_bad_option_values_are_refused_by_name(tiny_en, options, named):
     cards = DEV_DIR / "pocketsphinx__cards__003.wav"
     with pytest.raises(InvalidOptionError, match=named):
         list(tiny_en.transcribe(cards, **options)[0])
+
+
+def test_hallucination_silence_threshold_warns_where_it_does_nothing(tiny_en):
+    """openai-whisper and faster-whisper ignore it without word_timestamps, and faster-whisper's
+    batched pipeline in windows decoded alone: without a word. It warns here, at the call."""
+    cards = DEV_DIR / "pocketsphinx__cards__003.wav"
+    with pytest.warns(UserWarning, match="without word_timestamps=True"):
+        tiny_en.transcribe(cards, hallucination_silence_threshold=2.0)
+    with pytest.warns(UserWarning, match="batched pipeline"):
+        BatchedInferencePipeline(tiny_en).transcribe(
+            cards, hallucination_silence_threshold=2.0, word_timestamps=True
+        )
+    with warnings.catch_warnings():  # where it works, no warning
+        warnings.simplefilter("error")
+        tiny_en.transcribe(cards, hallucination_silence_threshold=2.0, word_timestamps=True)
 
 
 def test_when_every_temperature_fails_the_most_probable_decode_is_kept(tiny_en):

@@ -17,6 +17,7 @@ window goes without context; one chain is exactly the sequential `transcribe`.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -732,7 +733,19 @@ def batched_options(**options) -> TranscriptionOptions:
     if unknown:
         raise InvalidOptionError(f"unknown option(s) for batched transcription: {sorted(unknown)}")
     options.setdefault("condition_on_previous_text", False)  # the throughput mode
-    return TranscriptionOptions.from_arguments(**options)
+    checked = TranscriptionOptions.from_arguments(**options)
+    if (
+        checked.hallucination_silence_threshold is not None
+        and checked.word_timestamps
+        and not checked.condition_on_previous_text
+    ):  # faster-whisper's batched pipeline ignores it silently: say so
+        warnings.warn(
+            "hallucination_silence_threshold does nothing in the batched pipeline's windows "
+            "decoded alone; with condition_on_previous_text=True each chain of windows runs "
+            "transcribe's loop, which skips the silences; it is ignored",
+            stacklevel=4,
+        )
+    return checked
 
 
 def clip_regions(

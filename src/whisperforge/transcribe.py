@@ -170,6 +170,13 @@ class TranscriptionOptions:
             )
         for t in options.temperatures:  # now, not lazily at the first window
             validate_options(options.decoding_options(t, "en", "transcribe", []))
+        if options.hallucination_silence_threshold is not None and not options.word_timestamps:
+            # openai-whisper and faster-whisper ignore it silently: say so.
+            warnings.warn(
+                "hallucination_silence_threshold does nothing without word_timestamps=True (the "
+                "silences are found from word times); it is ignored",
+                stacklevel=3,
+            )
         return options
 
     @property
