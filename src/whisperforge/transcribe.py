@@ -961,7 +961,12 @@ class WhisperModel:
                     options.append_punctuations,
                     last_speech_timestamp,
                 )
-                if not single_timestamp_ending:
+                # Without timestamps a decode says nothing of where it stopped; in a window that
+                # reached the end of the audio (or clip), going back to its last word's end left
+                # the silence after it decoded alone: openai-whisper's tiny.en then hears "Thank
+                # you." three times after JFK's last word.
+                at_end = previous_seek + segment_size >= min(content_frames, clip_end)
+                if not single_timestamp_ending and not (options.without_timestamps and at_end):
                     last_word_end = _last_word_end(current)
                     if last_word_end is not None and last_word_end > time_offset:
                         seek = round(last_word_end * FRAMES_PER_SECOND)
