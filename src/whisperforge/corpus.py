@@ -963,11 +963,11 @@ BATCH_EPILOG = """\
 INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text file of paths,
   or a .parquet/.jsonl/.csv/.tsv manifest with a `path` or `audio` column (a CSV's in its
   header line; relative paths are relative to the list's folder); .npy files hold 16 kHz
-  samples. A manifest's `language` (en, de, ...) and
-  `task` (transcribe, translate) columns are each file's own: a row's value wins over
-  --language and --task, which are the default for rows that leave it empty (missing, null or
-  ""). A bad value (an unknown language, another task, German on an English-only model) is
-  that row's error; the other files go on.
+  samples. A manifest's `language` (en, de, pt-BR, ...) and `task` (transcribe, translate)
+  columns are each file's own: a row's value wins over --language and --task, which are the
+  default for rows that leave it empty (missing, null or ""). A bad value (an unknown
+  language, another task, German on an English-only model) is that row's error; the other
+  files go on.
 OUT: .jsonl, written row by row as files finish, or .parquet, merged from OUT.journal.jsonl at
   the end. One row per file: path, language, duration, text, segments, error, timings, worker,
   settings (the model, and the options not at their defaults, the row's own language and task
