@@ -638,6 +638,8 @@ def test_language_of_the_speech_alone(base):
         ({"no_speech_threshold": float("nan")}, "no_speech_threshold"),
         ({"log_prob_threshold": float("nan")}, "log_prob_threshold"),
         ({"max_initial_timestamp": -1}, "max_initial_timestamp"),
+        # Every gap passes a negative threshold: windows were skipped without a word.
+        ({"hallucination_silence_threshold": -1, "word_timestamps": True}, "silence_threshold"),
         ({"prepend_punctuations": 5, "word_timestamps": True}, "prepend_punctuations"),
         # Past the 448-token text context: max_new_tokens was cut short without a word (as
         # faster-whisper, refused), a 500-token prefix failed with a tensor shape error.

@@ -144,6 +144,24 @@ def test_any_chunk_size_and_odd_byte_splits_give_the_same_samples():
     np.testing.assert_array_equal(seen[0], pcm16_to_float(pcm))
 
 
+def test_16_bit_samples_in_an_int64_chunk_are_refused_not_heard_as_silence():
+    """np.array of a list of ints is int64: scaled as 64-bit PCM it was -96 dB down, and a stream
+    of speech fed so committed nothing. int32 chunks stay 32-bit PCM (a quiet one is common)."""
+    heard: list[float] = []
+
+    def fake(audio, prompt, language):
+        heard.append(float(np.abs(audio).max()))
+        return [], "en"
+
+    stream = StreamingTranscriber(fake, StreamingOptions(min_chunk_s=0.1))
+    speech_like = np.array([1000, -2000, 3000] * 1000)
+    with pytest.raises(AudioError, match="astype"):
+        stream.feed(speech_like)
+    assert stream.received_s == 0  # nothing of the refused chunk was kept
+    stream.feed(speech_like.astype(np.int32) << 16)  # 32-bit PCM at the same level: taken
+    assert heard and abs(heard[-1] - 3000 / 32768) < 1e-6
+
+
 def test_silence_costs_no_updates():
     fake = Scripted([])
     stream = StreamingTranscriber(fake, StreamingOptions(silence_db=-50.0))

@@ -356,7 +356,7 @@ def load_audio(
         if isinstance(audio, np.ma.MaskedArray):  # its methods take other arguments
             raise AudioError("a masked array; fill its masked samples first: audio.filled(0.0)")
         _check_mono(audio)
-        _check_integer_width(audio)
+        check_integer_width(audio)
         # A reversed or strided view (audio[::-1]) has strides torch.from_numpy refuses.
         samples = np.ascontiguousarray(to_float32(audio))
     else:
@@ -388,7 +388,7 @@ def _check_mono(audio: np.ndarray) -> None:
     )
 
 
-def _check_integer_width(audio: np.ndarray) -> None:
+def check_integer_width(audio: np.ndarray) -> None:
     """Refuse 16-bit PCM in a wider integer type (np.array of a list of ints is int64): scaled
     by its type's range it would be near-silence, -96 dB down, and decode to nothing. 32-bit
     PCM that quiet is inaudible anyway."""

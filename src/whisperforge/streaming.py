@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, to_float32
+from .audio import SAMPLE_RATE, check_integer_width, to_float32
 from .decoding import compression_ratio
 from .errors import InvalidOptionError
 from .results import Segment, Word
@@ -311,6 +311,10 @@ class StreamingTranscriber:
             raise InvalidOptionError(
                 f"feed 1-D mono audio at {SAMPLE_RATE} Hz, got shape {samples.shape}"
             )
+        if samples.dtype == np.int64:
+            # Only int64: no capture API gives 64-bit PCM, so quiet int64 samples are 16-bit
+            # ones (np.array of a list of ints); a quiet chunk of a real int32 capture is common.
+            check_integer_width(samples)
         return to_float32(samples)
 
     def _update(self, final: bool) -> StreamingEvent | None:

@@ -168,6 +168,12 @@ class TranscriptionOptions:
                 f"chunk_length is the seconds of audio a window holds, 1 to {CHUNK_LENGTH} (the "
                 f"model hears {CHUNK_LENGTH} s at a time), not {options.chunk_length!r}"
             )
+        threshold = options.hallucination_silence_threshold
+        if threshold is not None and threshold < 0:  # every gap would pass it: windows skipped
+            raise InvalidOptionError(
+                f"hallucination_silence_threshold is seconds of silence, 0 or more (openai-"
+                f"whisper's CLI example is 2), not {threshold!r}"
+            )
         for t in options.temperatures:  # now, not lazily at the first window
             validate_options(options.decoding_options(t, "en", "transcribe", []))
         if options.hallucination_silence_threshold is not None and not options.word_timestamps:
