@@ -224,9 +224,9 @@ def test_multilingual_decodes_each_window_in_its_own_language(base):
 
 
 def test_multilingual_words_are_timed_in_their_windows_language(base):
-    segments, _ = base.transcribe(
-        MULTILINGUAL, multilingual=True, word_timestamps=True, condition_on_previous_text=False
-    )  # conditioned on the English before it, the first German window stays English
+    # Conditioned on the English before it, the first German window stays English.
+    options = {"condition_on_previous_text": False, "beam_size": 1}
+    segments, _ = base.transcribe(MULTILINGUAL, multilingual=True, word_timestamps=True, **options)
     words = [w for s in segments if s.start >= 30 for w in s.words]
     assert len(GERMAN & {plain_words(w.word) for w in words}) >= 3
     assert all(29 <= w.start <= w.end <= 60.5 for w in words)
@@ -431,7 +431,7 @@ def test_threads_share_one_model_and_its_runtime(tiny_en, monkeypatch):
     alone = [text(clip) for clip in clips]
     with ThreadPoolExecutor(len(clips)) as pool:
         together = list(pool.map(text, clips * 2))
-    assert together == alone * 2
+    assert together == alone
     with pytest.raises(InvalidOptionError, match="num_workers"):
         WhisperModel("tiny.en", num_workers=0)
 
@@ -454,14 +454,14 @@ def test_num_workers_batches_concurrent_calls_and_each_gets_its_own_answer(tiny_
 
     alone = [tokens(tiny_en, audio) for audio in clips]
     with ThreadPoolExecutor(3) as pool:
-        together = list(pool.map(lambda audio: tokens(model, audio), clips * 2))
+        together = list(pool.map(lambda audio: tokens(model, audio), clips))
         bad = [pool.submit(model.transcribe, JFK, language="xx"),
                pool.submit(model.transcribe, DEV_DIR / "no-such-file.flac")]  # fmt: skip
         with pytest.raises(InvalidOptionError, match="xx"):
             bad[0].result()
         with pytest.raises(AudioError):
             bad[1].result()
-    assert together == alone * 2
+    assert together == alone
     assert model.concurrent.engines[0].backend.max_batch_windows > 1  # they did share batches
     segments, _ = model.transcribe(clips[-1])
     next(segments)

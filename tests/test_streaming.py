@@ -228,11 +228,11 @@ def test_options_are_checked():
 # --- real model -----------------------------------------------------------------------------
 
 
-def test_replay_of_a_dev_clip_matches_offline(tiny_en):
-    audio = load_audio(DEV_DIR / "mfa__acoustic_corpus.wav")  # 26.7 s, spontaneous speech
+def test_replay_of_a_dev_clip_matches_offline(tiny_en, tiny_en_greedy):
+    clip = "mfa__acoustic_corpus.wav"  # 26.7 s, spontaneous speech
+    audio = load_audio(DEV_DIR / clip)
     assert audio.size / SR >= 20
-    offline = "".join(s.text for s in tiny_en.transcribe(audio, language="en", beam_size=1,
-                                                         temperature=0.0)[0])  # fmt: skip
+    offline = "".join(s.text for s in tiny_en_greedy[clip])
     # An update every 2 s of audio (not the default 1 s): half the decodes, the same checks.
     options = StreamingOptions(language="en", min_chunk_s=2.0)
     run = replay(tiny_en, audio, chunk_s=0.5, options=options)
@@ -252,13 +252,13 @@ def test_replay_of_a_dev_clip_matches_offline(tiny_en):
     assert delays.min() >= 0 and delays.mean() < 3.0
 
 
-def test_no_text_invented_after_the_last_word(tiny_en):
+def test_no_text_invented_after_the_last_word(tiny_en, tiny_en_greedy):
     """Isolated words with silence between and after them: the end of the buffer is often
     decoded again in a short window of its own, where tiny.en makes up a sentence; streaming
     must end where offline transcription of the same file ends."""
-    audio = load_audio(DEV_DIR / "whisper-timestamped__words.wav")  # 23.1 s
-    offline = "".join(s.text for s in tiny_en.transcribe(audio, language="en", beam_size=1,
-                                                         temperature=0.0)[0])  # fmt: skip
+    clip = "whisper-timestamped__words.wav"  # 23.1 s
+    audio = load_audio(DEV_DIR / clip)
+    offline = "".join(s.text for s in tiny_en_greedy[clip])
     run = replay(tiny_en, audio, chunk_s=0.5, options=StreamingOptions(language="en"))
     assert len(plain_words(run.text).split()) <= len(plain_words(offline).split())
     assert plain_wer(offline, run.text) < 0.15
