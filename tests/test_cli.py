@@ -371,6 +371,21 @@ def test_an_internal_error_is_one_line_and_the_batch_goes_on(model, monkeypatch,
     assert "RuntimeError: boom" in err and "Traceback" not in err
 
 
+def test_a_gpu_out_of_memory_says_what_to_lower_not_internal_error(model, monkeypatch, capsys):
+    """torch's CUDA out-of-memory error (a beam or batch past what the GPU holds, raised from
+    the decode as torch raises it) is the options' doing, not a bug to report."""
+    import torch
+
+    def out_of_memory(audio, *arguments, **keywords):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(model, "transcribe_with", out_of_memory)
+    assert cli.main(["transcribe", str(JFK), str(JFK)]) == 1
+    err = capsys.readouterr().err
+    assert len(error_lines(err)) == 2 and "internal error" not in err
+    assert "GPU ran out of memory; use a smaller beam_size" in err
+
+
 def test_progress_bar_on_a_terminal(model, monkeypatch, capsys):
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

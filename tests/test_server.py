@@ -282,6 +282,28 @@ def test_a_hub_name_is_found_in_model_dir(tmp_path, monkeypatch):
         assert plain_wer(JFK_TEXT, post(c, {"model": "whisper-1"}, jfk_file()).json()["text"]) < 0.1
 
 
+def test_a_gpu_out_of_memory_is_503_saying_what_to_lower(client, tiny_en, monkeypatch):
+    """torch's CUDA out-of-memory error in a request's decode (raised where torch raises it) is
+    503 with what to lower, not a 500 to report; the server goes on."""
+    import torch
+
+    def out_of_memory(mel):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tiny_en, "encode", out_of_memory)
+        for streamed in ("false", "true"):
+            response = post(client, fmt("json", stream=streamed), jfk_file())
+            if streamed == "true":  # the stream had begun: the error is its last event
+                event = response.text.strip().splitlines()[-1]
+                error = json.loads(event[len("data: ") :])["error"]
+            else:
+                error = assert_openai_error(response, 503, None)
+            assert error["code"] == "server_is_overloaded", error
+            assert "GPU ran out of memory; use a smaller beam_size" in error["message"]
+    assert "fellow Americans" in post(client, fmt("text"), jfk_file()).text
+
+
 def test_timeout_and_full_queue(tiny_en):
     short = {"file": ("short.wav", (DEV_DIR / "coqui-tts-ljspeech__LJ001-0002.wav").read_bytes())}
     with TestClient(create_app(ServerConfig(request_timeout_s=0.001), model=tiny_en)) as c:

@@ -26,7 +26,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import AudioError, InvalidOptionError, WhisperforgeError
+from .errors import (
+    GPU_OUT_OF_MEMORY,
+    AudioError,
+    InvalidOptionError,
+    WhisperforgeError,
+    is_out_of_memory,
+)
 from .tokenizer import parse_token_ids
 from .writers import (
     DETECTING_LANGUAGE,
@@ -965,6 +971,10 @@ def run_transcribe(args: argparse.Namespace) -> int:
             _file_error(path, error)
             failed = True
         except Exception as error:  # noqa: BLE001 -- a bug, not the user's fault: say so, go on
+            if is_out_of_memory(error):  # not a bug: the options ask more than the GPU holds
+                _file_error(path, WhisperforgeError(GPU_OUT_OF_MEMORY))
+                failed = True
+                continue
             if args.verbose:
                 traceback.print_exc()
             hint = "" if args.verbose else "; rerun with --verbose for the traceback"

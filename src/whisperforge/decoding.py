@@ -591,18 +591,24 @@ def check_context_room(start_length: int, sample_len: int | None, n_ctx: int) ->
 def check_rows_fit(model: Whisper, n_audio: int, n_group: int, audio_features: Tensor) -> None:
     """Refuse a decode whose rows' self-attention caches and scores cannot fit the memory left:
     on the CPU the allocation does not fail, the process is killed (beam_size 10000 on tiny.en
-    asks for 60 GB). A GPU raises its own out-of-memory error, which the pipelines handle."""
-    if audio_features.device.type != "cpu":
-        return
-    free = available_memory()
+    asks for 60 GB). A GPU raises its own out-of-memory error, which the pipelines handle by
+    halving their batches; refused here is one window's rows past the whole GPU's memory."""
+    device = audio_features.device
     config, size = model.config, audio_features.dtype.itemsize
     per_row = 2 * config.n_text_layer * config.n_text_ctx * config.n_text_state * size
     per_row += 4 * config.n_vocab * 4  # logits, log-probs and the filters' float32 copies
+    if device.type == "cpu":
+        free, what = available_memory(), "memory free"
+    elif device.type == "cuda":
+        free, what = torch.cuda.mem_get_info(device)[1], "GPU's memory"
+        n_audio = 1  # what halving cannot help
+    else:
+        return
     need = n_audio * n_group * per_row
     if free is not None and need > free:
         raise InvalidOptionError(
             f"{n_audio} window(s) x {n_group} beams or samples need about {need / 1e9:.1f} GB "
-            f"for their caches, more than the {free / 1e9:.1f} GB of memory free; use a smaller "
+            f"for their caches, more than the {free / 1e9:.1f} GB of {what}; use a smaller "
             "beam_size or best_of (5 is the usual), or fewer windows at once (batch_size)"
         )
 

@@ -1,6 +1,7 @@
 """Exceptions a user can act on. Every message says what went wrong and what to do."""
 
 import numbers
+import sys
 
 
 class WhisperforgeError(Exception):
@@ -47,3 +48,17 @@ def check_probability(name: str, value: object) -> None:
     would switch the check it sets off)."""
     if not is_number(value) or not 0 <= value <= 1:  # type: ignore[operator]
         raise InvalidOptionError(f"{name} is a probability, 0 to 1, not {value!r}")
+
+
+# What to do when a decode does not fit the GPU (torch raises its own error, not ours).
+GPU_OUT_OF_MEMORY = (
+    "the GPU ran out of memory; use a smaller beam_size or best_of (5 is the usual), fewer "
+    "windows at once (batch_size), or a smaller model or compute_type (int8_float16)"
+)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's CUDA out-of-memory error, told apart without importing torch (where torch was
+    never imported, nothing could have raised it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(error, torch.cuda.OutOfMemoryError)

@@ -41,7 +41,13 @@ import numpy as np
 
 from .audio import SAMPLE_RATE, available_memory, load_audio
 from .engine import Backend, Engine, Job, QueueFull, make_backend
-from .errors import AudioError, AudioTooLongError, InvalidOptionError
+from .errors import (
+    GPU_OUT_OF_MEMORY,
+    AudioError,
+    AudioTooLongError,
+    InvalidOptionError,
+    is_out_of_memory,
+)
 from .results import Segment, TranscriptionInfo
 from .streaming import StreamingEvent, StreamingOptions, StreamingTranscriber
 from .tokenizer import LANGUAGES, normalize_language
@@ -426,6 +432,10 @@ class App:
             raise APIError(400, str(error)) from None
         except AudioError as error:
             raise APIError(400, str(error), "file") from None
+        except Exception as error:
+            if is_out_of_memory(error):  # other requests may have held the memory: 503
+                raise overloaded(GPU_OUT_OF_MEMORY) from None
+            raise
         finally:
             _abandon(job, future)
 
@@ -501,10 +511,13 @@ class App:
         try:
             segments, info = future.result()
         except Exception as error:  # noqa: BLE001 -- reported in the stream, which has begun
-            body = APIError(400 if isinstance(error, InvalidOptionError) else 500, str(error),
-                            type="invalid_request_error" if isinstance(error, InvalidOptionError)
-                            else "server_error").body()  # fmt: skip
-            yield f"data: {json.dumps(body)}\n\n"
+            if is_out_of_memory(error):
+                failure = overloaded(GPU_OUT_OF_MEMORY)
+            elif isinstance(error, InvalidOptionError):
+                failure = APIError(400, str(error))
+            else:
+                failure = APIError(500, str(error), type="server_error")
+            yield f"data: {json.dumps(failure.body())}\n\n"
             return
         text = "".join(s.text for s in segments).strip()
         done_event = {"type": "transcript.text.done", "text": text, "usage": _usage(info)}
