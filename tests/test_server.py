@@ -282,6 +282,20 @@ def test_a_hub_name_is_found_in_model_dir(tmp_path, monkeypatch):
         assert plain_wer(JFK_TEXT, post(c, {"model": "whisper-1"}, jfk_file()).json()["text"]) < 0.1
 
 
+def test_a_requests_mel_is_made_in_its_own_thread_not_the_workers(client, tiny_en, monkeypatch):
+    """One worker thread decodes every request's windows: a long upload's mel made there (17 s
+    for 2 h of audio on a loaded 2-core CPU) held all the others up."""
+    made_in, make = [], tiny_en.long_form_mel
+
+    def recorded(samples):
+        made_in.append(threading.current_thread().name)
+        return make(samples)
+
+    monkeypatch.setattr(tiny_en, "long_form_mel", recorded)
+    assert "fellow Americans" in post(client, fmt("text"), jfk_file()).text
+    assert made_in and "whisperforge-engine" not in made_in, made_in
+
+
 def test_a_gpu_out_of_memory_is_503_saying_what_to_lower(client, tiny_en, monkeypatch):
     """torch's CUDA out-of-memory error in a request's decode (raised where torch raises it) is
     503 with what to lower, not a 500 to report; the server goes on."""

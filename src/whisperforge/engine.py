@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .audio import AudioInput, load_audio
+from .audio import AudioInput
 from .batched import BatchedInferencePipeline, decode_key
 from .errors import InvalidOptionError
 from .results import Segment, TranscriptionInfo
@@ -53,6 +53,7 @@ from .transcribe import locked
 if TYPE_CHECKING:
     from .transcribe import (
         LongForm,
+        PreparedAudio,
         TranscriptionOptions,
         WhisperModel,
         WindowRequest,
@@ -76,7 +77,7 @@ class Job:
     (segments, info), or the exception that stopped the job.
     """
 
-    audio: np.ndarray
+    audio: np.ndarray | PreparedAudio  # prepared: its mel made in the caller's thread
     options: TranscriptionOptions
     language: str | None = None
     task: str = "transcribe"
@@ -429,12 +430,13 @@ class ConcurrentTranscriber:
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         arrived: queue.SimpleQueue[Segment | None] = queue.SimpleQueue()
         started: Future[TranscriptionInfo] = Future()
+        engine = self._engine()
+        # Read, VAD and mel here, not on the worker the other calls' windows wait for.
+        prepared = engine.backend.model.prepare(audio, options, vad_filter, vad_parameters)
         job = Job(
-            load_audio(audio),  # here, not on the worker the other calls' windows wait for
-            options, language, task, vad_filter, vad_parameters,
+            prepared, options, language, task, vad_filter, vad_parameters,
             on_segment=arrived.put, on_start=started.set_result,
         )  # fmt: skip
-        engine = self._engine()
         engine.submit(job)
         job.future.add_done_callback(lambda _: arrived.put(None))  # after its last segment
         try:

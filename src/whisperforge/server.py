@@ -51,7 +51,7 @@ from .errors import (
 from .results import Segment, TranscriptionInfo
 from .streaming import StreamingEvent, StreamingOptions, StreamingTranscriber
 from .tokenizer import LANGUAGES, normalize_language
-from .transcribe import TranscriptionOptions, temperature_ladder
+from .transcribe import PreparedAudio, TranscriptionOptions, temperature_ladder
 from .writers import write
 
 try:  # module level: FastAPI resolves the endpoints' annotations in this namespace
@@ -190,7 +190,7 @@ class Reservation:
 class ParsedRequest:
     """A validated transcription request."""
 
-    audio: np.ndarray
+    audio: PreparedAudio
     response_format: str
     stream: bool
     words: bool
@@ -399,7 +399,10 @@ class App:
         except InvalidOptionError as error:
             raise APIError(400, str(error)) from None
         memory.cover(len(data) + BYTES_PER_SAMPLE * audio.size)  # what a WAV without PyAV took
-        return ParsedRequest(audio, response_format, stream, words, with_segments, options,
+        # Its mel made here, in this request's thread, not by the worker that decodes the other
+        # requests' windows (2 h of audio held them all up for 17 s on a loaded 2-core CPU).
+        prepared = await run_in_threadpool(self.model.prepare, audio, options)
+        return ParsedRequest(prepared, response_format, stream, words, with_segments, options,
                              language, task, memory)  # fmt: skip
 
     # --- running --------------------------------------------------------------------------

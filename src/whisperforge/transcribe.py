@@ -9,6 +9,7 @@ conditioning on previous text, clip timestamps and hallucination-silence skippin
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import numbers
@@ -338,6 +339,20 @@ WindowResult = tuple[DecodingResult, Tensor]
 LongForm = Generator[WindowRequest | Segment, WindowResult | None, None]
 
 
+@dataclass
+class PreparedAudio:
+    """A long-form transcription's audio, made ready without the model (`WhisperModel.prepare`):
+    what the loop decodes, after the VAD where it ran, with its mel."""
+
+    samples: np.ndarray  # what is decoded: all of the audio, or its speech
+    duration: float  # seconds of the audio as given
+    mel: Tensor | None  # None: the VAD found no speech
+    peaks: np.ndarray | None  # `frame_peaks` of the samples
+    timeline: TimelineMap | None  # the speech's times in the audio, where the VAD ran
+    vad_options: VadOptions | None
+    window_options: TranscriptionOptions  # the options, with clips already applied by the VAD
+
+
 def frame_peaks(samples: np.ndarray) -> np.ndarray:
     """Largest absolute sample per mel frame (10 ms hop), to find silent windows cheaply."""
     n_frames = -(-len(samples) // HOP_LENGTH)
@@ -622,9 +637,10 @@ class WhisperModel:
 
     def long_form_mel(self, samples: np.ndarray) -> Tensor:
         """The whole audio's mel with 30 s of zeros after it, on the model's device, sliced
-        per window like the reference's. Under the lock: another thread's CUDA graph may be
-        being captured there."""
-        with self.lock:
+        per window like the reference's. On CUDA under the lock (another thread's CUDA graph may
+        be being captured there); on the CPU without, so that a thread preparing a long file
+        (`prepare`) does not stop the one decoding other files' windows."""
+        with self.lock if self.device.type == "cuda" else contextlib.nullcontext():
             return log_mel_spectrogram(
                 samples, self.checkpoint.config.n_mels, N_SAMPLES, self.device
             )
@@ -755,7 +771,7 @@ class WhisperModel:
 
     def long_form(
         self,
-        audio: AudioInput,
+        audio: AudioInput | PreparedAudio,
         language: str | None,
         task: str,
         options: TranscriptionOptions,
@@ -765,38 +781,25 @@ class WhisperModel:
         """`transcribe`, with the caller decoding the windows: the audio is read and its language
         found now, and the long-form loop comes back as a generator that yields a `WindowRequest`
         per window (send back its `WindowResult`) and each final `Segment`. The server's batched
-        backend runs many loops at once and decodes their windows together."""
+        backend runs many loops at once and decodes their windows together. `audio` may be
+        `prepare`'s, made with the same options, VAD and parameters."""
         self.check_task(task)
         if language is not None:
             language = normalize_language(language, self.supported_languages)
-        samples = load_audio(audio)
-        duration = len(samples) / SAMPLE_RATE
-        if options.clip_timestamps and options.clip_timestamps[0] >= duration:
-            raise InvalidOptionError(
-                f"clip_timestamps start at {options.clip_timestamps[0]:g} s, past the end of "
-                f"the audio ({duration:.2f} s)"
-            )
-        timeline = None
-        vad_options = None
-        window_options = options
-        if vad_filter:  # transcribe only the speech, then map times back to the original
-            vad_options = vad_options_of(vad_parameters)
-            regions = detect_speech(samples, vad_options)
-            # clip_timestamps are times of the file: the speech inside them is decoded, and the
-            # loop then runs over all of it (clipped again, the times would be the speech's).
-            clips = clip_spans(options.clip_timestamps, SAMPLE_RATE, len(samples))
-            regions = regions_within(regions, clips)
-            window_options = replace(options, clip_timestamps=())
-            samples = collect_speech(samples, regions)
-            timeline = TimelineMap(regions)
-        if len(samples) == 0:  # VAD found no speech at all: nothing to decode
+        prepared = (
+            audio
+            if isinstance(audio, PreparedAudio)
+            else self.prepare(audio, options, vad_filter, vad_parameters)
+        )
+        samples, duration, mel = prepared.samples, prepared.duration, prepared.mel
+        window_options, vad_options = prepared.window_options, prepared.vad_options
+        if mel is None:  # VAD found no speech at all: nothing to decode
             # A language given (or the only one a model knows) is certain; none was heard.
             certain = language is not None or not self.is_multilingual
             info = TranscriptionInfo(
                 language or "en", float(certain), duration, 0.0, None, options, vad_options
             )
             return _no_windows(), info
-        mel = self.long_form_mel(samples)
 
         all_language_probs = None
         language_probability = 1.0
@@ -822,9 +825,47 @@ class WhisperModel:
         )
         tokenizer = self.tokenizer.with_options(language, task)
         steps = self.window_steps(
-            mel, tokenizer, window_options, frame_peaks(samples), timeline, prefix_once=True
+            mel, tokenizer, window_options, prepared.peaks, prepared.timeline, prefix_once=True
         )
         return steps, info
+
+    def prepare(
+        self,
+        audio: AudioInput,
+        options: TranscriptionOptions,
+        vad_filter: bool = False,
+        vad_parameters: VadOptions | dict | None = None,
+    ) -> PreparedAudio:
+        """What `long_form` does before it needs the model: the audio read, its speech found
+        (`vad_filter`), its mel. Callers that share one model's worker (the server) run this in
+        their own thread: a long upload's mel took the worker 17 s (2 h of audio, a loaded
+        2-core CPU), every other request's windows waiting."""
+        samples = load_audio(audio)
+        duration = len(samples) / SAMPLE_RATE
+        if options.clip_timestamps and options.clip_timestamps[0] >= duration:
+            raise InvalidOptionError(
+                f"clip_timestamps start at {options.clip_timestamps[0]:g} s, past the end of "
+                f"the audio ({duration:.2f} s)"
+            )
+        timeline = None
+        vad_options = None
+        window_options = options
+        if vad_filter:  # transcribe only the speech, then map times back to the original
+            vad_options = vad_options_of(vad_parameters)
+            regions = detect_speech(samples, vad_options)
+            # clip_timestamps are times of the file: the speech inside them is decoded, and the
+            # loop then runs over all of it (clipped again, the times would be the speech's).
+            clips = clip_spans(options.clip_timestamps, SAMPLE_RATE, len(samples))
+            regions = regions_within(regions, clips)
+            window_options = replace(options, clip_timestamps=())
+            samples = collect_speech(samples, regions)
+            timeline = TimelineMap(regions)
+        if len(samples) == 0:
+            return PreparedAudio(
+                samples, duration, None, None, timeline, vad_options, window_options
+            )
+        mel, peaks = self.long_form_mel(samples), frame_peaks(samples)
+        return PreparedAudio(samples, duration, mel, peaks, timeline, vad_options, window_options)
 
     def decode_sequentially(self, steps: LongForm) -> Iterator[Segment]:
         """Run a long-form loop, decoding each window when it asks: `transcribe`'s segments."""
