@@ -837,9 +837,9 @@ class WhisperModel:
         vad_parameters: VadOptions | dict | None = None,
     ) -> PreparedAudio:
         """What `long_form` does before it needs the model: the audio read, its speech found
-        (`vad_filter`), its mel. Callers that share one model's worker (the server) run this in
-        their own thread: a long upload's mel took the worker 17 s (2 h of audio, a loaded
-        2-core CPU), every other request's windows waiting."""
+        (`vad_filter`), its mel. Callers that share one model's worker (the server, num_workers)
+        run this in their own thread: made by the worker, a long file's mel held up every other
+        call's windows (benchmarks/server_long_upload.py)."""
         samples = load_audio(audio)
         duration = len(samples) / SAMPLE_RATE
         if options.clip_timestamps and options.clip_timestamps[0] >= duration:
