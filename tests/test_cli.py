@@ -386,6 +386,13 @@ def test_a_gpu_out_of_memory_says_what_to_lower_not_internal_error(model, monkey
     assert "GPU ran out of memory; use a smaller beam_size" in err
 
 
+def test_fp16_asked_for_on_the_cpu_is_warned_of_as_openai_whisper_does(model, capsys):
+    assert cli.main(["transcribe", str(JFK), *FAST, "--fp16", "True"]) == 0
+    assert "warning: FP16 is not supported on CPU; using FP32 instead" in capsys.readouterr().err
+    assert cli.main(["transcribe", str(JFK), *FAST]) == 0  # not asked for: no warning
+    assert "FP16" not in capsys.readouterr().err
+
+
 def test_progress_bar_on_a_terminal(model, monkeypatch, capsys):
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -946,6 +946,8 @@ def run_transcribe(args: argparse.Namespace) -> int:
             ) from None
 
     model = load_model(args)
+    if args.fp16 and model.device.type == "cpu":  # asked for by name: say so, as openai-whisper
+        _warn("FP16 is not supported on CPU; using FP32 instead")
     written: set[Path] = set()
     for path in files:
         try:
