@@ -600,7 +600,7 @@ def check_rows_fit(model: Whisper, n_audio: int, n_group: int, audio_features: T
     if device.type == "cpu":
         free, what = available_memory(), "memory free"
     elif device.type == "cuda":
-        free, what = torch.cuda.mem_get_info(device)[1], "GPU memory"
+        free, what = torch.cuda.get_device_properties(device).total_memory, "GPU memory"
         n_audio = 1  # what halving cannot help
     else:
         return

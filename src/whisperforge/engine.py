@@ -77,12 +77,12 @@ class Job:
     (segments, info), or the exception that stopped the job.
     """
 
-    audio: np.ndarray | PreparedAudio  # prepared: its mel made in the caller's thread
+    # Prepared (`WhisperModel.prepare`: read, VAD, mel) in the caller's thread, or samples
+    # decoded as they are (a stream's buffer).
+    audio: np.ndarray | PreparedAudio
     options: TranscriptionOptions
     language: str | None = None
     task: str = "transcribe"
-    vad_filter: bool = False
-    vad_parameters: VadOptions | dict | None = None
     on_segment: Callable[[Segment], None] | None = None
     on_start: Callable[[TranscriptionInfo], None] | None = None
     deadline: float = math.inf  # time.monotonic() after which nobody waits for the result
@@ -152,9 +152,7 @@ class SequentialBackend:
         if not job.future.set_running_or_notify_cancel():
             return  # the client gave up while the job waited
         try:
-            steps, info = self.model.long_form(
-                job.audio, job.language, job.task, job.options, job.vad_filter, job.vad_parameters
-            )
+            steps, info = self.model.long_form(job.audio, job.language, job.task, job.options)
             if job.on_start is not None:
                 job.on_start(info)
             segments = []
@@ -228,10 +226,7 @@ class BatchedBackend:
             return  # the client gave up while the job waited
         try:
             with self.model.lock:  # language detection runs the model
-                steps, info = self.model.long_form(
-                    job.audio, job.language, job.task, job.options, job.vad_filter,
-                    job.vad_parameters,
-                )  # fmt: skip
+                steps, info = self.model.long_form(job.audio, job.language, job.task, job.options)
         except BaseException as error:  # noqa: BLE001 -- handed to the waiting request
             job.future.set_exception(error)
             return
@@ -434,9 +429,8 @@ class ConcurrentTranscriber:
         # Read, VAD and mel here, not on the worker the other calls' windows wait for.
         prepared = engine.backend.model.prepare(audio, options, vad_filter, vad_parameters)
         job = Job(
-            prepared, options, language, task, vad_filter, vad_parameters,
-            on_segment=arrived.put, on_start=started.set_result,
-        )  # fmt: skip
+            prepared, options, language, task, on_segment=arrived.put, on_start=started.set_result
+        )
         engine.submit(job)
         job.future.add_done_callback(lambda _: arrived.put(None))  # after its last segment
         try:

@@ -431,14 +431,11 @@ class App:
                 if not future.done() and await request.is_disconnected():
                     raise APIError(499, "the client closed the request", None, "client_closed")
             return future.result()
-        except InvalidOptionError as error:
-            raise APIError(400, str(error)) from None
-        except AudioError as error:
-            raise APIError(400, str(error), "file") from None
         except Exception as error:
-            if is_out_of_memory(error):  # other requests may have held the memory: 503
-                raise overloaded(GPU_OUT_OF_MEMORY) from None
-            raise
+            failure = _job_error(error)
+            if failure is None:
+                raise  # a bug: the app's 500 handler
+            raise failure from None
         finally:
             _abandon(job, future)
 
@@ -514,12 +511,7 @@ class App:
         try:
             segments, info = future.result()
         except Exception as error:  # noqa: BLE001 -- reported in the stream, which has begun
-            if is_out_of_memory(error):
-                failure = overloaded(GPU_OUT_OF_MEMORY)
-            elif isinstance(error, InvalidOptionError):
-                failure = APIError(400, str(error))
-            else:
-                failure = APIError(500, str(error), type="server_error")
+            failure = _job_error(error) or APIError(500, str(error), type="server_error")
             yield f"data: {json.dumps(failure.body())}\n\n"
             return
         text = "".join(s.text for s in segments).strip()
@@ -693,6 +685,17 @@ class _Inbox:
         if self.backlog <= self.max_backlog:
             self.room.set()
         return data, message
+
+
+def _job_error(error: BaseException) -> APIError | None:
+    """The answer to a job that failed for a reason the client can act on; None for a bug."""
+    if isinstance(error, InvalidOptionError):
+        return APIError(400, str(error))
+    if isinstance(error, AudioError):
+        return APIError(400, str(error), "file")
+    if is_out_of_memory(error):  # other requests may have held the memory: 503, retry
+        return overloaded(GPU_OUT_OF_MEMORY)
+    return None
 
 
 def _abandon(job: Job, waiter: asyncio.Future) -> None:
