@@ -481,6 +481,18 @@ def test_num_workers_batches_concurrent_calls_and_each_gets_its_own_answer(tiny_
     assert engine.alive and tokens(model, clips[1]) == alone[1]
 
 
+def test_num_workers_run_the_vad_as_the_model_alone(tiny_en):
+    """The calling thread prepares the audio (read, VAD, mel) for the shared worker: the speech
+    found and the times mapped back are those of the model alone."""
+    audio = np.concatenate([np.zeros(10 * 16000, np.float32), load_audio(JFK)])
+    model = WhisperModel("tiny.en", device="cpu", compute_type="float32", num_workers=2)
+    options = {"vad_filter": True, "beam_size": 1}
+    shared, info = model.transcribe(audio, **options)
+    alone, expected = tiny_en.transcribe(audio, **options)
+    assert [(s.start, s.tokens) for s in shared] == [(s.start, s.tokens) for s in alone]
+    assert info.duration_after_vad == expected.duration_after_vad < 12
+
+
 def test_num_workers_jobs_nobody_will_read_stop(tiny_en):
     """num_workers=2: segments dropped unread (`info = model.transcribe(audio)[1]`, for the
     language) and a call interrupted while it waits its turn (Ctrl-C) stop their jobs, as closed
