@@ -432,12 +432,24 @@ class App:
                     raise APIError(499, "the client closed the request", None, "client_closed")
             return future.result()
         except Exception as error:
-            failure = _job_error(error)
+            failure = self._job_error(error)
             if failure is None:
                 raise  # a bug: the app's 500 handler
             raise failure from None
         finally:
             _abandon(job, future)
+
+    def _job_error(self, error: BaseException) -> APIError | None:
+        """The answer to a job that failed for a reason the client can act on; None for a bug."""
+        if isinstance(error, TimeoutError):  # the worker stopped it at its deadline
+            return self._timeout()
+        if isinstance(error, InvalidOptionError):
+            return APIError(400, str(error))
+        if isinstance(error, AudioError):
+            return APIError(400, str(error), "file")
+        if is_out_of_memory(error):  # other requests may have held the memory: 503, retry
+            return overloaded(GPU_OUT_OF_MEMORY)
+        return None
 
     def _timeout(self) -> APIError:
         return APIError(504, f"the transcription did not finish within the server's "
@@ -511,7 +523,7 @@ class App:
         try:
             segments, info = future.result()
         except Exception as error:  # noqa: BLE001 -- reported in the stream, which has begun
-            failure = _job_error(error) or APIError(500, str(error), type="server_error")
+            failure = self._job_error(error) or APIError(500, str(error), type="server_error")
             yield f"data: {json.dumps(failure.body())}\n\n"
             return
         text = "".join(s.text for s in segments).strip()
@@ -685,17 +697,6 @@ class _Inbox:
         if self.backlog <= self.max_backlog:
             self.room.set()
         return data, message
-
-
-def _job_error(error: BaseException) -> APIError | None:
-    """The answer to a job that failed for a reason the client can act on; None for a bug."""
-    if isinstance(error, InvalidOptionError):
-        return APIError(400, str(error))
-    if isinstance(error, AudioError):
-        return APIError(400, str(error), "file")
-    if is_out_of_memory(error):  # other requests may have held the memory: 503, retry
-        return overloaded(GPU_OUT_OF_MEMORY)
-    return None
 
 
 def _abandon(job: Job, waiter: asyncio.Future) -> None:
