@@ -21,6 +21,7 @@ import torch
 from conftest import DEV_DIR, JFK, hub_cache_of_tiny_en, run_script
 
 from whisperforge import InvalidOptionError, Segment, TranscriptionInfo, WhisperModel, cli
+from whisperforge.errors import GPU_OUT_OF_MEMORY
 from whisperforge.transcribe import TranscriptionOptions, temperature_ladder
 from whisperforge.writers import FORMATS
 
@@ -384,6 +385,12 @@ def test_a_gpu_out_of_memory_says_what_to_lower_not_internal_error(model, monkey
     err = capsys.readouterr().err
     assert len(error_lines(err)) == 2 and "internal error" not in err
     assert "GPU ran out of memory; use a smaller beam_size" in err
+
+    # Before any file: a model too big for the GPU (and any command's run) says the same.
+    monkeypatch.setattr(cli, "load_model", out_of_memory)
+    assert cli.main(["transcribe", str(JFK)]) == 1
+    err = capsys.readouterr().err
+    assert error_lines(err) == [f"error: {GPU_OUT_OF_MEMORY}"], err
 
 
 def test_fp16_asked_for_on_the_cpu_is_warned_of_as_openai_whisper_does(model, capsys):

@@ -419,6 +419,45 @@ def test_ctrl_c_says_the_done_files_are_kept(tmp_path):
     assert "rerun the same command" in err and not out.exists()
 
 
+def test_a_window_too_big_for_the_gpu_stops_the_job_saying_what_to_lower(
+    tmp_path, monkeypatch, capsys
+):
+    """torch's CUDA out-of-memory error from a window alone (a batch is halved down to one
+    first) stopped the job with torch's traceback: the command now says what to lower and that
+    the rows done are kept, and a rerun goes on from there. The error is injected into the
+    real pipeline's call, as torch raises it."""
+    import torch
+
+    from whisperforge.batched import BatchedInferencePipeline
+
+    decode_windows = BatchedInferencePipeline._decode_windows
+    calls = []
+
+    def second_out_of_memory(self, batch, options):
+        calls.append(len(batch))
+        if len(calls) == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return decode_windows(self, batch, options)
+
+    listing, out = tmp_path / "files.txt", tmp_path / "out.jsonl"
+    jfk, hotwords = str(_clips()[2]), str(_clips()[0])
+    listing.write_text(f"{jfk}\n{hotwords}\n")
+    command = ["batch", str(listing), "--output", str(out), "--device", "cpu", "--beam-size",
+               "1", "--batch-size", "1"]  # fmt: skip
+    monkeypatch.setattr(BatchedInferencePipeline, "_decode_windows", second_out_of_memory)
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert "error: the GPU ran out of memory; use a smaller beam_size" in err, err
+    assert f"1 file(s) done in this run are kept in {out}" in err and "Traceback" not in err
+    assert calls == [1, 1] and list(_rows(out)) == [jfk]
+
+    monkeypatch.setattr(BatchedInferencePipeline, "_decode_windows", decode_windows)
+    assert main(command) == 0
+    rows = _rows(out)
+    assert list(rows) == [jfk, hotwords] and rows[hotwords]["error"] is None
+    assert "1 ok, 0 failed, 1 already done" in capsys.readouterr().err
+
+
 def test_a_manifests_language_and_task_columns_are_read(tmp_path):
     """A manifest's `language` and `task` columns (JSONL, Parquet, CSV or TSV) are each file's
     own; an empty one (missing, null, "") is the job's. They were ignored, with a warning (and a

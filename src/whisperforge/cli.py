@@ -1400,6 +1400,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (WhisperforgeError, OSError) as error:
             _error(str(error) or type(error).__name__)
             return 1
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise  # a bug: its traceback is what a report needs
+            _error(GPU_OUT_OF_MEMORY)  # the options ask more than the GPU holds (stream, export)
+            return 1
 
 
 def _show_warning(

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import errors
-from .errors import InvalidOptionError, WhisperforgeError
+from .errors import GPU_OUT_OF_MEMORY, InvalidOptionError, WhisperforgeError, is_out_of_memory
 
 if TYPE_CHECKING:
     from .batched import BatchedInferencePipeline, FileTranscription
@@ -1027,10 +1027,19 @@ def add_batch_parser(commands: Any) -> None:
     b.set_defaults(run=run_batch)
 
 
+def _kept(output: str, written: list[str], rerun: str = "the same command") -> str:
+    """What a stopped job leaves: the rows of the files it did, where, and how to go on."""
+    return (
+        f"{len(written)} file(s) done in this run are kept in {Journal.kept_in(output)}; "
+        f"rerun {rerun} to transcribe the rest"
+    )
+
+
 def run_batch(args: Any) -> int:
     # --fp16 False and the decoding options, as `transcribe` reads them
     from .cli import (
         _compute_type,
+        _error,
         sequential_only,
         transcription_arguments,
         vad_arguments,
@@ -1063,13 +1072,16 @@ def run_batch(args: Any) -> int:
     except KeyboardInterrupt:
         # Ctrl-C on a long job: say that its rows are kept (a .parquet OUT's only in its
         # journal until the merge), not an exit without a word.
-        kept = Journal.kept_in(args.output)
-        print(
-            f"\ninterrupted: {len(written)} file(s) done in this run are kept in {kept}; "
-            "rerun the same command to transcribe the rest",
-            file=sys.stderr,
-        )
+        print(f"\ninterrupted: {_kept(args.output, written)}", file=sys.stderr)
         return 130
+    except Exception as error:
+        if not is_out_of_memory(error):
+            raise
+        # One window that does not fit even alone (batches that do not fit are halved): every
+        # file would fail the same way, so the job stops, saying what to lower.
+        kept = _kept(args.output, written, "with less asked of the GPU")
+        _error(f"{GPU_OUT_OF_MEMORY}; {kept}")
+        return 1
     print(f"{args.output}: {summary.line()}", file=sys.stderr)
     failed = summary.failed + summary.skipped_failed
     if failed:
