@@ -287,6 +287,23 @@ def test_subtitle_options_imply_word_timestamps(model, tmp_path):
     assert all(c.content.count("<u>") == 1 and len(c.content) <= 24 + 7 for c in cues)
 
 
+def test_subtitle_options_with_word_timestamps_false_are_refused(capsys):
+    """--word_timestamps False said by name is not turned on by a word option: refused, as
+    openai-whisper refuses it, before any model loads."""
+    for option in (["--max_line_width", "24"], ["--highlight_words", "True"],
+                   ["--hallucination_silence_threshold", "2"]):  # fmt: skip
+        assert cli.main(["transcribe", str(JFK), "--word_timestamps", "False", *option]) == 1
+        err = capsys.readouterr().err
+        name = option[0].replace("_", "-")
+        refusal = f"{name} requires --word_timestamps True (it works on word timings)"
+        assert error_lines(err) == [f"error: {refusal}; drop one of them"], err
+    parser = cli.build_parser()
+    for words, expected in ((["--word_timestamps", "False"], False), ([], None)):
+        argv = ["batch", "x.wav", "--output", "o.jsonl", *words]
+        argv = cli._openai_spelling(argv, cli._option_strings(parser))
+        assert parser.parse_args(argv).word_timestamps is expected
+
+
 def test_subtitle_options_without_subtitle_files_warn(model, tmp_path, capsys):
     """The subtitle options on the text printed or a txt file are said to shape nothing."""
     assert cli.main(["transcribe", str(JFK), *FAST, "--max_line_width", "42"]) == 0

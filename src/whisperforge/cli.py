@@ -375,10 +375,14 @@ def add_decoding_options(parser: argparse.ArgumentParser, batched: bool) -> Any:
     decode.add_argument(
         "--word-timestamps",
         action="store_true",
+        default=None,  # None: not given; the subtitle options below then turn it on
         help="time every word"
         + ("" if batched else " (implied by the subtitle options below and "
            "--hallucination-silence-threshold)"),
     )  # fmt: skip
+    # openai-whisper's --word_timestamps False, said by name: the subtitle options are refused.
+    decode.add_argument("--no-word-timestamps", dest="word_timestamps", action="store_false",
+                        help=argparse.SUPPRESS)  # fmt: skip
     decode.add_argument(
         "--without-timestamps",
         action="store_true",
@@ -798,7 +802,7 @@ def transcription_arguments(args: argparse.Namespace, batched: bool) -> dict[str
         "best_of": args.best_of or 1,
         "temperature": temperature_ladder(args.temperature, args.temperature_increment_on_fallback),
         "initial_prompt": args.initial_prompt,
-        "word_timestamps": args.word_timestamps,
+        "word_timestamps": bool(args.word_timestamps),  # None: not given
         "without_timestamps": args.without_timestamps,
         "hotwords": args.hotwords,
         "repetition_penalty": args.repetition_penalty,
@@ -890,15 +894,21 @@ def _transcribe_one(
 
 
 def run_transcribe(args: argparse.Namespace) -> int:
-    word_options = (
-        args.highlight_words,
-        args.max_line_width,
-        args.max_line_count,
-        args.max_words_per_line,
-        args.hallucination_silence_threshold is not None,
-    )
-    if any(word_options):
-        args.word_timestamps = True  # these work on word timings; openai-whisper makes you ask
+    word_options = {
+        "--highlight-words": args.highlight_words,
+        "--max-line-width": args.max_line_width,
+        "--max-line-count": args.max_line_count,
+        "--max-words-per-line": args.max_words_per_line,
+        "--hallucination-silence-threshold": args.hallucination_silence_threshold is not None,
+    }
+    given = [name for name, value in word_options.items() if value]
+    if given and args.word_timestamps is False:  # --word_timestamps False, by name
+        raise InvalidOptionError(
+            f"{given[0]} requires --word_timestamps True (it works on word timings); drop one "
+            "of them"
+        )
+    # These work on word timings; openai-whisper makes you ask for them as well.
+    args.word_timestamps = bool(given) or bool(args.word_timestamps)
     warn_of_translated_word_times(args)
     unbatched = sequential_only(args)
     if args.batch_size is not None and unbatched:
