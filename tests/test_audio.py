@@ -318,10 +318,37 @@ def test_integer_pcm_arrays_and_a_float_overshoot_are_taken(jfk: np.ndarray) -> 
 
 def test_cut_off_recording_keeps_what_it_holds(jfk: np.ndarray) -> None:
     data = JFK.read_bytes()
-    with pytest.warns(UserWarning, match="skipped 1 of"):
+    cut_off = r"promises 11.00 s but the file holds 5.43 s \(it may be cut off; skipped 1 of"
+    with pytest.warns(UserWarning, match=cut_off):
         audio = load_audio(data[: len(data) // 2])
     assert 0.4 * len(jfk) < len(audio) < 0.6 * len(jfk)
     np.testing.assert_array_equal(audio[:SAMPLE_RATE], jfk[:SAMPLE_RATE])
+
+
+def test_a_cut_off_mp3_or_aiff_is_said_to_be_and_a_whole_aac_is_not(tmp_path: Path) -> None:
+    """An MP3 (its Xing frame count) or AIFF cut off mid-file decoded to what it held without
+    a word. The length of raw AAC is FFmpeg's guess from its bitrate (34.3 s for a whole 33.1 s
+    file): not taken for a promise."""
+    for name, seconds in (("whisper.cpp__jfk.mp3", 11.0), ("speech_recognition__french.aiff",
+                                                            2.53)):  # fmt: skip
+        data = (DEV_DIR / name).read_bytes()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            load_audio(data)
+        with pytest.warns(UserWarning, match=f"promises {seconds:.2f} s but the file holds"):
+            load_audio(data[: len(data) // 2])
+    out = io.BytesIO()
+    with av.open(out, "w", format="adts") as container:
+        stream = container.add_stream("aac", rate=SAMPLE_RATE, layout="mono")
+        pcm = np.round(np.tile(load_audio(JFK), 3) * 32767).astype(np.int16)
+        for start in range(0, len(pcm), 1024):
+            frame = av.AudioFrame.from_ndarray(pcm[None, start : start + 1024], "s16", "mono")
+            frame.sample_rate, frame.pts = SAMPLE_RATE, start
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(load_audio(out.getvalue())) / SAMPLE_RATE == pytest.approx(33, abs=0.2)
 
 
 def test_cut_off_wav_warns_and_a_piped_one_does_not(tmp_path: Path, jfk: np.ndarray) -> None:

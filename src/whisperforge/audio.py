@@ -14,7 +14,7 @@ import wave
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import torch
@@ -118,6 +118,7 @@ def decode_audio(
                     f"{name}: no audio stream in it (read as {kind}); pass a file with sound"
                 )
             stream = container.streams.audio[0]  # faster-whisper's choice
+            promised = _header_seconds(container, stream)
             if len(container.streams.audio) > 1:  # the others are not heard: say so
                 warnings.warn(
                     f"{name}: {len(container.streams.audio)} audio streams; transcribing the "
@@ -157,18 +158,18 @@ def decode_audio(
         raise AudioError(f"{name}: its audio stream is empty (0 s); pass a recording with sound")
     if not chunks:
         raise AudioError(f"{name}: no audio decodes from it; check that it plays, or re-encode it")
-    if n_bad:
-        warnings.warn(
-            f"{name}: skipped {n_bad} of {n_packets} audio packets that did not decode "
-            "(the file may be damaged or cut off)",
-            stacklevel=2,
-        )
-    if container.format.name == "wav" and isinstance(input_file, (str, io.BytesIO)):
+    skipped = f"skipped {n_bad} of {n_packets} audio packets that did not decode" if n_bad else ""
+    held = n_samples / channels / sampling_rate
+    slack = 0.5 + 0.01 * (promised or 0)  # a header's estimate, encoder delay and padding
+    if container.format.name == "wav":
         # FFmpeg sizes a WAV by the file, so a cut-off recording decodes without a complaint.
-        promised = _wav_promised_seconds(input_file)
-        held = n_samples / channels / sampling_rate
-        if promised is not None and promised > held + 0.05:
-            warnings.warn(_cut_off(name, promised, held), stacklevel=2)
+        is_read_again = isinstance(input_file, (str, io.BytesIO))
+        promised = _wav_promised_seconds(input_file) if is_read_again else None
+        slack = 0.05  # the header counts the samples
+    if promised is not None and promised > held + slack:  # a cut-off MP3, FLAC, AIFF, WAV ...
+        warnings.warn(_cut_off(name, promised, held, skipped), stacklevel=2)
+    elif skipped:
+        warnings.warn(f"{name}: {skipped} (the file may be damaged or cut off)", stacklevel=2)
     samples = np.concatenate(chunks, dtype=np.float32)  # straight to float32: no int16 copy
     samples *= 1.0 / 32768.0
     if split_stereo:  # s16 stereo comes interleaved: left, right, left, ...
@@ -224,11 +225,28 @@ def _open_wav(source: str | Path | BinaryIO) -> wave.Wave_read:
     return wave.open(str(source) if isinstance(source, Path) else source, "rb")
 
 
-def _cut_off(name: str, promised: float, held: float) -> str:
+def _cut_off(name: str, promised: float, held: float, skipped: str = "") -> str:
+    also = f"; {skipped}" if skipped else ""
     return (
-        f"{name}: the WAV header promises {promised:.2f} s but the file holds {held:.2f} s "
-        "(it may be cut off); transcribing what is there"
+        f"{name}: its header promises {promised:.2f} s but the file holds {held:.2f} s "
+        f"(it may be cut off{also}); transcribing what is there"
     )
+
+
+# Containers whose header counts the audio: FLAC's STREAMINFO, an MP3's Xing frame count (or,
+# without one, a constant bitrate's length from the file's size), AIFF's COMM, MP4's moov. Not
+# ADTS AAC, whose length FFmpeg estimates from the bitrate (a whole file: 34.3 s for 33.1), nor
+# Ogg or Matroska, which give the length of what is there.
+COUNTED_IN_HEADER = {"flac", "mp3", "aiff", "mov"}
+
+
+def _header_seconds(container: Any, stream: Any) -> float | None:
+    """The length of `stream` its header gives, where it counts it (the stream's own: a
+    container's may be its video's, longer than the sound); else None."""
+    counted = container.format.name.split(",")[0] in COUNTED_IN_HEADER
+    if not counted or stream.duration is None or stream.time_base is None:
+        return None
+    return float(stream.duration * stream.time_base)
 
 
 def _wav_promised_seconds(source: str | Path | io.BytesIO) -> float | None:
