@@ -221,6 +221,8 @@ def test_cli_crash_resume_and_parquet(corpus, local_rows, tiny_en, tmp_path, cap
 
     table = pq.read_table(parquet).to_pylist()
     assert not parquet.with_name("out.parquet.journal.jsonl").exists()
+    # In the listing's order, though the corrupt file's row was written first.
+    assert [Path(r["path"]).name for r in table] == [_clips()[1].name, "corrupt.wav"]
     texts = {Path(r["path"]).name: r["text"] for r in table}
     assert texts == {_clips()[1].name: local_rows[str(_clips()[1])]["text"], "corrupt.wav": None}
     words = [w for r in table for s in r["segments"] for w in s["words"]]

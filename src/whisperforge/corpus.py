@@ -21,7 +21,8 @@ journal first so each path keeps exactly one row. Each row records the `settings
 (model name or path, compute type, the options not at the batched pipeline's defaults, with the
 file's own language and task); a rerun that would make a row done otherwise still skips it, and
 warns that it does. A `.parquet` OUT is the journal `OUT.journal.jsonl` merged into Parquet
-when the job ends; the journal is then removed (a rerun seeds it from the Parquet file). A job
+when the job ends, its rows in INPUT's order (the journal's are as files finished, grouped by
+language); the journal is then removed (a rerun seeds it from the Parquet file). A job
 that dies before the merge leaves the journal, and the rerun merges it.
 
 Without `ray_address` everything runs in this process: files are decoded a few ahead on
@@ -720,19 +721,23 @@ class Journal:
         self.done.add(row["path"])
         self.written += 1
 
-    def close(self, merge: bool = True) -> None:
+    def close(self, merge: bool = True, order: Iterable[str] = ()) -> None:
+        """Close the journal; a .parquet OUT's is merged into it when `merge`, its rows in the
+        input's `order` of paths (the journal's: as files finished, grouped by language)."""
         self.file.close()
         if self.created and not self.written and self.path.stat().st_size == 0:
             self.path.unlink()  # a job that stopped before its first row leaves no empty file
             return
         if merge and self.parquet is not None:
-            self._merge(self.parquet)
+            self._merge(self.parquet, order)
 
-    def _merge(self, target: Path) -> None:
+    def _merge(self, target: Path, order: Iterable[str]) -> None:
         pq = _pyarrow_parquet()
         import pyarrow as pa
 
-        rows = self._load()
+        position = {path: i for i, path in enumerate(order)}
+        # Rows of paths no longer listed (an earlier run's input) after the listed ones.
+        rows = sorted(self._load(), key=lambda row: position.get(row["path"], len(position)))
         word = pa.struct(
             [("start", pa.float64()), ("end", pa.float64()), ("word", pa.string()),
              ("probability", pa.float64())]
@@ -866,7 +871,8 @@ def transcribe_corpus(
                 on_row(row)
         finished = True
     finally:
-        journal.close(merge=finished)  # a failed job keeps its journal: the rerun merges it
+        # A failed job keeps its journal: the rerun merges it.
+        journal.close(merge=finished, order=(s.path for s in sources))
         summary.wall_s = time.perf_counter() - start
         if summary.ok + summary.failed:
             bar.update(summary, final=True)
