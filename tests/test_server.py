@@ -543,6 +543,39 @@ def test_websocket_streams_committed_words(client):
     assert times == sorted(times) and times[-1] <= 11.1
 
 
+def test_websocket_streams_hold_their_share_of_the_audio_memory(tiny_en):
+    """An open stream holds its backlog and buffer of the audio memory (many streams held
+    memory without a limit): where the memory is full, a new stream is refused as a request
+    is (503, close code 1013: try again later); a stream that ends gives its share back."""
+    from starlette.websockets import WebSocketDisconnect
+
+    from whisperforge.server import MB, STREAM_AUDIO_BYTES
+
+    config = ServerConfig(beam_size=1, max_audio_memory_mb=3 * STREAM_AUDIO_BYTES / MB)
+    with TestClient(create_app(config, model=tiny_en)) as c:
+        memory = c.app.state.whisperforge.memory
+        others = memory.reserve()
+        others.cover(memory.limit - STREAM_AUDIO_BYTES)  # room for one stream
+        with c.websocket_connect(f"{STREAM}?language=en") as first:
+            assert first.receive_json()["type"] == "session.created"
+            assert memory.held == memory.limit
+            with c.websocket_connect(f"{STREAM}?language=en") as second:
+                event = second.receive_json()
+                assert event["type"] == "error" and event["error"]["code"] == "server_is_overloaded"
+                assert "--max-audio-memory-mb" in event["error"]["message"]
+                with pytest.raises(WebSocketDisconnect) as closed:
+                    second.receive_json()
+                assert closed.value.code == 1013
+            first.send_text("stop")
+            assert first.receive_json()["type"] == "transcript.final"
+        others.release()
+        for _ in range(100):  # the session's end runs after the client has its last event
+            if memory.held == 0:
+                break
+            time.sleep(0.01)
+        assert memory.held == 0
+
+
 def test_websocket_audio_that_arrives_during_an_update_goes_into_the_next_one(client):
     """A server slower than real time (a busy CPU, many clients) must not fall further behind
     with every second: the audio that arrived while an update ran is decoded in one update, as

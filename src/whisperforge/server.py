@@ -75,6 +75,9 @@ DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is
 # Audio a streaming client may send ahead of the decoding before the server stops reading
 # (5 minutes of s16le): bounds the memory of a client that sends faster than real time.
 STREAM_BACKLOG_BYTES = 300 * SAMPLE_RATE * 2
+# What a stream holds of the server's audio memory while it is open: its backlog, and its
+# buffer (at most `StreamingOptions.max_buffer_s`, 30 s) as float32 samples.
+STREAM_AUDIO_BYTES = STREAM_BACKLOG_BYTES + 30 * SAMPLE_RATE * 4
 # Memory a request's audio holds, per 16 kHz sample: its float32 samples (4 bytes) and the mel
 # made of them while it runs (80 bins a 160-sample hop: 2 bytes; large-v3's 128 bins: 3.2), or
 # while it decodes, the 16-bit frames beside the float32 result (2 + 4).
@@ -566,12 +569,20 @@ class App:
             await ws.send_json({"type": "error", **error.body()})
             await ws.close(code=1008)
             return
+        # Counted with the requests' audio: many streams once held memory without a limit.
+        memory = self.memory.reserve()
+        try:
+            memory.cover(STREAM_AUDIO_BYTES)
+        except APIError as error:
+            await ws.send_json({"type": "error", **error.body()})
+            await ws.close(code=1013)  # try again later
+            return
         stream = StreamingTranscriber(self.buffer_transcriber(options), options)
-        await ws.send_json({"type": "session.created", "sample_rate": SAMPLE_RATE,
-                            "format": "s16le", "model": self.config.model_id})  # fmt: skip
         inbox = _Inbox(ws)
         reader = asyncio.create_task(inbox.read())
         try:
+            await ws.send_json({"type": "session.created", "sample_rate": SAMPLE_RATE,
+                                "format": "s16le", "model": self.config.model_id})  # fmt: skip
             while True:
                 audio, message = await inbox.next()
                 if audio:
@@ -598,6 +609,7 @@ class App:
             await ws.close(code=1011)
         finally:
             reader.cancel()
+            memory.release()
 
     def stream_options(self, params: Any) -> StreamingOptions:
         unknown = sorted(set(params) - set(STREAM_PARAMETERS))
