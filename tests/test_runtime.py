@@ -183,6 +183,32 @@ def test_reorder_follows_beams(setup):
         torch.testing.assert_close(logits[r], expected, **TOL)
 
 
+def test_a_failed_allocation_leaves_no_buffers_of_another_size(setup, monkeypatch):
+    """Out of memory while the buffers grew (a batch of beams too big; the batched pipeline
+    then halves it) left the runtime believing it had room: the half batch then ran on the
+    smaller buffers it had before ("The size of tensor a (5) must match the size of tensor b
+    (1800)", found on an H200 at beam 600). The allocation fails here as torch fails it."""
+    model, features = setup
+    runtime = Runtime(model, "float32", max_windows=1, max_rows=2, buckets=BUCKETS)
+    zeros = torch.zeros
+
+    def out_of_memory_past_4_rows(*size, **keywords):
+        shape = size[0] if len(size) == 1 and not isinstance(size[0], int) else size
+        if len(shape) == 5 and shape[1] > 4:  # the self K,V of every layer, row and position
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return zeros(*size, **keywords)
+
+    monkeypatch.setattr(torch, "zeros", out_of_memory_past_4_rows)
+    tokens = torch.randint(0, 50000, (8, 6), generator=torch.Generator().manual_seed(6))
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        runtime.prefill(runtime.cross(features), tokens[:, :5], group=4)  # 8 rows
+    batch = runtime.prefill(runtime.cross(features[1:]), tokens[:4, :5], group=4)  # the half
+    logits = runtime.step(batch, tokens[:4, 5])
+    for r in range(4):
+        expected = plain_last_logits(model, tokens[r].tolist(), features[1])
+        torch.testing.assert_close(logits[r], expected, **TOL)
+
+
 def plain_greedy(
     model: Whisper, prompt: list[int], features: torch.Tensor, n: int, suppress: list[int]
 ):

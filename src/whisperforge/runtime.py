@@ -298,7 +298,9 @@ class Runtime:
         self._prefill_out.clear()
         # A fresh memory pool too: the old one goes with the last graph that used it.
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
-        self.max_windows, self.max_rows = windows, rows
+        # No room until every buffer is there: an allocation that fails (out of memory) leaves
+        # the next call to allocate again, not to use the buffers of another size it left.
+        self.max_windows = self.max_rows = 0
         # Per layer: the cross K,V of each window side by side, as the kv projection writes them.
         self.cross_kv = [torch.zeros(windows, A, 2 * D, device=dev, dtype=dt) for _ in layers]
         # Per layer: self K (heads 0..H-1) and V (heads H..2H-1) of each row at each position;
@@ -338,14 +340,15 @@ class Runtime:
         self.beam_done = torch.zeros((), dtype=torch.bool, device=dev)
         self.beam_choices = torch.zeros((), dtype=torch.int32, device=dev)
         self._beam_finished: dict[int, BeamFinished] = {}  # by max_candidates
+        self.max_windows, self.max_rows = windows, rows
 
     def _reserve(self, windows: int, rows: int) -> None:
         if windows > self.max_windows or rows > self.max_rows:
             # `prefill` may grow the rows after `cross` projected its windows: keep those.
-            projected = self.cross_kv
+            projected, kept = self.cross_kv, self.max_windows
             self._allocate(max(windows, self.max_windows), max(rows, self.max_rows))
             for new, old in zip(self.cross_kv, projected):
-                new[: old.shape[0]].copy_(old)
+                new[:kept].copy_(old[:kept])
 
     def _loop_state(self) -> list[Tensor]:
         return [self.token, self.pos, self.finished, self.sum_logprobs, self.history, self.logits]
