@@ -543,6 +543,22 @@ def test_websocket_streams_committed_words(client):
     assert times == sorted(times) and times[-1] <= 11.1
 
 
+def test_websocket_prompt_is_the_streams_initial_prompt(client):
+    """?prompt= (it was refused as unknown) conditions the stream as offline's prompt does:
+    the clip's name spelled as prompted, which tiny.en misspells alone (test_streaming)."""
+    audio = load_audio(DEV_DIR / "faster-whisper__hotwords.mp3")
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    with client.websocket_connect(f"{STREAM}?language=en&prompt=ComfyUI") as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_bytes(pcm)
+        ws.send_text("stop")
+        for _ in range(100):  # bounded: one event per update at most
+            event = ws.receive_json()
+            if event["type"] == "transcript.final":
+                break
+    assert "ComfyUI" in event["text"]
+
+
 def test_websocket_streams_hold_their_share_of_the_audio_memory(tiny_en):
     """An open stream holds its backlog and buffer of the audio memory (many streams held
     memory without a limit): where the memory is full, a new stream is refused as a request
@@ -628,8 +644,8 @@ def test_websocket_rejects_bad_parameters(client):
         "language=xx",
         "task=summarize",
         "task=translate",
-        "prompt=Hello",
-    )  # fmt: skip (translate: tiny.en is English-only; prompt: unknown)
+        "hotwords=Hello",
+    )  # fmt: skip (translate: tiny.en is English-only; hotwords: unknown)
     for query in bad:
         with client.websocket_connect(f"/v1/audio/stream?{query}") as ws:
             event = ws.receive_json()

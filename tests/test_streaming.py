@@ -16,7 +16,7 @@ import pytest
 from conftest import DEV_DIR, JFK, manifest, plain_wer, plain_words
 
 from whisperforge import Segment, Word, cli, load_audio
-from whisperforge.errors import AudioError
+from whisperforge.errors import AudioError, InvalidOptionError
 from whisperforge.streaming import (
     StreamingOptions,
     StreamingTranscriber,
@@ -26,6 +26,7 @@ from whisperforge.streaming import (
 )
 
 SR = 16000
+HOTWORDS = DEV_DIR / "faster-whisper__hotwords.mp3"  # 4 s, names ComfyUI
 RAMP = 1e-4  # scripted audio: sample value = stream time * RAMP, so a fake knows where it is
 
 
@@ -95,6 +96,35 @@ def test_an_hour_stays_bounded_and_commits_everything_once():
     # The prompt is the committed text before the buffer, at most prompt_chars long.
     assert all(p is None or len(p) <= 200 for p in fake.prompts)
     assert fake.prompts[-1] and fake.prompts[-1].endswith(".")
+
+
+def test_the_initial_prompt_comes_before_the_committed_text_until_it_fills_the_prompt():
+    fake = Scripted(script(60))
+    options = StreamingOptions(min_chunk_s=1.0, initial_prompt=" Zorbix, Acme. ")
+    stream = StreamingTranscriber(fake, options)
+    for start in range(0, 60 * SR, SR):
+        stream.feed(ramp(start, start + SR))
+    assert fake.prompts[0] == "Zorbix, Acme."  # nothing committed yet
+    with_text = [p for p in fake.prompts if p != "Zorbix, Acme."]
+    assert with_text[0].startswith("Zorbix, Acme. w0")  # then the committed text after it
+    # Once there are prompt_chars of committed text, that alone.
+    assert "Zorbix" not in fake.prompts[-1] and 190 <= len(fake.prompts[-1]) <= 200
+    with pytest.raises(InvalidOptionError, match="initial_prompt must be text"):
+        StreamingOptions(initial_prompt=["Zorbix"])  # type: ignore[arg-type]
+
+
+def test_an_initial_prompt_spells_a_name_as_it_does_offline(tiny_en, monkeypatch, capsys):
+    """The prompt reaches the model: the clip's name is spelled as prompted (without it,
+    tiny.en misspells it), in the library and the command (the server's: test_server)."""
+    audio = load_audio(HOTWORDS)
+    spelled = [replay(tiny_en, audio, chunk_s=0.5, options=StreamingOptions(language="en",
+                      min_chunk_s=2.0, initial_prompt=prompt)).text
+               for prompt in (None, "ComfyUI")]  # fmt: skip
+    assert "ComfyUI" not in spelled[0] and "ComfyUI" in spelled[1]
+    monkeypatch.setattr(cli, "load_model", lambda args: tiny_en)
+    command = ["stream", str(HOTWORDS), "--min-chunk", "2", "--initial-prompt", "ComfyUI"]
+    assert cli.main(command) == 0
+    assert "ComfyUI" in capsys.readouterr().out
 
 
 def test_local_agreement_commits_the_common_prefix_and_never_changes_it():

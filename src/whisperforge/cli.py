@@ -602,6 +602,13 @@ def _add_stream_parser(commands: Any) -> None:
         help="spoken language; detected once speech starts when omitted or none",
     )
     s.add_argument(
+        "--initial-prompt",
+        metavar="TEXT",
+        default=None,
+        help="text said to come before the stream (names and their spellings, the topic); "
+        "the committed text takes its place as it grows",
+    )
+    s.add_argument(
         "--beam-size",
         metavar="N",
         type=_positive_int,
@@ -1188,7 +1195,7 @@ def run_stream(args: argparse.Namespace) -> int:
         return 1
     options = StreamingOptions(
         language=args.language, beam_size=args.beam_size, min_chunk_s=args.min_chunk,
-        silence_db=args.silence_db, agreement=args.agreement,
+        silence_db=args.silence_db, agreement=args.agreement, initial_prompt=args.initial_prompt,
     )  # fmt: skip
     model = load_model(args)
     start = time.monotonic()

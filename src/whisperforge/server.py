@@ -68,8 +68,8 @@ if TYPE_CHECKING:
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("word", "segment")
 # The WebSocket's query parameters (`StreamingOptions`; the key where headers cannot be set)
-STREAM_PARAMETERS = ("model", "language", "task", "sample_rate", "min_chunk_s", "silence_db",
-                     "agreement", "api_key")  # fmt: skip
+STREAM_PARAMETERS = ("model", "language", "task", "prompt", "sample_rate", "min_chunk_s",
+                     "silence_db", "agreement", "api_key")  # fmt: skip
 ALIASES = ("whisper-1",)  # what OpenAI examples send; served by the loaded model
 DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
 # Audio a streaming client may send ahead of the decoding before the server stops reading
@@ -613,7 +613,7 @@ class App:
 
     def stream_options(self, params: Any) -> StreamingOptions:
         unknown = sorted(set(params) - set(STREAM_PARAMETERS))
-        if unknown:  # e.g. prompt=: refused, not ignored as if it were heeded
+        if unknown:  # e.g. hotwords=: refused, not ignored as if it were heeded
             raise APIError(400, f"unknown parameter {unknown[0]!r}; the stream takes "
                            f"{', '.join(STREAM_PARAMETERS)}", unknown[0])  # fmt: skip
         task = params.get("task") or "transcribe"
@@ -644,7 +644,8 @@ class App:
                 except ValueError:
                     raise APIError(400, f"{name} {params[name]!r} must be {hint}", name) from None
         try:
-            return StreamingOptions(language=language or None, task=task, **values)
+            return StreamingOptions(language=language or None, task=task,
+                                    initial_prompt=params.get("prompt") or None, **values)  # fmt: skip
         except InvalidOptionError as error:  # its message starts with the option's name
             name = str(error).split()[0]
             raise APIError(400, str(error), name if name in values else None) from None

@@ -54,6 +54,9 @@ class StreamingOptions:
         hypotheses keep disagreeing; then the tentative words that are `max_buffer_s - trim_s`
         old are committed without agreement, and the buffer is cut.
     prompt_chars: how much committed text before the buffer conditions the decoder.
+    initial_prompt: text said to come before the stream (names and their spellings, the
+        topic), as openai-whisper's `initial_prompt`: it conditions the decoder before the
+        committed text, which takes its place once there are `prompt_chars` of it.
     silence_db: energy gate: new audio whose loudest 30 ms frame is below this (dBFS) costs
         no update, unless words are still tentative. None: every update is decoded.
     max_compression_ratio: a hypothesis whose text gzips better than this is a decoding loop
@@ -77,6 +80,7 @@ class StreamingOptions:
     trim_s: float = 15.0
     max_buffer_s: float = 30.0
     prompt_chars: int = 200
+    initial_prompt: str | None = None
     silence_db: float | None = None
     max_compression_ratio: float | None = 2.4
     agreement: int = 2
@@ -91,6 +95,10 @@ class StreamingOptions:
             )
         if self.silence_db is not None and not -math.inf < self.silence_db <= 0:
             raise InvalidOptionError(f"silence_db is a level in dBFS (<= 0), got {self.silence_db}")
+        if self.initial_prompt is not None and not isinstance(self.initial_prompt, str):
+            raise InvalidOptionError(
+                f"initial_prompt must be text, e.g. 'ComfyUI, Subiaco', not {self.initial_prompt!r}"
+            )
         if self.agreement < 2:
             raise InvalidOptionError(f"agreement must be at least 2, got {self.agreement}")
         if not 0 < self.trim_s < self.max_buffer_s:
@@ -380,14 +388,18 @@ class StreamingTranscriber:
         return StreamingEvent(committed, list(self._tentative), self.clock(), final, compute)
 
     def _prompt(self) -> str | None:
-        """Committed text before the buffer (the buffer's own text will be decoded again)."""
+        """Committed text before the buffer (the buffer's own text will be decoded again),
+        after the initial prompt while there is less than `prompt_chars` of it."""
+        limit = self.options.prompt_chars
         parts, size, i = [], 0, self._first_in_buffer
-        while i > 0 and size < self.options.prompt_chars:  # O(prompt), not O(stream)
+        while i > 0 and size < limit:  # O(prompt), not O(stream)
             i -= 1
             parts.append(self.committed[i].word)
             size += len(parts[-1])
-        before = "".join(reversed(parts))
-        return before[-self.options.prompt_chars :].strip() or None
+        before = "".join(reversed(parts))[-limit:]
+        if len(before) < limit and self.options.initial_prompt:
+            before = self.options.initial_prompt.strip() + " " + before.strip()
+        return before.strip() or None
 
     def _commit(self, words: list[Word]) -> list[Word]:
         """Append `words` to the committed text, each starting where the one before it ends at
