@@ -321,7 +321,7 @@ class BeamSearch(TokenSearch):
         before = sum_logprobs.clone()
         self.previous = tokens, before
         step = self._step
-        if logits.is_cuda and kernels.triton is not None and logits.is_contiguous():
+        if logits.is_cuda and kernels.beam_kernels_fit(self.beam_size) and logits.is_contiguous():
             step = kernels.beam_step
         tokens, source = step(
             logits, tokens.contiguous(), before, sum_logprobs, self.finished, self.beam_size,
@@ -768,10 +768,13 @@ def _decode(
     on_device = getattr(model.decoder, "timestamp_rules_on_device", False)
     if on_device:
         device_filters += (ApplyTimestampRules,)
+    beam_on_device = (
+        isinstance(search, BeamSearch) and on_device and kernels.beam_kernels_fit(search.beam_size)
+    )
     if (
         device_loop is not None
         and not prefix_sampled
-        and (isinstance(search, GreedySearch) or (isinstance(search, BeamSearch) and on_device))
+        and (isinstance(search, GreedySearch) or beam_on_device)
         and all(isinstance(f, device_filters) for f in filters)
     ):
         first = tokenizer.encode(" ") + [tokenizer.eot] if options.suppress_blank else []

@@ -1692,6 +1692,19 @@ def timestamp_rules(
     )  # fmt: skip
 
 
+# The beam kernels unroll a loop over each row's beam + 1 best tokens and rank an audio's
+# beam x (beam + 1) candidates in one program: a wider beam compiles for longer (on an H200,
+# once per machine: beam 8 8.7 s, 12 12.8 s, 16 36 s) and from 32 on fails (more than Triton's
+# 2^20 elements a tensor). Wider searches run decoding's torch step: JFK at beam 16 in 0.04 s
+# against the kernels' 0.03 (RESULTS, session 50).
+MAX_KERNEL_BEAM = 12
+
+
+def beam_kernels_fit(beam_size: int) -> bool:
+    """Whether `beam_step` and the runtime's beam loop take a search of `beam_size` beams."""
+    return triton is not None and beam_size <= MAX_KERNEL_BEAM
+
+
 @dataclass
 class BeamFinished:
     """Beam search's finished candidates per audio, in the order found: the tokens (EOT last)
