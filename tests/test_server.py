@@ -590,6 +590,15 @@ def test_websocket_streams_hold_their_share_of_the_audio_memory(tiny_en):
                 break
             time.sleep(0.01)
         assert memory.held == 0
+    # A server whose whole audio memory is less than a stream's: no retry would help.
+    config = ServerConfig(max_audio_memory_mb=5)
+    with TestClient(create_app(config, model=tiny_en)) as c, c.websocket_connect(STREAM) as ws:
+        event = ws.receive_json()
+        assert event["type"] == "error" and event["error"]["code"] is None
+        assert "more than this server's 5 MB" in event["error"]["message"]
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1008
 
 
 def test_websocket_audio_that_arrives_during_an_update_goes_into_the_next_one(client):

@@ -572,10 +572,14 @@ class App:
         # Counted with the requests' audio: many streams once held memory without a limit.
         memory = self.memory.reserve()
         try:
+            if STREAM_AUDIO_BYTES > self.memory.limit:  # no retry would help
+                raise APIError(400, f"a stream holds {STREAM_AUDIO_BYTES / MB:.0f} MB of audio "
+                               f"memory, more than this server's {self.memory.limit / MB:.0f} MB; "
+                               "start it with a larger --max-audio-memory-mb")  # fmt: skip
             memory.cover(STREAM_AUDIO_BYTES)
         except APIError as error:
             await ws.send_json({"type": "error", **error.body()})
-            await ws.close(code=1013)  # try again later
+            await ws.close(code=1013 if error.status == 503 else 1008)  # 1013: try again later
             return
         stream = StreamingTranscriber(self.buffer_transcriber(options), options)
         inbox = _Inbox(ws)
