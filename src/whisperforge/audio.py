@@ -160,12 +160,13 @@ def decode_audio(
         raise AudioError(f"{name}: no audio decodes from it; check that it plays, or re-encode it")
     skipped = f"skipped {n_bad} of {n_packets} audio packets that did not decode" if n_bad else ""
     held = n_samples / channels / sampling_rate
-    slack = 0.5 + 0.01 * (promised or 0)  # a header's estimate, encoder delay and padding
     if container.format.name == "wav":
         # FFmpeg sizes a WAV by the file, so a cut-off recording decodes without a complaint.
         is_read_again = isinstance(input_file, (str, io.BytesIO))
         promised = _wav_promised_seconds(input_file) if is_read_again else None
         slack = 0.05  # the header counts the samples
+    else:
+        slack = 0.5 + 0.01 * (promised or 0)  # encoder delay and padding, MP4's priming
     if promised is not None and promised > held + slack:  # a cut-off MP3, FLAC, AIFF, WAV ...
         warnings.warn(_cut_off(name, promised, held, skipped), stacklevel=2)
     elif skipped:

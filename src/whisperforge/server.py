@@ -76,8 +76,8 @@ DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is
 # (5 minutes of s16le): bounds the memory of a client that sends faster than real time.
 STREAM_BACKLOG_BYTES = 300 * SAMPLE_RATE * 2
 # What a stream holds of the server's audio memory while it is open: its backlog, and its
-# buffer (at most `StreamingOptions.max_buffer_s`, 30 s) as float32 samples.
-STREAM_AUDIO_BYTES = STREAM_BACKLOG_BYTES + 30 * SAMPLE_RATE * 4
+# buffer (at most `max_buffer_s`, which the WebSocket leaves at its default) as float32 samples.
+STREAM_AUDIO_BYTES = STREAM_BACKLOG_BYTES + int(StreamingOptions.max_buffer_s * SAMPLE_RATE * 4)
 # Memory a request's audio holds, per 16 kHz sample: its float32 samples (4 bytes) and the mel
 # made of them while it runs (80 bins a 160-sample hop: 2 bytes; large-v3's 128 bins: 3.2), or
 # while it decodes, the 16-bit frames beside the float32 result (2 + 4).
