@@ -100,6 +100,9 @@ def test_hotwords_field_spells_the_names(client):
     plain = post(client, {"model": "tiny.en"}, files).json()["text"]
     hinted = post(client, {"model": "tiny.en", "hotwords": "Sweynheim, Pannartz, Subiaco"}, files)
     assert "Subiaco" not in plain and "Sweynheim and Pannartz" in hinted.json()["text"]
+    # OpenAI's keywords[] (the openai client's `keywords=`) are the same hint.
+    keywords = {"model": "tiny.en", "keywords[]": ["Sweynheim", "Pannartz", "Subiaco"]}
+    assert post(client, keywords, files).json()["text"] == hinted.json()["text"]
 
 
 def test_response_formats(client):
@@ -141,6 +144,11 @@ def test_stream_sends_openai_events(client):
     events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
     assert [e["type"] for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1)
     assert events[-1]["type"] == "transcript.text.done" and len(events) >= 2
+    # The openai client's types: a duration usage in the done event failed them.
+    types = pytest.importorskip("openai.types.audio")
+    types.TranscriptionTextDoneEvent.model_validate(events[-1])
+    for event in events[:-1]:
+        types.TranscriptionTextDeltaEvent.model_validate(event)
     assert "".join(e["delta"] for e in events[:-1]) == events[-1]["text"]
     assert plain_wer(JFK_TEXT, events[-1]["text"]) < 0.1
 
@@ -175,6 +183,16 @@ NOT_AUDIO = ("notes.txt", b"just some text, no sound here\n" * 20, "text/plain")
         ),
         ({"model": "tiny.en", "language": "klingon"}, "jfk", 400, "language"),
         ({"model": "tiny.en", "language": "de"}, "jfk", 400, "language"),  # English-only model
+        ({"model": "tiny.en", "user": "me"}, "jfk", 400, "user"),  # refused, not ignored
+        ({"model": "tiny.en", "include[]": "logprobs"}, "jfk", 400, "include[]"),
+        ({"model": "tiny.en", "known_speaker_names[]": "Ann"}, "jfk", 400, "known_speaker_names[]"),
+        (
+            {"model": "tiny.en", "chunking_strategy": '{"type": "server_vad"}'},
+            "jfk",
+            400,
+            "chunking_strategy",
+        ),
+        ({"model": "tiny.en", "languages[]": ["en", "de"]}, "jfk", 400, "languages[]"),
         ({"model": "tiny.en"}, {"file": NOT_AUDIO}, 400, "file"),  # not audio
         ({"model": "tiny.en"}, {"file": ("empty.wav", b"", "audio/wav")}, 400, "file"),
         ({"model": "tiny.en"}, {"file": ("big.wav", b"\0" * (3 << 20), "audio/wav")}, 413, "file"),
@@ -192,6 +210,11 @@ NOT_AUDIO = ("notes.txt", b"just some text, no sound here\n" * 20, "text/plain")
         "words-without-verbose-json",
         "unknown-language",
         "language-not-in-model",
+        "unknown-field",
+        "logprobs",
+        "diarization",
+        "server-vad",
+        "two-languages",
         "not-audio",
         "empty",
         "too-large",
@@ -227,6 +250,10 @@ def test_other_errors_and_the_server_keeps_serving(client):
     assert_openai_error(client.get("/v1/audio/nothing"), 404, None)
     assert_openai_error(client.get("/v1/audio/transcriptions"), 405, None)
     assert_openai_error(client.get("/v1/models/whisper-9"), 404, "model")
+    # languages[] of one, and chunking_strategy auto (Whisper's windows), as the client sends.
+    one = {"model": "tiny.en", "languages[]": "en", "chunking_strategy": "auto"}
+    assert plain_wer(JFK_TEXT, post(client, one, jfk_file()).json()["text"]) < 0.1
+    assert client.get("/openapi.json").status_code == 200  # was a 500: the docs page was broken
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["model"] == "tiny.en"
     assert client.head("/health").status_code == 200  # uptime monitors ask with HEAD (was 405)
@@ -321,9 +348,10 @@ def test_a_gpu_out_of_memory_is_503_saying_what_to_lower(client, tiny_en, monkey
 def test_timeout_and_full_queue(tiny_en):
     short = {"file": ("short.wav", (DEV_DIR / "coqui-tts-ljspeech__LJ001-0002.wav").read_bytes())}
     with TestClient(create_app(ServerConfig(request_timeout_s=0.001), model=tiny_en)) as c:
-        error = assert_openai_error(c.post("/v1/audio/transcriptions", files=short,
-                                           data={"model": "tiny.en"}), 504, None)  # fmt: skip
+        response = c.post("/v1/audio/transcriptions", files=short, data={"model": "tiny.en"})
+        error = assert_openai_error(response, 504, None)
         assert error["code"] == "timeout" and "--request-timeout" in error["message"]
+        assert response.headers["x-should-retry"] == "false"  # the openai client retried twice
     with TestClient(create_app(ServerConfig(max_queue=0), model=tiny_en)) as c:
         response = c.post("/v1/audio/transcriptions", files=short, data={"model": "tiny.en"})
         error = assert_openai_error(response, 503, None)
@@ -756,6 +784,23 @@ def test_openai_client_verbose_json(live_server):
         wrong.models.list()
 
 
+def test_the_async_client_is_told_an_upload_is_too_large(live_server):
+    """The server read the size from the headers, answered 413 and closed the connection while
+    the async openai client was still sending: it saw "Connection error." (and sent the 26 MB
+    twice more). The rest of the body is read and dropped first, as nginx's lingering close."""
+    openai = pytest.importorskip("openai")
+    big = ("big.wav", b"\0" * (26 << 20), "audio/wav")
+
+    async def send() -> None:
+        async with openai.AsyncOpenAI(base_url=f"{live_server}/v1", api_key=KEY, max_retries=0,
+                                      timeout=60) as client:  # fmt: skip
+            await client.audio.transcriptions.create(model="whisper-1", file=big)
+
+    with pytest.raises(openai.APIStatusError) as refused:
+        asyncio.run(send())
+    assert refused.value.status_code == 413 and "--max-upload-mb" in refused.value.message
+
+
 def test_concurrent_requests_all_answered(live_server):
     httpx = pytest.importorskip("httpx")
     clips = [r for r in manifest() if r["ref_kind"] == "exact" and r["language"] == "en"
@@ -899,6 +944,9 @@ def test_a_translations_language_field_is_the_spoken_language(base):
     with TestClient(app) as client:
         refused = post(client, {"model": "base", "language": "klingon"}, files, "translations")
         assert_openai_error(refused, 400, "language")
+        words = fmt("verbose_json", model="base", **{"timestamp_granularities[]": "word"})
+        refused = post(client, words, files, "translations")  # English words were not spoken
+        assert_openai_error(refused, 400, "timestamp_granularities[]")
         answer = post(client, {"model": "base", "language": "French"}, files, "translations")
     assert answer.status_code == 200, answer.text
     segments, _ = base.transcribe(

@@ -67,6 +67,19 @@ if TYPE_CHECKING:
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("word", "segment")
+# The form fields a request may send: OpenAI's (a list's as `name[]`, as the openai client sends
+# it), and `hotwords`, as faster-whisper-based servers take it. Others are refused by name, not
+# ignored as if they were heeded (a list's elements come as `name[]`; plain `name` is taken too).
+FORM_FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature",
+               "timestamp_granularities[]", "stream", "hotwords", "keywords[]", "languages[]",
+               "chunking_strategy")  # fmt: skip
+# OpenAI's fields for what Whisper does not do: what the request asked, said back to it.
+UNSUPPORTED_FIELDS = {
+    "include[]": "per-token log probabilities (include[]=logprobs) are not returned; "
+    "verbose_json gives each segment's avg_logprob",
+    "known_speaker_names[]": "speaker diarization is not supported",
+    "known_speaker_references[]": "speaker diarization is not supported",
+}
 # The WebSocket's query parameters (`StreamingOptions`; the key where headers cannot be set)
 STREAM_PARAMETERS = ("model", "language", "task", "prompt", "sample_rate", "min_chunk_s",
                      "silence_db", "agreement", "api_key")  # fmt: skip
@@ -83,6 +96,9 @@ STREAM_AUDIO_BYTES = STREAM_BACKLOG_BYTES + int(StreamingOptions.max_buffer_s * 
 # while it decodes, the 16-bit frames beside the float32 result (2 + 4).
 BYTES_PER_SAMPLE = 8
 MB = 1 << 20
+# How long an upload past the size limit is read on (and dropped) so that its client gets the
+# 413 (nginx's lingering close is 30 s; 10 s of upload passes 25 MB at 20 Mbit/s).
+LINGER_S = 10.0
 
 
 @dataclass
@@ -113,6 +129,11 @@ class ServerConfig:
     def model_id(self) -> str:
         """The id clients send as `model`: the name, or a path's last part."""
         return Path(self.model).name or self.model
+
+    def serves(self, model: str) -> bool:
+        """Whether `model` names the loaded model: its id, what --model said (a hub name's
+        `org/name`), or an alias."""
+        return model in (self.model_id, self.model, *ALIASES)
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -219,6 +240,14 @@ def _text_field(form: Any, name: str, default: str | None = None) -> str | None:
     return value
 
 
+def _list_field(form: Any, name: str) -> list[str]:
+    """A list field's text values, sent as `name[]` (the openai client) or `name`."""
+    values = [*form.getlist(f"{name}[]"), *form.getlist(name)]
+    if not all(isinstance(v, str) for v in values):
+        raise APIError(400, f"'{name}[]' must be text fields, not file uploads", f"{name}[]")
+    return [v for v in values if v]
+
+
 def _bool_field(form: Any, name: str) -> bool:
     value = (_text_field(form, name) or "false").strip().lower()
     if value not in ("true", "false", "1", "0"):
@@ -252,12 +281,13 @@ class App:
             raise APIError(415, f"Content-Encoding {encoding!r} is not supported; send the form "
                            "uncompressed (audio files are compressed already)", None,
                            "unsupported_content_encoding")  # fmt: skip
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes + 64 * 1024:
-            raise self._too_large()
-        received = 0
         receive = request.receive
         loop = asyncio.get_running_loop()
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes + 64 * 1024:
+            await _discard_rest(receive, loop.time() + LINGER_S)
+            raise self._too_large()
+        received = 0
         # A client that trickles its upload (slowloris) is cut off: each held a connection and
         # its share of the audio memory for as long as it kept sending, a byte a minute or less.
         deadline = loop.time() + self.config.request_timeout_s
@@ -273,6 +303,8 @@ class App:
                                "file", "timeout") from None  # fmt: skip
             received += len(message.get("body", b""))
             if received > self.max_bytes + 64 * 1024:  # room for the form's own fields
+                if message.get("more_body", False):
+                    await _discard_rest(receive, min(deadline, loop.time() + LINGER_S))
                 raise self._too_large()
             memory.cover(received)
             return message
@@ -282,6 +314,21 @@ class App:
             return await limited.form(max_files=4, max_fields=64)
         except ClientDisconnect:  # gone during its upload: nobody to answer, nothing to log
             raise APIError(499, "the client closed the request", None, "client_closed") from None
+
+    def check_fields(self, form: Any) -> None:
+        """Refuse the fields this server would not heed, by name."""
+        known = {*FORM_FIELDS, *(f.removesuffix("[]") for f in FORM_FIELDS)}
+        for name in form:
+            listed = name if name.endswith("[]") else f"{name}[]"
+            if listed in UNSUPPORTED_FIELDS:
+                raise APIError(400, UNSUPPORTED_FIELDS[listed], listed)
+            if name not in known:
+                raise APIError(400, f"unknown field {name!r}; this server takes "
+                               f"{', '.join(FORM_FIELDS)}", name)  # fmt: skip
+        strategy = _text_field(form, "chunking_strategy")
+        if strategy not in (None, "", "auto"):  # long audio is windowed as Whisper does anyway
+            raise APIError(400, "chunking_strategy takes only 'auto' here: the audio is cut "
+                           "into Whisper's 30 s windows", "chunking_strategy")  # fmt: skip
 
     def _too_large(self) -> APIError:
         return APIError(413, f"the upload is larger than this server's limit of "
@@ -302,6 +349,7 @@ class App:
         from starlette.datastructures import UploadFile
 
         form = await self.read_form(request, memory)
+        self.check_fields(form)
         uploads = form.getlist("file")
         if not uploads:
             raise APIError(400, "no audio file: send it as the multipart/form-data field 'file'",
@@ -317,7 +365,7 @@ class App:
         if not model:
             raise APIError(400, f"'model' is required; this server serves "
                            f"{self.config.model_id!r} (alias: whisper-1)", "model")  # fmt: skip
-        if model not in (self.config.model_id, *ALIASES):
+        if not self.config.serves(model):
             raise APIError(404, f"the model {model!r} does not exist on this server; use "
                            f"{self.config.model_id!r} or whisper-1 (GET /v1/models lists them)",
                            "model", "model_not_found")  # fmt: skip
@@ -337,8 +385,7 @@ class App:
             raise APIError(400, f"'temperature' must be between 0 and 1, got {temperature:g}",
                            "temperature")  # fmt: skip
 
-        granularities = [g for name in ("timestamp_granularities[]", "timestamp_granularities")
-                         for g in form.getlist(name)]  # fmt: skip
+        granularities = _list_field(form, "timestamp_granularities")
         for g in granularities:
             if not isinstance(g, str) or g not in GRANULARITIES:
                 raise APIError(400, f"timestamp_granularities[] takes word and/or segment, got "
@@ -346,6 +393,10 @@ class App:
                                "timestamp_granularities[]")  # fmt: skip
         # As OpenAI's API: word times are verbose_json's, refused with any other format (they
         # were dropped without a word); words alone are given without the segments.
+        if "word" in granularities and task == "translate":  # not OpenAI's either
+            raise APIError(400, "timestamp_granularities[]=word is not given for a translation: "
+                           "its English words were not spoken, so they have no times; ask for "
+                           "segments", "timestamp_granularities[]")  # fmt: skip
         if "word" in granularities and response_format != "verbose_json":
             raise APIError(400, "timestamp_granularities[]=word needs response_format="
                            f"verbose_json, not {response_format}",
@@ -361,6 +412,11 @@ class App:
         # The spoken language; a translation's too (beyond OpenAI's fields there, as the CLI's
         # --task translate --language takes it), where it is otherwise detected.
         language = _text_field(form, "language") or None
+        languages = _list_field(form, "languages")
+        if len(languages) > 1 or (languages and language not in (None, languages[0])):
+            raise APIError(400, "this server transcribes a request in one language: send it as "
+                           "language (or none, to have it detected)", "languages[]")  # fmt: skip
+        language = language or (languages[0] if languages else None)
         if language is not None:
             try:
                 language = normalize_language(language, self.model.supported_languages)
@@ -368,7 +424,9 @@ class App:
                 raise APIError(400, str(error), "language") from None
         prompt = _text_field(form, "prompt") or None
         # Beyond OpenAI's fields, as faster-whisper-based servers take it: words to favour.
-        hotwords = _text_field(form, "hotwords") or None
+        # OpenAI's keywords[] are the same: names and terms to spell right.
+        hotwords = ", ".join(filter(None, [_text_field(form, "hotwords"),
+                                           *_list_field(form, "keywords")])) or None  # fmt: skip
 
         data = await upload.read()
         if not data:
@@ -524,13 +582,14 @@ class App:
             parts.append(delta.lstrip() if not parts else delta)
             yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': parts[-1]})}\n\n"
         try:
-            segments, info = future.result()
+            segments, _ = future.result()
         except Exception as error:  # noqa: BLE001 -- reported in the stream, which has begun
             failure = self._job_error(error) or APIError(500, str(error), type="server_error")
             yield f"data: {json.dumps(failure.body())}\n\n"
             return
         text = "".join(s.text for s in segments).strip()
-        done_event = {"type": "transcript.text.done", "text": text, "usage": _usage(info)}
+        # No usage: the openai client types a done event's usage as tokens, not duration.
+        done_event = {"type": "transcript.text.done", "text": text}
         yield f"data: {json.dumps(done_event)}\n\n"
 
     # --- streaming over a WebSocket ---------------------------------------------------------
@@ -626,7 +685,7 @@ class App:
         if task == "translate":
             self.check_translates("task")
         model = params.get("model")
-        if model is not None and model not in (self.config.model_id, *ALIASES):
+        if model is not None and not self.config.serves(model):
             raise APIError(404, f"the model {model!r} does not exist on this server; use "
                            f"{self.config.model_id!r}", "model", "model_not_found")  # fmt: skip
         if params.get("sample_rate", str(SAMPLE_RATE)) != str(SAMPLE_RATE):
@@ -714,6 +773,19 @@ class _Inbox:
         if self.backlog <= self.max_backlog:
             self.room.set()
         return data, message
+
+
+async def _discard_rest(receive: Callable, deadline: float) -> None:
+    """Read what is left of a request's body, keeping none of it, until `deadline` (the loop's
+    time): a client still sending when the server answers and closes sees its connection reset,
+    not the answer (the async openai client reported a 413 as "Connection error" and sent the
+    upload twice more). Past the deadline the connection closes all the same."""
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(TimeoutError):
+        while True:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
 
 
 def _abandon(job: Job, waiter: asyncio.Future) -> None:
@@ -824,6 +896,8 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
     @app.exception_handler(APIError)
     async def api_error(_: Any, error: APIError) -> JSONResponse:
         headers = {"Retry-After": "1"} if error.status == 503 else {}  # the openai client waits
+        if error.status in (408, 504):  # the openai client retries these unless told: the same
+            headers["x-should-retry"] = "false"  # audio would time out again, twice more
         if error.status in (408, 413):  # the body's rest is not read: the connection is done
             headers["Connection"] = "close"
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
@@ -868,8 +942,10 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
     async def translations(request: HTTPRequest) -> Any:
         return await state.transcribe(request, "translate")
 
+    started = int(time.time())
+
     def model_card(model_id: str) -> dict[str, Any]:
-        return {"id": model_id, "object": "model", "created": 0, "owned_by": "whisperforge"}
+        return {"id": model_id, "object": "model", "created": started, "owned_by": "whisperforge"}
 
     @app.get("/v1/models", dependencies=[Depends(auth)])
     async def models() -> dict[str, Any]:
@@ -877,13 +953,13 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
 
     @app.get("/v1/models/{model_id}", dependencies=[Depends(auth)])
     async def model_info(model_id: str) -> dict[str, Any]:
-        if model_id not in (config.model_id, *ALIASES):
+        if not config.serves(model_id):
             raise APIError(404, f"the model {model_id!r} does not exist on this server",
                            "model", "model_not_found")  # fmt: skip
         return model_card(model_id)
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # monitors that ask with HEAD too
-    async def health() -> JSONResponse:
+    async def health() -> Any:  # (an annotation FastAPI resolves for /openapi.json)
         ok = engine.alive
         body = {"status": "ok" if ok else "error", "model": config.model_id,
                 "device": str(model.device), "queued": engine.queued,
