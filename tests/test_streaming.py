@@ -7,8 +7,11 @@ import bisect
 import io
 import itertools
 import os
+import signal
+import struct
 import sys
 import threading
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -410,6 +413,76 @@ def test_a_live_pipe_is_read_while_updates_decode(tiny_en, capsys, monkeypatch):
     assert calls <= 4  # one decode per second of audio before: 11
     spoken = next(clip["text"] for clip in manifest() if clip["audio"] == JFK.name)
     assert plain_wer(spoken, capsys.readouterr().out) < 0.15
+
+
+def live_wav_header(rate: int, channels: int) -> bytes:
+    """A 16-bit WAV header as a recorder writes it to a pipe: its sizes unknown (0xFFFFFFFF)."""
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * channels * 2, channels * 2, 16)
+    size = struct.pack("<I", 0xFFFFFFFF)
+    return b"RIFF" + size + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + size
+
+
+def test_a_live_wav_streams_as_it_arrives_and_ctrl_c_keeps_what_arrived(model, capsys,
+                                                                         monkeypatch):  # fmt: skip
+    """`arecord | whisperforge stream -` (a WAV, 48 kHz stereo here): stdin was read to its end
+    before anything was decoded, so nothing showed, and Ctrl-C lost it all. Now the header is
+    read and the samples stream; Ctrl-C after 6 s of speech transcribes those 6 s, the audio
+    still in the pipe and the reader's queue too."""
+    audio = load_audio(JFK)[: 6 * SR]
+    frames = np.repeat((audio * 32767).astype("<i2"), 3)  # 48 kHz (resampled to 16 on the way)
+    wav = live_wav_header(48000, 2) + np.repeat(frames[:, None], 2, axis=1).tobytes()
+    read_end, write_end = os.pipe()
+
+    def record_then_ctrl_c() -> None:
+        with open(write_end, "wb") as pipe:
+            pipe.write(wav)
+            pipe.flush()
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it: to both programs
+            time.sleep(0.2)  # the recorder's last write, then it exits
+
+    recorder = threading.Thread(target=record_then_ctrl_c)
+    with open(read_end, "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(stdin))
+        recorder.start()
+        assert cli.main(["stream", "-", "--language", "en"]) == 130
+    recorder.join()
+    whole = StreamingTranscriber(model, StreamingOptions(language="en"))  # all 6 s, no Ctrl-C
+    whole.feed(audio)
+    whole.finish()
+    assert plain_words(whole.text).startswith("and so my fellow americans ask not what")
+    assert plain_wer(whole.text, capsys.readouterr().out) < 0.1
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [("short.aac", []), ("short.raw", ["--sample-rate", "8000"])],
+    ids=["adts-aac-on-stdin", "raw-8-khz"],
+)
+def test_stream_command_reads_aac_on_stdin_and_raw_pcm_of_other_rates(model, capsys, tmp_path,
+                                                                      monkeypatch, name, args):  # fmt: skip
+    """ADTS AAC on stdin was taken for raw PCM (a blank transcript), and raw PCM of another
+    rate than 16 kHz gave confident garbage with no way to say its rate."""
+    av = pytest.importorskip("av")
+    audio = load_audio(SHORT)
+    if name.endswith(".aac"):
+        out = io.BytesIO()
+        with av.open(out, "w", format="adts") as container:
+            stream = container.add_stream("aac", rate=SR)
+            frame = av.AudioFrame.from_ndarray(audio[None, :], format="flt", layout="mono")
+            frame.rate = SR
+            resampler = av.AudioResampler(format=stream.format.name, layout="mono", rate=SR)
+            for packet in [p for f in resampler.resample(frame) for p in stream.encode(f)]:
+                container.mux(packet)
+            container.mux(stream.encode(None))
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(out.getvalue())))
+        command = ["stream", "-"]
+    else:
+        path = tmp_path / name
+        path.write_bytes((audio[::2] * 32767).astype("<i2").tobytes())  # 8 kHz
+        command = ["stream", str(path)]
+    assert cli.main([*command, "--language", "en", *args]) == 0
+    assert plain_words(capsys.readouterr().out) == "in being comparatively modern"
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import math
 import os
 import warnings
 import wave
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -176,6 +176,95 @@ def decode_audio(
     if split_stereo:  # s16 stereo comes interleaved: left, right, left, ...
         return samples[0::2], samples[1::2]
     return samples
+
+
+# A WAV's (format tag, bits a sample) as FFmpeg's raw formats (8-bit PCM is unsigned).
+_WAV_FORMATS = {(1, 8): "u8", (1, 16): "s16le", (1, 24): "s24le", (1, 32): "s32le",
+                (3, 32): "f32le", (3, 64): "f64le"}  # fmt: skip
+
+
+class _Arriving:
+    """A file-like `read` over `head` and then `read_more`, for FFmpeg and `wave` (no seek:
+    both read a stream front to back)."""
+
+    def __init__(self, head: bytes, read_more: Callable[[int], bytes]):
+        self.head, self.read_more = head, read_more
+
+    def read(self, n: int = -1) -> bytes:
+        if self.head:
+            taken, self.head = (self.head, b"") if n < 0 else (self.head[:n], self.head[n:])
+            return taken
+        return self.read_more(1 << 16 if n < 0 else n)
+
+    def read_exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n and (more := self.read(n - len(data))):
+            data += more
+        return data
+
+
+def _wav_header(name: str, source: _Arriving) -> tuple[str, int, int]:
+    """Reads a WAV's chunks up to its samples; (FFmpeg's raw format, rate, channels)."""
+    import struct
+
+    source.read_exactly(12)  # RIFF, size, WAVE
+    form = None
+    while len(chunk := source.read_exactly(8)) == 8:
+        kind, size = chunk[:4], struct.unpack("<I", chunk[4:])[0]
+        if kind == b"data":
+            if form is None:
+                break
+            return form
+        body = source.read_exactly(size + size % 2)  # chunks are padded to even sizes
+        if kind == b"fmt " and len(body) >= 16:
+            tag, channels, rate = struct.unpack("<HHI", body[:8])
+            bits = struct.unpack("<H", body[14:16])[0]
+            if tag == 0xFFFE and len(body) >= 26:  # WAVE_FORMAT_EXTENSIBLE: its sub-format's
+                tag = struct.unpack("<H", body[24:26])[0]
+            if (tag, bits) not in _WAV_FORMATS:
+                raise AudioError(f"{name}: a WAV of format {tag} at {bits} bits, which is not "
+                                 "streamed; send PCM or float samples")  # fmt: skip
+            form = (_WAV_FORMATS[tag, bits], rate, channels)
+    raise AudioError(f"{name}: a WAV header without its format or samples; send a whole WAV")
+
+
+def decode_arriving(
+    name: str, head: bytes, read: Callable[[int], bytes], raw: tuple[str, int, int] | None = None
+) -> Iterator[bytes]:
+    """16 kHz mono s16le PCM of audio as it arrives: `head`, then what `read(n)` returns (what
+    has arrived, up to n bytes; b"" at the end), as a pipe from a microphone gives it. A
+    container FFmpeg reads front to back (WAV, MP3, ADTS AAC, FLAC, Ogg, WebM; not an MP4,
+    whose index may come last), or with `raw` = (FFmpeg's PCM format, rate, channels) raw PCM.
+    A PCM WAV's header is read here, its samples then streamed as raw PCM: FFmpeg's probe of
+    a WAV held back its first 64 KB (2 s of 16 kHz audio, 8 s of a recorder's 8 kHz u8)."""
+    source = _Arriving(head, read)
+    if raw is None and head.startswith(b"RIFF") and head[8:12] == b"WAVE":
+        raw = _wav_header(name, source)
+    if raw == ("s16le", SAMPLE_RATE, 1):  # already what the model hears
+        while data := source.read():
+            yield data
+        return
+    try:
+        import av
+    except ImportError:
+        raise AudioError(f"{name}: decoding it needs PyAV (pip install av); or send raw 16 kHz "
+                         "mono s16le PCM") from None  # fmt: skip
+    options = {"probesize": "32", "analyzeduration": "0"}  # start at once, not after seconds
+    if raw is not None:
+        options |= {"sample_rate": str(raw[1]), "ch_layout": f"{raw[2]}c"}
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+    try:
+        with av.open(source, format=raw and raw[0], options=options) as container:
+            if not container.streams.audio:
+                raise AudioError(f"{name}: no audio stream in it; pass audio")
+            for frame in container.decode(container.streams.audio[0]):
+                for out in resampler.resample(frame):
+                    yield out.to_ndarray().tobytes()
+            for out in resampler.resample(None):
+                yield out.to_ndarray().tobytes()
+    except av.error.FFmpegError as error:
+        raise AudioError(f"{name}: not audio FFmpeg can decode as it arrives ({error}); save "
+                         "it to a file and pass the file") from None  # fmt: skip
 
 
 def _position(file: BinaryIO) -> int:

@@ -20,9 +20,10 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -562,13 +563,15 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int = 0) -> Non
 
 
 STREAM_EPILOG = """\
-input: a file path or - for stdin. Raw PCM (signed 16-bit little-endian, 16 kHz, mono) is read
-  as it arrives; any other audio file (wav, flac, mp3, ...) is decoded first. --input-format
-  auto takes a file named .raw, .pcm or .s16le for raw PCM, and stdin by its first bytes.
+input: a file path or - for stdin. Raw PCM (signed 16-bit little-endian, mono, 16 kHz or
+  --sample-rate) is read as it arrives, and so is audio piped in live (WAV, MP3, AAC, FLAC,
+  Ogg, WebM); a file (and an MP4) is decoded first. --input-format auto takes a file named
+  .raw, .pcm or .s16le for raw PCM, and stdin by its first bytes. Ctrl-C stops the input: what
+  had arrived is transcribed and printed, as at its end.
 
 examples:
   whisperforge stream talk.flac --realtime
-  arecord -f S16_LE -r 16000 -c 1 -t raw | whisperforge stream - --language en
+  arecord -f S16_LE -r 16000 | whisperforge stream - --language en
   ffmpeg -i talk.mp4 -f s16le -ar 16000 -ac 1 - | whisperforge stream - --timestamps
 """
 
@@ -587,7 +590,14 @@ def _add_stream_parser(commands: Any) -> None:
         "--input-format",
         choices=["auto", "s16le", "file"],
         default="auto",
-        help="s16le: raw 16 kHz mono PCM; file: any audio file (default: auto)",
+        help="s16le: raw mono PCM (16 kHz, or --sample-rate); file: any file (default: auto)",
+    )
+    s.add_argument(
+        "--sample-rate",
+        metavar="HZ",
+        type=_positive_int,
+        default=16000,
+        help="raw PCM's sample rate, resampled to 16 kHz (default: %(default)s)",
     )
     s.add_argument(
         "--realtime",
@@ -1072,6 +1082,12 @@ def _hub_cached(repos: dict[str, str], cache_dir: str | None) -> list[tuple[str,
 
 _CONTAINER_MAGIC = (
     b"RIFF",
+    b"RF64",
+    b".snd",
+    b"wvpk",
+    b"MAC ",
+    b"\xff\xf1",  # ADTS AAC (MPEG-4, MPEG-2)
+    b"\xff\xf9",
     b"fLaC",
     b"ID3",
     b"OggS",
@@ -1096,43 +1112,74 @@ def _looks_like_text(head: bytes) -> bool:
     return all(32 <= byte < 127 or byte in b"\t\n\r" for byte in head)
 
 
-def _stream_chunks(args: argparse.Namespace, chunk_bytes: int) -> Any:
-    """(float32 array | s16le bytes) chunks of the input, read as they arrive where raw."""
-    from .audio import load_audio
+class _StreamInput:
+    """The `stream` command's input as chunks: float32 arrays of a file decoded whole, or s16le
+    bytes as they arrive where it is raw PCM or a live pipe. `rest()`: after Ctrl-C, what had
+    arrived and was not handed out yet."""
 
-    stdin = args.input == "-"
-    raw_name = args.input.lower().endswith((".raw", ".pcm", ".s16le"))
-    source = sys.stdin.buffer if stdin else open(args.input, "rb")  # noqa: SIM115
-    with source:
-        head = source.read(12)
-        # auto: a named file is raw PCM by its name only (a damaged .wav is an error, not
-        # noise); stdin by its first bytes.
-        raw = args.input_format == "s16le" or (
-            args.input_format == "auto"
-            and (raw_name or (stdin and not _looks_like_container(head)))
-        )
-        if raw and args.input_format == "auto" and stdin and head and _looks_like_text(head):
-            raise AudioError(
-                f"stdin holds text ({head.decode()!r}...), not audio; pipe in raw 16 kHz mono "
-                "s16le PCM or an audio file, or pass --input-format s16le to read it as PCM"
+    def __init__(self, args: argparse.Namespace, chunk_bytes: int):
+        self.args, self.chunk_bytes = args, chunk_bytes
+        self.arrivals: _Arrivals | None = None
+
+    def rest(self) -> bytes:
+        return self.arrivals.rest() if self.arrivals is not None else b""
+
+    def __iter__(self) -> Iterator[Any]:
+        from .audio import decode_arriving, load_audio
+
+        args = self.args
+        stdin = args.input == "-"
+        name = "stdin" if stdin else args.input
+        raw_name = args.input.lower().endswith((".raw", ".pcm", ".s16le"))
+        source = sys.stdin.buffer if stdin else open(args.input, "rb")  # noqa: SIM115
+        with source:
+            head = source.read(12)
+            # auto: a named file is raw PCM by its name only (a damaged .wav is an error, not
+            # noise); stdin by its first bytes.
+            is_raw = args.input_format == "s16le" or (
+                args.input_format == "auto"
+                and (raw_name or (stdin and not _looks_like_container(head)))
             )
-        if not raw:  # a container: decode it whole, then hand it out in chunks
-            audio = load_audio(head + source.read() if stdin else args.input)
-            step = chunk_bytes // 2
-            for i in range(0, audio.size, step):
-                yield audio[i : i + step]
-            return
-        if _is_live(source):  # read by a thread from here on, past what the buffer holds
-            yield head + source.read1(len(source.peek()))
-            yield from _arrived_chunks(os.dup(source.fileno()))
-            return
-        yield head
-        while True:
-            read = source.read1 if hasattr(source, "read1") else source.read
-            data = read(chunk_bytes)
-            if not data:
+            if is_raw and args.input_format == "auto" and stdin and head and _looks_like_text(head):
+                raise AudioError(
+                    f"stdin holds text ({head.decode()!r}...), not audio; pipe in raw 16 kHz "
+                    "mono s16le PCM or an audio file, or pass --input-format s16le to read it "
+                    "as PCM"
+                )
+            live = _is_live(source)
+            # A container from a pipe is decoded as it arrives; but an MP4 (its index may come
+            # last) and a file are decoded whole, then handed out in chunks.
+            if not is_raw and not (live and head[4:8] != b"ftyp"):
+                audio = load_audio(head + source.read() if stdin else args.input)
+                step = self.chunk_bytes // 2
+                for i in range(0, audio.size, step):
+                    yield audio[i : i + step]
                 return
-            yield data
+            raw = ("s16le", args.sample_rate, 1) if is_raw else None
+            if live:  # read by a thread from here on, past what the buffer holds
+                head += source.read1(len(source.peek()))
+                read = _reader(os.dup(source.fileno()))
+                self.arrivals = _Arrivals(decode_arriving(name, head, read, raw))
+                yield from self.arrivals
+                return
+            read = source.read1 if hasattr(source, "read1") else source.read
+            # A file (or stdin redirected from one) in small chunks, as if it arrived live.
+            chunks = decode_arriving(name, head, lambda _: read(self.chunk_bytes), raw)
+            yield from chunks
+
+
+def _reader(fd: int) -> Callable[[int], bytes]:
+    """`read(n)` of `fd` unbuffered (its own descriptor: closing a buffered file under a
+    blocked read would wait for that read): what has arrived, up to n bytes."""
+    source = open(fd, "rb", buffering=0)  # noqa: SIM115 -- closed at the end of the input
+
+    def read(n: int) -> bytes:
+        data = b"" if source.closed else source.read(n)
+        if not data:  # asked again at the end (FFmpeg does): b"" again
+            source.close()
+        return data
+
+    return read
 
 
 def _is_live(source: Any) -> bool:
@@ -1144,35 +1191,53 @@ def _is_live(source: Any) -> bool:
         return False
 
 
-def _arrived_chunks(fd: int) -> Any:
-    """Each chunk: all the bytes that arrived since the last one. A thread reads `fd` (its own
-    descriptor: closing a buffered file under a blocked read would wait for that read) while
-    the caller decodes, so a microphone's pipe neither overflows (64 KiB, 2 s of audio) nor
-    falls behind: an update takes all the audio that arrived during the one before, as ufal's
-    server does, instead of one more `min_chunk` at a time, later and later."""
-    arrived: queue.Queue[bytes | BaseException] = queue.Queue()
+class _Arrivals:
+    """Chunks a thread reads from a live input, handed out as all that arrived since the last:
+    a microphone's pipe neither overflows (64 KiB, 2 s of audio) nor falls behind while an
+    update decodes, and an update takes all the audio that arrived during the one before, as
+    ufal's server does, instead of one more `min_chunk` at a time, later and later."""
 
-    def read() -> None:
+    def __init__(self, chunks: Iterator[bytes]):
+        self._arrived: queue.Queue[bytes | BaseException] = queue.Queue()
+        threading.Thread(target=self._read, args=(chunks,), name="whisperforge-stdin",
+                         daemon=True).start()  # fmt: skip
+
+    def _read(self, chunks: Iterator[bytes]) -> None:
         try:
-            with open(fd, "rb", buffering=0) as source:
-                while data := source.read(1 << 16):
-                    arrived.put(data)
-            arrived.put(b"")  # the end of the input
+            for data in chunks:
+                self._arrived.put(data)
+            self._arrived.put(b"")  # the end of the input
         except BaseException as error:  # noqa: BLE001 -- raised again in the caller's thread
-            arrived.put(error)
+            self._arrived.put(error)
 
-    threading.Thread(target=read, name="whisperforge-stdin", daemon=True).start()
-    while True:
-        items = [arrived.get()]
-        while not arrived.empty():
-            items.append(arrived.get_nowait())
-        data = b"".join(item for item in items if isinstance(item, bytes))
-        if data:
-            yield data
-        if isinstance(items[-1], BaseException):
-            raise items[-1]
-        if items[-1] == b"":
-            return
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            items = [self._arrived.get()]
+            while not self._arrived.empty():
+                items.append(self._arrived.get_nowait())
+            data = b"".join(item for item in items if isinstance(item, bytes))
+            if data:
+                yield data
+            if isinstance(items[-1], BaseException):
+                raise items[-1]
+            if items[-1] == b"":
+                return
+
+    def rest(self, wait_s: float = 1.0) -> bytes:
+        """What arrived and was not handed out, waiting up to `wait_s` for the input's end:
+        Ctrl-C stops the programs that pipe into this one too, and what they sent last is
+        still in the pipe."""
+        parts: list[bytes] = []
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                item = self._arrived.get(timeout=left)
+            except queue.Empty:
+                break
+            if not isinstance(item, bytes) or not item:  # the end, or the reader's error
+                break
+            parts.append(item)
+        return b"".join(parts)
 
 
 def _joined(pieces: list[Any]) -> Any:
@@ -1185,8 +1250,6 @@ def _joined(pieces: list[Any]) -> Any:
 
 
 def run_stream(args: argparse.Namespace) -> int:
-    import time
-
     from .streaming import StreamingOptions, StreamingTranscriber
 
     if args.input != "-" and (not os.path.exists(args.input) or os.path.isdir(args.input)):
@@ -1216,8 +1279,9 @@ def run_stream(args: argparse.Namespace) -> int:
     fed_s = 0.0
     pending: list[Any] = []
     interrupted = False
+    chunks = _StreamInput(args, chunk_bytes=int(chunk_s * 16000) * 2)
     try:
-        for chunk in _stream_chunks(args, chunk_bytes=int(chunk_s * 16000) * 2):
+        for chunk in chunks:
             pending.append(chunk)
             fed_s += (len(chunk) / 2 if isinstance(chunk, bytes) else chunk.size) / 16000
             if args.realtime:
@@ -1235,6 +1299,8 @@ def run_stream(args: argparse.Namespace) -> int:
         # the audio not yet decoded are transcribed and printed, as at the end of the input.
         # A second Ctrl-C stops at once.
         interrupted = True
+        if rest := chunks.rest():  # what had arrived from a live input
+            pending.append(rest)
     if pending:
         for event in stream.feed(_joined(pending)):
             show(event)
