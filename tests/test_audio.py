@@ -253,6 +253,7 @@ BAD_INPUTS: dict[str, Callable[[Path], object]] = {
     "text-mode file": lambda d: io.StringIO("RIFF...."),
     "not audio at all": lambda d: 12345,
     "~ in the path": lambda d: "~/no-such-folder-here/talk.wav",
+    "a symbolic link loop": lambda d: _link_loop(d),
     "0-d array": lambda d: np.array(0.5, dtype=np.float32),
     "channels-first stereo": lambda d: np.zeros((2, 16000), dtype=np.float32),
     "masked array": lambda d: np.ma.masked_array(np.zeros(100), mask=np.arange(100) > 50),
@@ -266,6 +267,7 @@ BAD_INPUTS: dict[str, Callable[[Path], object]] = {
 # What the message must say, where a cause is known: the way out.
 BAD_INPUT_HINTS = {
     "~ in the path": r"os\.path\.expanduser",
+    "a symbolic link loop": r"a symbolic link to .*b\.wav', which does not lead to one",
     "0-d array": "not a single number",
     "2-D array": r"audio\.mean\(axis=1\) for \[samples, channels\]",
     "channels-first stereo": r"audio\.mean\(axis=0\) for \[channels, samples\]",
@@ -276,6 +278,12 @@ BAD_INPUT_HINTS = {
     "file object read partway": r"at byte 1000, not at its start.*\.seek\(0\)",
     "header-only WAV (0 frames)": r"its audio stream is empty \(0 s\)",
 }
+
+
+def _link_loop(folder: Path) -> str:
+    (folder / "a.wav").symlink_to(folder / "b.wav")
+    (folder / "b.wav").symlink_to(folder / "a.wav")
+    return str(folder / "a.wav")
 
 
 def _read(file: io.IOBase, size: int) -> io.IOBase:
@@ -295,6 +303,11 @@ def test_bad_input_raises_audio_error(tmp_path: Path, case: str) -> None:
     # every message says what to do, after the semicolon
     assert ";" in message, message
     assert re.search(BAD_INPUT_HINTS.get(case, ""), message), message
+    # faster-whisper's bad input is a ValueError, its missing file a FileNotFoundError
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, FileNotFoundError) == (
+        case in ("missing path", "~ in the path", "a symbolic link loop")
+    )
 
 
 @pytest.mark.parametrize("rate", [0, -1, 16000.5, "16000"])

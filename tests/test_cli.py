@@ -144,6 +144,14 @@ def test_clip_timestamps_in_both_modes(model, mode, capsys):
     assert cli.main(["transcribe", str(JFK), *FAST, *mode, "--clip-timestamps", "0,5,8,20"]) == 0
     out = capsys.readouterr().out.lower()
     assert "fellow americans" in out and "your country" in out
+    # A clip past one file's end leaves it without words, not the run stopped: the 1.1 s card
+    # first stopped JFK (for which 3 s is a start) from being transcribed at all.
+    card = DEV_DIR / "pocketsphinx__cards__001.wav"
+    args = ["transcribe", str(card), str(JFK), *FAST, *mode, "--clip-timestamps", "3"]
+    assert cli.main(args) == 0
+    out, err = capsys.readouterr()
+    assert "past the end of the audio (1.10 s)" in err and "error" not in err
+    assert "your country" in out.lower() and "fellow americans" not in out.lower()
 
 
 def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import AudioError, AudioTooLongError, check_whole_number
+from .errors import AudioError, AudioFileNotFoundError, AudioTooLongError, check_whole_number
 
 SAMPLE_RATE = 16000
 N_FFT = 400
@@ -64,7 +64,9 @@ def decode_audio(
             # Only a shell expands ~: open() and FFmpeg look for a folder named "~".
             tilde = name.startswith("~")
             hint = " (~ is not expanded here: pass os.path.expanduser(path))" if tilde else ""
-            raise AudioError(f"{name}: no such file; check the path{hint}")
+            if path.is_symlink():  # exists() follows links: one to nowhere, or a loop of them
+                hint = f" (a symbolic link to {os.readlink(path)!r}, which does not lead to one)"
+            raise AudioFileNotFoundError(f"{name}: no such file; check the path{hint}")
         if path.is_dir():
             raise AudioError(f"{name}: a folder, not a file; pass an audio or video file")
         if path.is_file() and path.stat().st_size == 0:  # (a pipe has no size to check)

@@ -767,11 +767,14 @@ def clip_regions(
     spans = clip_spans(parse_clip_timestamps(clips), SAMPLE_RATE, n_samples)
     regions = [SpeechRegion(start, end) for start, end in spans]
     if any(r.start >= n_samples for r in regions):
-        # Sample numbers (what faster-whisper before 1.2.1 took) land here, far past the end.
-        raise InvalidOptionError(
-            f"clip_timestamps start past the end of the audio ({n_samples / SAMPLE_RATE:.2f} s); "
-            'they are seconds, e.g. [{"start": 0.0, "end": 3.5}] or "0,3.5"'
+        # Nothing there to transcribe, as faster-whisper. Sample numbers (what faster-whisper
+        # before 1.2.1 took) land here too, far past the end: the warning says what they are.
+        warnings.warn(
+            f"clip_timestamps start past the end of the audio ({n_samples / SAMPLE_RATE:.2f} s): "
+            'skipped; they are seconds, e.g. [{"start": 0.0, "end": 3.5}] or "0,3.5"',
+            stacklevel=4,
         )
+        regions = [r for r in regions if r.start < n_samples]
     if any(r.start >= r.end for r in regions):
         raise InvalidOptionError("clip_timestamps must each end at least a sample after they start")
     return regions

@@ -8,8 +8,13 @@ class WhisperforgeError(Exception):
     """Base class: the CLI prints these as one line and exits non-zero."""
 
 
-class AudioError(WhisperforgeError):
-    """The audio could not be read, or holds no samples."""
+class AudioError(WhisperforgeError, ValueError):
+    """The audio could not be read, or holds no samples (a ValueError, as faster-whisper's bad
+    input is)."""
+
+
+class AudioFileNotFoundError(AudioError, FileNotFoundError):
+    """No file at the path given (caught as `FileNotFoundError` too, as faster-whisper's)."""
 
 
 class AudioTooLongError(AudioError):

@@ -377,6 +377,14 @@ class Whisper(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.decoder.positional_embedding.dtype
 
+    @property
+    def is_multilingual(self) -> bool:  # openai-whisper's (and `WhisperModel.model`'s, asked so)
+        return self.config.is_multilingual
+
+    @property
+    def num_languages(self) -> int:
+        return self.config.num_languages
+
 
 def fuse_state_dict(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     """Canonical (openai-whisper) weights -> this module's fused layout.

@@ -380,6 +380,9 @@ def gpu_indices(device_index: int | Sequence[int], device: torch.device) -> list
     """The GPUs a model goes on: `device`'s own index (cuda:N), else faster-whisper's
     `device_index`, one or a list (a replica on each). Nothing on the CPU."""
     if device.type != "cuda":
+        if device_index not in (0, [0], (0,)):  # faster-whisper's CPU refuses them too
+            raise InvalidOptionError(f"device_index {device_index!r} numbers GPUs; the model "
+                                     "is on the CPU, which takes 0")  # fmt: skip
         return []
     if device.index is not None:
         return [device.index]
@@ -447,6 +450,11 @@ def build_tokenizer(checkpoint: Checkpoint) -> Tokenizer:
     return Tokenizer(codec, config.is_multilingual, config.num_languages)
 
 
+# The options faster-whisper hands to CTranslate2's Whisper beside its own: taken, not heeded.
+CTRANSLATE2_OPTIONS = {"inter_threads", "intra_threads", "max_queued_batches", "flash_attention",
+                       "tensor_parallel"}  # fmt: skip
+
+
 class WhisperModel:
     """A Whisper model ready to transcribe.
 
@@ -479,9 +487,11 @@ class WhisperModel:
     and the hub token (a private repo's), as faster-whisper takes them.
     files: faster-whisper's model from memory, file names to bytes or binary file objects
     (model.bin, config.json, tokenizer.json, ...), in place of model_size_or_path; they are
-    written to a temporary folder that lives as long as the model. Other keywords are
-    CTranslate2's own options (`flash_attention`, ...): whisperforge has none of them, and
-    warns that it ignores them.
+    written to a temporary folder that lives as long as the model. CTranslate2's own options
+    (`flash_attention`, `inter_threads`, ...) are taken and ignored with a warning (whisperforge
+    has none of them); other keywords are a TypeError, as they are in faster-whisper.
+    cpu_threads: torch's threads (0: its default), for the whole process: torch has no count
+    per model.
     """
 
     def __init__(
@@ -502,6 +512,9 @@ class WhisperModel:
         check_whole_number("num_workers", num_workers)
         if files is not None:  # the folder is kept: the tokenizer is read from it
             model_size_or_path, self.files_folder = load_files(files)
+        unknown = sorted(set(model_kwargs) - CTRANSLATE2_OPTIONS)
+        if unknown:  # a typo (cpu_thread=4) was warned of and the default used
+            raise TypeError(f"WhisperModel() got an unexpected keyword argument {unknown[0]!r}")
         if model_kwargs:
             warnings.warn(
                 f"{', '.join(sorted(model_kwargs))}: CTranslate2's option(s), which whisperforge "
@@ -523,6 +536,7 @@ class WhisperModel:
             self.device = torch.device("cuda", indices[0])
         compute = resolve_compute_type(compute_type, self.device)  # a bad name fails before loading
         self.dtype = compute.dtype
+        check_whole_number("cpu_threads", cpu_threads, minimum=0, hint=" (0: torch's default)")
         if cpu_threads > 0:
             torch.set_num_threads(cpu_threads)
         self.runtime = None  # on a GPU: encoder and decode loop on static caches, CUDA graphs
@@ -843,10 +857,14 @@ class WhisperModel:
         samples = load_audio(audio)
         duration = len(samples) / SAMPLE_RATE
         if options.clip_timestamps and options.clip_timestamps[0] >= duration:
-            raise InvalidOptionError(
+            # Nothing to transcribe, as openai-whisper and faster-whisper: one list of clips
+            # for files of several lengths stopped at the first short one.
+            warnings.warn(
                 f"clip_timestamps start at {options.clip_timestamps[0]:g} s, past the end of "
-                f"the audio ({duration:.2f} s)"
+                f"the audio ({duration:.2f} s): no segments",
+                stacklevel=5,  # transcribe's caller's line
             )
+            return PreparedAudio(samples[:0], duration, None, None, None, None, options)
         timeline = None
         vad_options = None
         window_options = options
