@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,6 +202,14 @@ def test_an_interrupted_quantize_leaves_nothing_and_runs_again(tmp_path, monkeyp
         "config.json", "model.safetensors", "tokenizer.json"
     ]  # fmt: skip
     assert list(tmp_path.iterdir()) == [out]
+    # "." (the shell's folder, empty) was a ValueError traceback; it is filled, not replaced.
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert cli.main(["quantize", "tiny.en", "."]) == 0
+    assert sorted(f.name for f in Path.cwd().iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json"
+    ]  # fmt: skip
 
 
 def test_auto_compute_type_is_the_fastest_here(int8_tiny_en, int8_greedy):

@@ -26,6 +26,7 @@ import threading
 import urllib.error
 import urllib.request
 import zipfile
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -553,15 +554,28 @@ def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "in
             f"model to {compute_type} instead"
         )
     check_new_folder(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    # Written aside and renamed into place: a quantize that fails (a full disk, Ctrl-C) leaves
-    # no files behind, so the same command can simply be run again.
+    with written_aside(folder) as staging:
+        _write_quantized(checkpoint, staging, compute_type, weights)
+
+
+@contextlib.contextmanager
+def written_aside(folder: Path, replaced: Iterable[str] = ()) -> Iterator[Path]:
+    """A folder to write `folder`'s files in, beside it; once the block ends without an error,
+    the files `replaced` names are removed from `folder` (an earlier export's) and the new ones
+    moved in. A write that fails (a full disk, Ctrl-C) leaves `folder` as it was, so the same
+    command can simply be run again. `folder` may be "." (the shell's own, filled, not
+    replaced)."""
+    folder = folder.resolve()
     staging = folder.with_name(f".{folder.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)  # a killed run's
-    staging.mkdir()
+    staging.mkdir(parents=True)
     try:
-        _write_quantized(checkpoint, staging, compute_type, weights)
-        os.replace(staging, folder)  # over an empty folder too
+        yield staging
+        folder.mkdir(exist_ok=True)
+        for name in replaced:
+            (folder / name).unlink(missing_ok=True)
+        for path in staging.iterdir():
+            os.replace(path, folder / path.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

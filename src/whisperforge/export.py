@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoints import Checkpoint, _heads, resolve_checkpoint
+from .checkpoints import Checkpoint, _heads, resolve_checkpoint, written_aside
 from .errors import InvalidOptionError, ModelFormatError, ModelNotFoundError, WhisperforgeError
 from .model import ModelConfig, Whisper, merge_heads, split_heads
 from .quantize import COMPUTE_TYPES as MODEL_COMPUTE_TYPES
@@ -51,6 +51,8 @@ from .runtime import encoder_blocks
 
 if TYPE_CHECKING:
     import onnx
+
+    from .transcribe import WhisperModel
 
 
 FORMATS = ("onnx", "torch-export")
@@ -343,15 +345,26 @@ def export_model(
     dtype = COMPUTE_TYPES[compute_type]
     plain = loaded.model.to(dtype).eval()
     modules, inputs = wrappers(plain), example_inputs(plain.config, dtype)
-    n_layer = plain.config.n_text_layer
+    if loaded.checkpoint.compute_type:  # a `whisperforge quantize` folder
+        warnings.warn(f"{model} holds {loaded.checkpoint.compute_type} weights: the export "
+                      f"holds them as {compute_type} (3-4x the size; the graphs have no "
+                      "quantized matmuls)", stacklevel=2)  # fmt: skip
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        with written_aside(out, replaced=EXPORT_FILES) as staging:
+            _write_export(loaded, model, format, compute_type, modules, inputs, staging)
     except OSError as error:
         raise WhisperforgeError(
             f"cannot write {out}: {error.strerror or error}; give --out a folder you can write to"
         ) from None
-    for name in EXPORT_FILES:
-        (out / name).unlink(missing_ok=True)  # a previous export's files
+    return out
+
+
+def _write_export(loaded: WhisperModel, model: str, format: str, compute_type: str,
+                  modules: dict[str, nn.Module], inputs: dict[str, tuple[Any, ...]],
+                  out: Path) -> None:  # fmt: skip
+    """The graphs, weights, tokenizer and manifest of an export, to `out`."""
+    plain = loaded.model
+    n_layer = plain.config.n_text_layer
     with quiet_exporter():
         if format == "onnx":
             _save_onnx({g: _onnx_proto(modules[g], inputs[g], g, n_layer) for g in GRAPHS}, out)
@@ -384,7 +397,6 @@ def export_model(
         "files": files,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    return out
 
 
 def _onnx_proto(
