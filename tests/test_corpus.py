@@ -122,7 +122,7 @@ def test_bad_output(corpus, tmp_path):
         transcribe_corpus(str(corpus), tmp_path / "early.jsonl", beam_size=0)
     assert not (tmp_path / "early.jsonl").exists()
     (tmp_path / "file").write_text("")
-    with pytest.raises(WhisperforgeError, match="cannot write there"):
+    with pytest.raises(WhisperforgeError, match="file is a file, not a folder"):  # "File exists"
         transcribe_corpus(str(corpus), tmp_path / "file" / "out.jsonl")
 
 
@@ -356,7 +356,7 @@ def test_a_journal_line_that_is_not_utf8_is_redone_not_a_crash(tiny_en, tmp_path
     assert [r["path"] for r in rows] == [jfk, other] and all(r["text"] for r in rows)
 
 
-def test_a_file_is_one_row_however_it_is_named(tiny_en, tmp_path):
+def test_a_file_is_one_row_however_it_is_named(tiny_en, tmp_path, monkeypatch):
     """a.wav, ./a.wav, a//a.wav, its absolute path and a path through a symlinked folder are one
     file: INPUT naming it twice transcribes it once (under its first name, with a warning), and
     a rerun that names it otherwise finds its row instead of writing a second one."""
@@ -376,6 +376,20 @@ def test_a_file_is_one_row_however_it_is_named(tiny_en, tmp_path):
     rows = _rows(out)
     assert list(rows) == [f"audio/{jfk.name}", f"audio//{hotwords.name}", str(mfa)]
     assert all(row["text"] for row in rows.values())
+
+    # A folder's rows are named as the rerun's folder names them; from another folder, the
+    # row's file finds them (they were transcribed again, a second row each).
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / jfk.name).symlink_to(jfk)
+    (folder / "gone.wav").symlink_to(tmp_path / "nowhere.wav")  # was left out without a word
+    monkeypatch.chdir(tmp_path)
+    summary = transcribe_corpus("folder", out, tiny_en, **OPTIONS)
+    assert (summary.skipped, summary.ok, summary.failed) == (1, 0, 1)
+    assert "a symbolic link to" in _rows(out)["folder/gone.wav"]["error"]
+    monkeypatch.chdir(folder)
+    summary = transcribe_corpus(".", out, tiny_en, **OPTIONS)
+    assert (summary.skipped, summary.ok, summary.failed) == (2, 0, 0)
 
 
 def test_a_ray_address_where_nothing_listens_is_refused_at_once(tmp_path):

@@ -34,7 +34,7 @@ from .errors import (
     WhisperforgeError,
     is_out_of_memory,
 )
-from .tokenizer import parse_token_ids
+from .tokenizer import LANGUAGES, normalize_language, parse_token_ids
 from .writers import (
     DETECTING_LANGUAGE,
     FORMATS,
@@ -98,9 +98,16 @@ def _bool(text: str) -> bool:
 
 
 def _language(text: str) -> str | None:
-    """--language: a code or name (checked where the model reads it), or none to detect it, as
-    openai-whisper's --help says."""
-    return None if text.strip().lower() == "none" else text
+    """--language: a code or name, or none to detect it, as openai-whisper's --help says. One
+    no model knows is refused here, before a model loads (base took 7 s to say "xx" is
+    unknown); whether the model knows it is checked where the model reads it."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        normalize_language(text, tuple(LANGUAGES))
+    except InvalidOptionError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -165,7 +172,10 @@ def _line_limit(text: str) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__  # (the package imports this module)
+
     parser = argparse.ArgumentParser(prog="whisperforge", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"whisperforge {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     t = commands.add_parser(
@@ -1424,12 +1434,17 @@ def run_quantize(args: argparse.Namespace) -> int:
 # --- entry point -----------------------------------------------------------------------------
 
 
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser's commands by name."""
+    actions = parser._subparsers._group_actions if parser._subparsers else []
+    return {name: command for a in actions for name, command in getattr(a, "choices", {}).items()}
+
+
 def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
     """Every --flag of the parser and its commands."""
     flags = set(parser._option_string_actions)
-    for action in parser._subparsers._group_actions if parser._subparsers else []:
-        for command in getattr(action, "choices", {}).values():
-            flags |= _option_strings(command)
+    for command in _commands(parser).values():
+        flags |= _option_strings(command)
     return flags
 
 
@@ -1463,7 +1478,10 @@ def _openai_spelling(argv: Sequence[str], flags: set[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    argv = _openai_spelling(sys.argv[1:] if argv is None else argv, _option_strings(parser))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in _commands(parser) and os.path.isfile(argv[0]):
+        argv.insert(0, "transcribe")  # `whisper talk.flac`, as openai-whisper users type it
+    argv = _openai_spelling(argv, _option_strings(parser))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # usage errors (2) and --help (0) as a return value

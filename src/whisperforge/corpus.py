@@ -146,7 +146,10 @@ def _listing(spec: str | Iterable[str]) -> tuple[list[Source], Path | None]:
     folder = None
     path = Path(spec).expanduser()
     if path.is_dir():
-        found = sorted(p for p in path.rglob("*") if _is_audio(p) and p.is_file())
+        # A link to nowhere too: its row says so (skipped, it was missing without a word).
+        found = sorted(
+            p for p in path.rglob("*") if _is_audio(p) and (p.is_file() or p.is_symlink())
+        )
         sources = [Source(str(p), str(p)) for p in found]
     elif path.is_file():
         suffix = path.suffix.lower()
@@ -163,7 +166,7 @@ def _listing(spec: str | Iterable[str]) -> tuple[list[Source], Path | None]:
             sources, folder = _path_list(path), path.parent
     elif glob.has_magic(spec):
         found = sorted(p for p in glob.glob(os.path.expanduser(spec), recursive=True))
-        sources = [Source(p, p) for p in found if os.path.isfile(p)]
+        sources = [Source(p, p) for p in found if os.path.isfile(p) or os.path.islink(p)]
         if not sources:
             raise WhisperforgeError(f"INPUT {spec}: the glob matches no files; check the pattern")
     else:
@@ -661,6 +664,10 @@ class Journal:
             raise WhisperforgeError(
                 f"--output {output} is a folder; name a .jsonl or .parquet file"
             )
+        above = next((p for p in out.parents if p.exists()), None)
+        if above is not None and not above.is_dir():  # (the OSError said "File exists")
+            raise WhisperforgeError(f"--output {output}: {above} is a file, not a folder; "
+                                    "pick another path")  # fmt: skip
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.created = not self.path.exists()  # removed again if no row comes
@@ -675,6 +682,10 @@ class Journal:
                 "pick a writable path"
             ) from None
         self.done = {r["path"] for r in rows}
+        # The file each row is of, resolved (rows before session 51 have none): a rerun from
+        # another folder finds a folder's or glob's rows by it, not by names relative to where
+        # it runs (it transcribed them all again, beside the old rows).
+        self.files = {r["file"]: r["path"] for r in rows if isinstance(r.get("file"), str)}
         self.failed = {r["path"] for r in rows if r.get("error")}
         self.settings: dict[str, str | None] = {r["path"]: r.get("settings") for r in rows}
         self.written = 0
@@ -719,6 +730,8 @@ class Journal:
         self.file.write(json.dumps(row, ensure_ascii=False) + "\n")
         self.file.flush()  # a crash after this loses nothing
         self.done.add(row["path"])
+        if "file" in row:
+            self.files[row["file"]] = row["path"]
         self.written += 1
 
     def close(self, merge: bool = True, order: Iterable[str] = ()) -> None:
@@ -748,7 +761,8 @@ class Journal:
         )  # fmt: skip
         timings = pa.struct([("decode", pa.float64()), ("transcribe", pa.float64())])
         schema = pa.schema(
-            [("path", pa.string()), ("language", pa.string()), ("duration", pa.float64()),
+            [("path", pa.string()), ("file", pa.string()), ("language", pa.string()),
+             ("duration", pa.float64()),
              ("text", pa.string()), ("segments", pa.list_(segment)), ("error", pa.string()),
              ("timings", timings), ("worker", pa.string()), ("settings", pa.string())]
         )  # fmt: skip
@@ -820,7 +834,8 @@ def transcribe_corpus(
         raise WhisperforgeError(f"--output {output} is the input; write to another file")
     settings = _settings_of(sources, model, compute_type, options)
     journal = Journal(output, retry_errors)
-    done = _rows_of(sources, journal.done, folder)
+    files = dict(zip((s.path for s in sources), _files(s.location for s in sources)))
+    done = _rows_of(sources, files, journal, folder)
     # Rows made otherwise (another model, language, ...) are still skipped as done: say so.
     pairs = dict.fromkeys((journal.settings[row], settings[path]) for path, row in done.items())
     other = next((pair for pair in pairs if _differ(*pair)), None)  # a corpus has few pairs
@@ -862,10 +877,11 @@ def transcribe_corpus(
         for row in rows:
             if row["path"] in journal.done:
                 continue  # a retried Ray task never repeats a row, but the journal makes sure
-            journal.write(row | {"settings": settings[row["path"]]})
+            journal.write(row | {"file": files[row["path"]], "settings": settings[row["path"]]})
             summary.ok += row["error"] is None
             summary.failed += row["error"] is not None
-            summary.audio_s += row["duration"] or 0.0
+            if row["error"] is None:  # the audio transcribed (RTFx): a failed file's is not
+                summary.audio_s += row["duration"] or 0.0
             bar.update(summary)
             if on_row is not None:
                 on_row(row)
@@ -879,19 +895,24 @@ def transcribe_corpus(
     return summary
 
 
-def _rows_of(sources: list[Source], names: set[str], folder: Path | None) -> dict[str, str]:
-    """The path of the row in OUT (among `names`) of each source that has one: the source's
-    own, or another name of the same file (./a.wav for a.wav, absolute for relative, through
-    a symlink), the row's name read as INPUT reads its own (relative to `folder`)."""
-    rows = {s.path: s.path for s in sources if s.path in names}
+def _rows_of(
+    sources: list[Source], files: dict[str, str], journal: Journal, folder: Path | None
+) -> dict[str, str]:
+    """The path of the row in OUT of each source that has one: the source's own, or another
+    name of the same file (./a.wav for a.wav, absolute for relative, through a symlink), found
+    by the file the row records (`files`: each source's), else (an older row) by its name
+    read as INPUT reads its own (relative to `folder`)."""
+    rows = {s.path: s.path for s in sources if s.path in journal.done}
     others = [s for s in sources if s.path not in rows]
-    if others and names:
-        spelled = list(names)
+    unrecorded = journal.done - set(journal.files.values())
+    by_file = dict(journal.files)
+    if others and unrecorded:
+        spelled = list(unrecorded)
         locations = (n if folder is None else _located(folder, n).location for n in spelled)
-        by_file = dict(zip(_files(locations), spelled))
-        for source, file in zip(others, _files(s.location for s in others)):
-            if file in by_file:
-                rows[source.path] = by_file[file]
+        by_file |= dict(zip(_files(locations), spelled))
+    for source in others:
+        if files[source.path] in by_file:
+            rows[source.path] = by_file[files[source.path]]
     return rows
 
 
@@ -975,8 +996,9 @@ INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text 
   language, another task, German on an English-only model) is that row's error; the other
   files go on.
 OUT: .jsonl, written row by row as files finish, or .parquet, merged from OUT.journal.jsonl at
-  the end. One row per file: path, language, duration, text, segments, error, timings, worker,
-  settings (the model, and the options not at their defaults, the row's own language and task
+  the end. One row per file: path (as INPUT names it), file (its absolute path, links
+  resolved: how a rerun from another folder finds it), language, duration, text, segments,
+  error, timings, worker, settings (the model, and the options not at their defaults, the row's own language and task
   included, as a JSON string; a rerun that would make a done row otherwise warns). timings:
   seconds decoding the file, and from the previous row to this one (files share batches: a file
   finished in the same batch as the one before shows about 0).
