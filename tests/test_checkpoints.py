@@ -10,7 +10,7 @@ import shutil
 import struct
 import time
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -500,6 +500,26 @@ def test_faster_whispers_other_model_arguments(tiny_en) -> None:
         WhisperModel("tiny.en", device="cpu", cpu_threads=-1)
     with pytest.raises(InvalidOptionError, match="device_index"):
         WhisperModel("tiny.en", device="cpu", device_index=1)
+
+
+def test_openai_whispers_own_downloads_get_its_heads_and_are_found_by_name(
+    tiny_en_checkpoint: Checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """openai-whisper's downloads (~/.cache/whisper/NAME.pt) hold no alignment heads, and the
+    fallback (the upper half of the layers) moved every word time; offline, `--model tiny`
+    did not look in its cache at all."""
+    plain = replace(tiny_en_checkpoint, alignment_heads=None)  # as openai's download
+    cache = tmp_path / "cache" / "whisper"
+    cache.mkdir(parents=True)
+    save_openai(plain, cache / "tiny.en.pt")
+    heads = load_openai(cache / "tiny.en.pt").alignment_heads
+    assert heads is not None and heads.tolist() == tiny_en_checkpoint.alignment_heads.tolist()
+    (cache / "tiny.en.pt").rename(cache / "mine.pt")  # renamed: not known to be tiny.en's
+    assert load_openai(cache / "mine.pt").alignment_heads is None
+    (cache / "mine.pt").rename(cache / "medium.en.pt")  # tiny.en's shape: medium.en's heads
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # do not fit: none
+    found = resolve_checkpoint("medium.en", local_files_only=True)
+    assert found.source == str(cache / "medium.en.pt") and found.alignment_heads is None
 
 
 def test_damaged_pt_files_say_what_is_wrong(openai_pt: Path, tmp_path: Path) -> None:

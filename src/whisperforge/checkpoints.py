@@ -497,6 +497,8 @@ def load_openai(path: Path) -> Checkpoint:
     heads = data.get("alignment_heads")
     if isinstance(heads, Tensor) and heads.dtype == torch.bool:  # openai's [layers, heads] mask
         heads = heads.nonzero()
+    if heads is None:  # openai-whisper's own downloads hold none
+        heads = _openai_heads(path, config)
     tokenizer = path.with_name("tokenizer.json")
     return Checkpoint(
         config, sd, _heads(heads), tokenizer if tokenizer.is_file() else None, str(path)
@@ -684,6 +686,56 @@ HUB_REPOS = {
 }  # fmt: skip
 HUB_REPOS["large"] = HUB_REPOS["large-v3"]
 HUB_REPOS["large-v3-turbo"] = HUB_REPOS["turbo"] = "mobiuslabsgmbh/faster-whisper-large-v3-turbo"
+
+
+# openai-whisper's alignment heads (decoder layer, head) of its models, which its `.pt` downloads
+# do not hold (its package keeps them apart): a `.pt` named so gets them, not the fallback of
+# the upper half of the layers, which moved every word time of tiny.en (a segment's end 8.02 s
+# -> 7.90). The same heads are in the hub's CTranslate2 and transformers configs.
+OPENAI_ALIGNMENT_HEADS = {
+    "tiny.en": [[1, 0], [2, 0], [2, 5], [3, 0], [3, 1], [3, 2], [3, 3], [3, 4]],
+    "tiny": [[2, 2], [3, 0], [3, 2], [3, 3], [3, 4], [3, 5]],
+    "base.en": [[3, 3], [4, 7], [5, 1], [5, 5], [5, 7]],
+    "base": [[3, 1], [4, 2], [4, 3], [4, 7], [5, 1], [5, 2], [5, 4], [5, 6]],
+    "small.en": [[6, 6], [7, 0], [7, 3], [7, 8], [8, 2], [8, 5], [8, 7], [9, 0], [9, 4], [9, 8],
+                 [9, 10], [10, 0], [10, 1], [10, 2], [10, 3], [10, 6], [10, 11], [11, 2], [11, 4]],
+    "small": [[5, 3], [5, 9], [8, 0], [8, 4], [8, 7], [8, 8], [9, 0], [9, 7], [9, 9], [10, 5]],
+    "medium.en": [[11, 4], [14, 1], [14, 12], [14, 14], [15, 4], [16, 0], [16, 4], [16, 9],
+                  [17, 12], [17, 14], [18, 7], [18, 10], [18, 15], [20, 0], [20, 3], [20, 9],
+                  [20, 14], [21, 12]],
+    "medium": [[13, 15], [15, 4], [15, 15], [16, 1], [20, 0], [23, 4]],
+    "large-v1": [[9, 19], [11, 2], [11, 4], [11, 17], [22, 7], [22, 11], [22, 17], [23, 2],
+                 [23, 15]],
+    "large-v2": [[10, 12], [13, 17], [16, 11], [16, 12], [16, 13], [17, 15], [17, 16], [18, 4],
+                 [18, 11], [18, 19], [19, 11], [21, 2], [21, 3], [22, 3], [22, 9], [22, 12],
+                 [23, 5], [23, 7], [23, 13], [25, 5], [26, 1], [26, 12], [27, 15]],
+    "large-v3": [[7, 0], [10, 17], [12, 18], [13, 12], [16, 1], [17, 14], [19, 11], [21, 4],
+                 [24, 1], [25, 6]],
+    "large-v3-turbo": [[2, 4], [2, 11], [3, 3], [3, 6], [3, 11], [3, 14]],
+}  # fmt: skip
+OPENAI_FILE_NAMES = {"large": "large-v3", "turbo": "large-v3-turbo"}  # its download's name
+
+
+def openai_cached_file(name: str) -> Path | None:
+    """openai-whisper's download of model `name` (~/.cache/whisper/NAME.pt, or under
+    $XDG_CACHE_HOME), where it has one: a machine that ran openai-whisper has its models."""
+    stem = OPENAI_FILE_NAMES.get(name, name)
+    if stem not in OPENAI_ALIGNMENT_HEADS:
+        return None
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser()
+    path = cache / "whisper" / f"{stem}.pt"
+    return path if path.is_file() else None
+
+
+def _openai_heads(path: Path, config: ModelConfig) -> list[list[int]] | None:
+    """openai-whisper's heads of the model a `.pt` is named after, where its shape is that
+    model's: a file renamed or of another model keeps the fallback."""
+    name = OPENAI_FILE_NAMES.get(path.stem, path.stem)
+    heads = OPENAI_ALIGNMENT_HEADS.get(name)
+    if heads is None or name.endswith(".en") == config.is_multilingual:
+        return None
+    fits = all(layer < config.n_text_layer and head < config.n_text_head for layer, head in heads)
+    return heads if fits else None
 
 
 def available_models() -> list[str]:
@@ -877,8 +929,9 @@ def resolve_checkpoint(
     revision: str | None = None,
     token: str | bool | None = None,
 ) -> Checkpoint:
-    """A local path; else an installed model package; else the hub cache, then the hub (at
-    `revision`, with `token`: see `_hub_folder`)."""
+    """A local path; else an installed model package; else openai-whisper's download of it
+    (`openai_cached_file`); else the hub cache, then the hub (at `revision`, with `token`: see
+    `_hub_folder`)."""
     path = Path(name_or_path).expanduser()
     if path.exists():
         return load_path(path)
@@ -892,6 +945,9 @@ def resolve_checkpoint(
     )
     if looks_like_path:
         raise ModelNotFoundError(f"{name}: no such file or folder; check the path")
+    openai_file = openai_cached_file(name) if cache_dir is None and revision is None else None
+    if openai_file is not None:
+        return load_openai(openai_file)
     return load_path(_hub_folder(name, local_files_only, cache_dir, revision, token))
 
 

