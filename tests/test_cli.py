@@ -204,6 +204,10 @@ def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
                        "--word_timestamps", "True", "--highlight_words=False"]  # fmt: skip
     parsed = parser.parse_args(cli._openai_spelling(openai_switches, cli._option_strings(parser)))
     assert parsed.word_timestamps and not parsed.highlight_words
+    # Flags cut short, as argparse (and so openai-whisper) takes them: were left over or unknown.
+    short = ["transcribe", "x.wav", "--word_timestamp", "True", "--beam-siz", "2"]
+    cut = parser.parse_args(cli._openai_spelling(short, cli._option_strings(parser)))
+    assert cut.word_timestamps and cut.beam_size == 2
     # openai-whisper's "None" for its optional numbers
     nones = ["transcribe", "x.wav", "--beam_size", "None", "--best_of", "None", "--patience",
              "None", "--max_line_width", "None", "--max_line_count", "None",

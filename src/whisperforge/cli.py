@@ -1457,13 +1457,19 @@ def _openai_spelling(argv: Sequence[str], flags: set[str]) -> list[str]:
     """openai-whisper's way to write the flags, as ours: a --flag_name of ours as --flag-name
     (its =value as it is; other words, such as a prompt's, stay as they are), and a switch's
     True / False (--word_timestamps True, --verbose=False) as the switch, nothing, or its
-    --no- form. Also --suppress-tokens -1,50362 as --suppress-tokens=-1,50362: argparse would
-    take a list that starts with a minus for a flag."""
+    --no- form; a flag cut short as argparse takes it (--word_timestamp True, which was left as
+    it was, or --word-timestamp True, whose True was left over), whole. Also --suppress-tokens
+    -1,50362 as --suppress-tokens=-1,50362: argparse would take a list that starts with a minus
+    for a flag."""
     out: list[str] = []
     for arg in argv:
         name, equals, value = arg.partition("=")
-        if name.startswith("--") and name.replace("_", "-") in flags:
-            name = name.replace("_", "-")
+        dashed = name.replace("_", "-")
+        if name.startswith("--") and dashed not in flags:
+            whole = [flag for flag in flags if flag.startswith(dashed)]
+            dashed = whole[0] if len(whole) == 1 else dashed
+        if name.startswith("--") and dashed in flags:
+            name = dashed
             arg = name + equals + value
         if out and out[-1] == "--suppress-tokens" and re.fullmatch(r"-\d+(,\s*-?\d+)+", arg):
             out[-1] += "=" + arg
