@@ -15,8 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DEV_DIR, LONG_FILE, hub_cache_of_tiny_en, manifest, plain_wer, plain_words
+from conftest import (
+    DEV_DIR,
+    LONG_FILE,
+    hub_cache_of_tiny_en,
+    manifest,
+    pcm_wav,
+    plain_wer,
+    plain_words,
+)
 
+from whisperforge import load_audio
 from whisperforge.cli import main
 from whisperforge.corpus import list_inputs, transcribe_corpus
 from whisperforge.errors import WhisperforgeError
@@ -390,6 +399,21 @@ def test_a_file_is_one_row_however_it_is_named(tiny_en, tmp_path, monkeypatch):
     monkeypatch.chdir(folder)
     summary = transcribe_corpus(".", out, tiny_en, **OPTIONS)
     assert (summary.skipped, summary.ok, summary.failed) == (2, 0, 0)
+
+
+def test_a_cut_off_files_row_says_so(tiny_en, tmp_path):
+    """A recording cut off mid-file transcribes what is there; its warning reached stderr only,
+    and its row (text, no error) could not be told from a whole one's."""
+    whole = pcm_wav(load_audio(DEV_DIR / "coqui-tts-ljspeech__LJ001-0002.wav"))
+    (tmp_path / "cut.wav").write_bytes(whole[: len(whole) // 2])
+    out = tmp_path / "out.parquet"
+    with pytest.warns(UserWarning, match="may be cut off"):
+        summary = transcribe_corpus(str(tmp_path / "cut.wav"), out, tiny_en, **OPTIONS)
+    assert summary.ok == 1
+    import pyarrow.parquet as pq
+
+    (row,) = pq.read_table(out).to_pylist()
+    assert row["error"] is None and row["text"] and "may be cut off" in row["warning"]
 
 
 def test_a_ray_address_where_nothing_listens_is_refused_at_once(tmp_path):

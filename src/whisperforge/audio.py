@@ -43,6 +43,7 @@ def decode_audio(
     *,
     max_seconds: float | None = None,
     on_samples: Callable[[int], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Decode a file, bytes or file object (any container FFmpeg reads, video included) to mono
     float32 at `sampling_rate` (16 kHz, Whisper's), or with `split_stereo` to its (left, right)
@@ -52,9 +53,12 @@ def decode_audio(
     `max_seconds`: refuse longer audio as soon as the decode passes it (a server's guard: a
     few MB of compressed silence decode to hours, 0.23 GB of samples an hour). `on_samples` is
     called with the count of samples decoded so far after each packet; what it raises stops the
-    decode (a server's memory budget, shared by the requests decoding at once)."""
+    decode (a server's memory budget, shared by the requests decoding at once). `on_warning`
+    takes what would be warned of (a cut-off file, skipped packets, a second audio stream) in
+    place of `warnings.warn` (a corpus row records it: `catch_warnings` is not thread-safe)."""
     # PyAV reads 0 as the file's own rate, and a negative one failed as an unreadable file.
     check_whole_number("sampling_rate", sampling_rate)
+    warn = on_warning or (lambda message: warnings.warn(message, stacklevel=3))  # our caller's
     if isinstance(input_file, os.PathLike):  # pathlib's, os.scandir's entries, ...
         input_file = os.fsdecode(input_file)
     name = input_file if isinstance(input_file, str) else "<audio bytes>"
@@ -102,7 +106,7 @@ def decode_audio(
     try:
         import av  # imported here: PyAV is optional where audio comes in as arrays
     except ImportError:  # a slim install, e.g. a GPU box without FFmpeg's libraries
-        return read_pcm_wav(input_file, name, sampling_rate, split_stereo)
+        return read_pcm_wav(input_file, name, sampling_rate, split_stereo, on_warning)
 
     # s16 like the ffmpeg command line that openai-whisper runs, so the samples agree with it.
     layout = "stereo" if split_stereo else "mono"
@@ -122,11 +126,10 @@ def decode_audio(
             stream = container.streams.audio[0]  # faster-whisper's choice
             promised = _header_seconds(container, stream)
             if len(container.streams.audio) > 1:  # the others are not heard: say so
-                warnings.warn(
+                warn(
                     f"{name}: {len(container.streams.audio)} audio streams; transcribing the "
                     f"first only (stream #{stream.index}); to transcribe another, extract it "
-                    "first (e.g. ffmpeg -i FILE -map 0:a:1 out.flac)",
-                    stacklevel=2,
+                    "first (e.g. ffmpeg -i FILE -map 0:a:1 out.flac)"
                 )
             for packet in container.demux(stream):  # the last, empty packet flushes the decoder
                 n_packets += int(packet.size > 0)
@@ -170,9 +173,9 @@ def decode_audio(
     else:
         slack = 0.5 + 0.01 * (promised or 0)  # encoder delay and padding, MP4's priming
     if promised is not None and promised > held + slack:  # a cut-off MP3, FLAC, AIFF, WAV ...
-        warnings.warn(_cut_off(name, promised, held, skipped), stacklevel=2)
+        warn(_cut_off(name, promised, held, skipped))
     elif skipped:
-        warnings.warn(f"{name}: {skipped} (the file may be damaged or cut off)", stacklevel=2)
+        warn(f"{name}: {skipped} (the file may be damaged or cut off)")
     samples = np.concatenate(chunks, dtype=np.float32)  # straight to float32: no int16 copy
     samples *= 1.0 / 32768.0
     if split_stereo:  # s16 stereo comes interleaved: left, right, left, ...
@@ -282,6 +285,7 @@ def read_pcm_wav(
     name: str = "<audio>",
     sampling_rate: int = SAMPLE_RATE,
     split_stereo: bool = False,
+    on_warning: Callable[[str], None] | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """PCM WAV at `sampling_rate` (8, 16 or 32-bit, channels averaged; or its first two as
     (left, right), a mono file's twice) to float32 with the standard library's `wave`, for
@@ -305,7 +309,8 @@ def read_pcm_wav(
         )
     whole = len(data) // (width * channels)  # a cut-off file can end inside a frame
     if whole < n_frames:
-        warnings.warn(_cut_off(name, n_frames / rate, whole / rate), stacklevel=3)
+        message = _cut_off(name, n_frames / rate, whole / rate)
+        on_warning(message) if on_warning else warnings.warn(message, stacklevel=3)
     data = data[: whole * width * channels]
     samples = to_float32(np.frombuffer(data, dtype=dtype).reshape(-1, channels))
     if split_stereo:
@@ -455,10 +460,11 @@ def load_audio(
     *,
     max_seconds: float | None = None,
     on_samples: Callable[[int], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> np.ndarray:
     """Any accepted input as a 1-D float32 array at 16 kHz. Arrays are taken to be 16 kHz mono.
     `max_seconds`: longer audio is refused (a file as soon as its decode passes the limit);
-    `on_samples`: `decode_audio`'s, for a file."""
+    `on_samples`, `on_warning`: `decode_audio`'s, for a file."""
     if isinstance(audio, torch.Tensor):
         tensor = audio.detach().cpu()
         audio = (tensor.float() if tensor.is_floating_point() else tensor).numpy()
@@ -470,7 +476,9 @@ def load_audio(
         # A reversed or strided view (audio[::-1]) has strides torch.from_numpy refuses.
         samples = np.ascontiguousarray(to_float32(audio))
     else:
-        samples = decode_audio(audio, max_seconds=max_seconds, on_samples=on_samples)
+        samples = decode_audio(
+            audio, max_seconds=max_seconds, on_samples=on_samples, on_warning=on_warning
+        )
     if max_seconds is not None and samples.size > max_seconds * SAMPLE_RATE:
         raise AudioTooLongError(_too_long("the audio", max_seconds))
     if samples.size == 0:

@@ -53,7 +53,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +95,7 @@ class Decoded:
     error: str | None
     decode_s: float
     duration: float | None = None  # seconds of audio, once decoded
+    warning: str | None = None  # what decoding it warned of (a cut-off file, ...), for its row
 
 
 @dataclass
@@ -324,24 +325,30 @@ def _pyarrow_parquet() -> Any:
 # --- decoding --------------------------------------------------------------------------------
 
 
-def read_audio(location: str) -> np.ndarray:
+def read_audio(location: str, on_warning: Callable[[str], None] | None = None) -> np.ndarray:
     """16 kHz mono float32. `.npy` files hold 16 kHz samples (int16 or float) and are read with
     numpy, so corpora of arrays need no FFmpeg."""
     from .audio import load_audio  # torch is slow to import: only where audio is read
 
     if location.lower().endswith(".npy"):
         return load_audio(np.load(location, allow_pickle=False))
-    return load_audio(location)
+    return load_audio(location, on_warning=on_warning)
 
 
 def decode(source: Source) -> Decoded:
+    """A file's audio, or its error; what decoding it warned of is warned of and kept for its
+    row (a cut-off recording transcribes what is there: its row says so)."""
     start = time.perf_counter()
+    warned: list[str] = []
     try:
-        audio, error = read_audio(source.location), None
+        audio, error = read_audio(source.location, warned.append), None
     except (WhisperforgeError, OSError, ValueError) as exc:
         audio, error = None, f"{type(exc).__name__}: {exc}"
+    for message in warned:
+        warnings.warn(message, stacklevel=2)
     duration = None if audio is None else audio.size / SAMPLE_RATE
-    return Decoded(source, audio, error, time.perf_counter() - start, duration)
+    warning = "; ".join(warned) or None
+    return Decoded(source, audio, error, time.perf_counter() - start, duration, warning)
 
 
 def decode_ahead(sources: Iterable[Source], threads: int = READ_AHEAD) -> Iterator[Decoded]:
@@ -381,7 +388,7 @@ def transcribe_decoded(
             if item.audio is None:
                 failed.append(make_row(item, None, 0.0, worker))
                 continue
-            fed.append(Decoded(item.source, None, None, item.decode_s, item.duration))  # no audio
+            fed.append(replace(item, audio=None))  # what its row needs, not its audio
             yield FileRequest(item.audio, item.source.language, item.source.task)
 
     last = time.perf_counter()
@@ -420,6 +427,7 @@ def make_row(
         "text": "".join(s.text for s in segments).strip() if not error else None,
         "segments": rows,
         "error": error,
+        "warning": item.warning,
         "timings": {"decode": round(item.decode_s, 4), "transcribe": round(transcribe_s, 4)},
         "worker": worker,
     }
@@ -482,6 +490,7 @@ def _decode_batch(batch: dict[str, np.ndarray]) -> dict[str, Any]:
         "path": np.array([d.source.path for d in done]),
         "audio": [d.audio if d.audio is not None else np.zeros(0, np.float32) for d in done],
         "error": np.array([d.error or "" for d in done]),  # "": fine (a column without nulls)
+        "warning": np.array([d.warning or "" for d in done]),
         "decode_s": np.array([d.decode_s for d in done]),
         "language": batch["language"],
         "task": batch["task"],
@@ -511,17 +520,20 @@ class RayTranscriber:
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
         columns = zip(
-            batch["path"], batch["audio"], batch["error"], batch["decode_s"], batch["language"],
-            batch["task"],
+            batch["path"], batch["audio"], batch["error"], batch["warning"], batch["decode_s"],
+            batch["language"], batch["task"],
         )  # fmt: skip
         items = []
-        for path, audio, error, decode_s, language, task in columns:
+        for path, audio, error, warning, decode_s, language, task in columns:
             source = Source(str(path), "", str(language) or None, str(task) or None)
             if error:
                 items.append(Decoded(source, None, str(error), decode_s))
             else:
                 samples = np.asarray(audio, np.float32)
-                items.append(Decoded(source, samples, None, decode_s, samples.size / SAMPLE_RATE))
+                seconds = samples.size / SAMPLE_RATE
+                items.append(
+                    Decoded(source, samples, None, decode_s, seconds, str(warning) or None)
+                )
         rows = transcribe_decoded(self.pipeline, items, self.batch_size, self.options, self.worker)
         return {"row": np.array([json.dumps(r) for r in rows])}
 
@@ -764,6 +776,7 @@ class Journal:
             [("path", pa.string()), ("file", pa.string()), ("language", pa.string()),
              ("duration", pa.float64()),
              ("text", pa.string()), ("segments", pa.list_(segment)), ("error", pa.string()),
+             ("warning", pa.string()),
              ("timings", timings), ("worker", pa.string()), ("settings", pa.string())]
         )  # fmt: skip
         temporary = target.with_name(target.name + ".tmp")
@@ -998,7 +1011,7 @@ INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text 
 OUT: .jsonl, written row by row as files finish, or .parquet, merged from OUT.journal.jsonl at
   the end. One row per file: path (as INPUT names it), file (its absolute path, links
   resolved: how a rerun from another folder finds it), language, duration, text, segments,
-  error, timings, worker, settings (the model, and the options not at their defaults, the row's own language and task
+  error, warning (what decoding it warned of: a cut-off file, ...), timings, worker, settings (the model, and the options not at their defaults, the row's own language and task
   included, as a JSON string; a rerun that would make a done row otherwise warns). timings:
   seconds decoding the file, and from the previous row to this one (files share batches: a file
   finished in the same batch as the one before shows about 0).
