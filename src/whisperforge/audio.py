@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import struct
 import warnings
 import wave
 from collections.abc import Callable, Iterator
@@ -189,8 +190,8 @@ _WAV_FORMATS = {(1, 8): "u8", (1, 16): "s16le", (1, 24): "s24le", (1, 32): "s32l
 
 
 class _Arriving:
-    """A file-like `read` over `head` and then `read_more`, for FFmpeg and `wave` (no seek:
-    both read a stream front to back)."""
+    """A file-like `read` over `head` and then `read_more`, for FFmpeg (no seek: it reads the
+    stream front to back) and `_wav_header`."""
 
     def __init__(self, head: bytes, read_more: Callable[[int], bytes]):
         self.head, self.read_more = head, read_more
@@ -210,8 +211,6 @@ class _Arriving:
 
 def _wav_header(name: str, source: _Arriving) -> tuple[str, int, int]:
     """Reads a WAV's chunks up to its samples; (FFmpeg's raw format, rate, channels)."""
-    import struct
-
     source.read_exactly(12)  # RIFF, size, WAVE
     form = None
     while len(chunk := source.read_exactly(8)) == 8:
