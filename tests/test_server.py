@@ -155,6 +155,7 @@ def test_stream_sends_openai_events(client):
 
 # --- bad requests -----------------------------------------------------------------------------
 
+SERVER_VAD = '{"type": "server_vad"}'  # OpenAI's chunking_strategy for its VAD
 NOT_AUDIO = ("notes.txt", b"just some text, no sound here\n" * 20, "text/plain")
 
 
@@ -186,12 +187,7 @@ NOT_AUDIO = ("notes.txt", b"just some text, no sound here\n" * 20, "text/plain")
         ({"model": "tiny.en", "user": "me"}, "jfk", 400, "user"),  # refused, not ignored
         ({"model": "tiny.en", "include[]": "logprobs"}, "jfk", 400, "include[]"),
         ({"model": "tiny.en", "known_speaker_names[]": "Ann"}, "jfk", 400, "known_speaker_names[]"),
-        (
-            {"model": "tiny.en", "chunking_strategy": '{"type": "server_vad"}'},
-            "jfk",
-            400,
-            "chunking_strategy",
-        ),
+        ({"model": "tiny.en", "chunking_strategy": SERVER_VAD}, "jfk", 400, "chunking_strategy"),
         ({"model": "tiny.en", "languages[]": ["en", "de"]}, "jfk", 400, "languages[]"),
         ({"model": "tiny.en"}, {"file": NOT_AUDIO}, 400, "file"),  # not audio
         ({"model": "tiny.en"}, {"file": ("empty.wav", b"", "audio/wav")}, 400, "file"),
