@@ -270,6 +270,9 @@ def test_api_key(tiny_en, monkeypatch):
         response = c.post("/v1/audio/transcriptions", files=jfk_file(), data={"model": "tiny.en"})
         assert_openai_error(response, 401, None)
         assert c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        # The stream says why it closes (refused before its accept, it was a bare HTTP 403).
+        with c.websocket_connect("/v1/audio/stream?api_key=nope") as ws:
+            assert ws.receive_json()["error"]["code"] == "invalid_api_key"
 
 
 def test_cors_is_off_unless_origins_are_given(tiny_en):
@@ -672,6 +675,7 @@ def test_websocket_rejects_bad_parameters(client):
         "sample_rate=8000",
         "min_chunk_s=abc",
         "min_chunk_s=nan",
+        "min_chunk_s=1e9",  # its audio was held outside the stream's share of the memory
         "agreement=1",
         "silence_db=loud",
         "language=xx",

@@ -235,9 +235,45 @@ def test_an_improbable_tail_window_is_not_committed_but_an_improbable_buffer_is(
     assert stream.text == " one two"
 
 
+def test_silence_after_words_that_keep_changing_does_not_grow_the_buffer():
+    """With the silence gate, words still tentative after two silent updates (a last word that
+    changes at every decode) were kept waiting, and the buffer grew for as long as the silence
+    lasted (605 s after 10 minutes): they are committed as they stand, the silence dropped."""
+    calls = 0
+
+    def flickering(audio, prompt, language):
+        nonlocal calls
+        calls += 1
+        last = " cat" if calls % 2 else " dog"
+        return [segment([Word(0.1, 0.5, " one", 0.9), Word(0.6, 0.9, last, 0.5)])], "en"
+
+    stream = StreamingTranscriber(flickering, StreamingOptions(silence_db=-40.0))
+    stream.feed((0.1 * np.random.default_rng(0).standard_normal(SR * 2)).astype(np.float32))
+    for _ in range(600):
+        stream.feed(np.zeros(SR, np.float32))
+    assert stream.buffer_s < 2 and calls < 10
+    assert plain_words(stream.text) in ("one cat", "one dog")
+
+
+def test_a_multilingual_streams_language_is_heard_from_seconds_of_audio(base):
+    """The language was fixed at the first update with words: 1 s of German was "en" (and 1 s
+    of Spanish "ml"), and the stream came out in English."""
+    german = load_audio(DEV_DIR / "picovoice-leopard__test_de.wav")
+    stream = StreamingTranscriber(base, StreamingOptions())
+    for i in range(0, german.size, SR):
+        stream.feed(german[i : i + SR])
+    stream.finish()
+    assert stream.language == "de" and "Portal" in stream.text
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="min_chunk_s"):
         StreamingOptions(min_chunk_s=0)
+    # Refused when made, not at the first update (agreement=2.5: a bare TypeError there).
+    for bad in ({"min_chunk_s": 1e9}, {"task": "summarize"}, {"agreement": 2.5},
+                {"beam_size": 0}, {"max_buffer_s": 60, "trim_s": 50}):  # fmt: skip
+        with pytest.raises(InvalidOptionError, match=next(iter(bad))):
+            StreamingOptions(**bad)
     with pytest.raises(ValueError, match="trim_s"):
         StreamingOptions(trim_s=40)
     for bad in (float("nan"), float("inf")):

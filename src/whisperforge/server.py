@@ -611,6 +611,9 @@ class App:
                 raise self._timeout() from None
             return segments, info.language
 
+        # A multilingual model's stream detects its language from seconds of audio, not the
+        # first one (see BufferTranscriber).
+        run.is_multilingual = self.model.is_multilingual  # type: ignore[attr-defined]
         return run
 
     async def websocket(self, ws: Any) -> None:
@@ -618,10 +621,14 @@ class App:
         from starlette.websockets import WebSocketDisconnect
 
         params = ws.query_params
-        if not self.authorized(ws.headers.get("authorization"), params.get("api_key")):
+        authorized = self.authorized(ws.headers.get("authorization"), params.get("api_key"))
+        await ws.accept()  # (closed before it, the client saw a bare HTTP 403, no reason)
+        if not authorized:
+            error = APIError(401, "missing or incorrect API key; send it as 'Authorization: "
+                             "Bearer KEY' or ?api_key=KEY", None, "invalid_api_key")  # fmt: skip
+            await ws.send_json({"type": "error", **error.body()})
             await ws.close(code=1008, reason="invalid API key")
             return
-        await ws.accept()
         try:
             options = self.stream_options(params)
         except APIError as error:
@@ -657,7 +664,7 @@ class App:
                 if message["type"] == "websocket.disconnect":
                     return
                 text = (message.get("text") or "").strip()
-                if text in ("stop", "EOF") or _json_type(text) == "stop":
+                if text.lower() in ("stop", "eof") or _json_type(text) == "stop":
                     final: StreamingEvent = await run_in_threadpool(stream.finish)
                     await ws.send_json({**final.to_dict(), "text": stream.text.strip()})
                     await ws.close(code=1000)
@@ -707,7 +714,9 @@ class App:
                 except ValueError:
                     raise APIError(400, f"{name} {params[name]!r} must be {hint}", name) from None
         try:
-            return StreamingOptions(language=language or None, task=task,
+            # An English-only model has no language to detect: its words come at once.
+            language = language or (None if self.model.is_multilingual else "en")
+            return StreamingOptions(language=language, task=task,
                                     initial_prompt=params.get("prompt") or None, **values)  # fmt: skip
         except InvalidOptionError as error:  # its message starts with the option's name
             name = str(error).split()[0]

@@ -33,13 +33,15 @@ import numpy as np
 
 from .audio import SAMPLE_RATE, check_integer_width, to_float32
 from .decoding import compression_ratio
-from .errors import InvalidOptionError
+from .errors import InvalidOptionError, check_whole_number
 from .results import Segment, Word
 
 if TYPE_CHECKING:
     from .transcribe import WhisperModel
 
 SENTENCE_END = (".", "?", "!", "。", "？", "！")
+# Audio a stream's language is detected from, where it is not given (offline: 30 s).
+DETECTION_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -89,21 +91,31 @@ class StreamingOptions:
     tail_log_prob_threshold: float | None = -1.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.min_chunk_s < math.inf:
+        # The audio waiting for an update is held outside the buffer's cap: a min_chunk_s of
+        # 1e9 held a server's stream's audio for ever (3.8 MB a minute), past its share.
+        if not 0 < self.min_chunk_s <= self.max_buffer_s - self.trim_s:
             raise InvalidOptionError(
-                f"min_chunk_s must be positive seconds, got {self.min_chunk_s}"
+                f"min_chunk_s must be positive seconds, at most max_buffer_s - trim_s "
+                f"({self.max_buffer_s - self.trim_s:g}), got {self.min_chunk_s}"
             )
+        if self.task not in ("transcribe", "translate"):  # refused here, not at the first update
+            raise InvalidOptionError(f"unknown task {self.task!r}; use transcribe or translate")
+        for name in ("agreement", "beam_size", "prompt_chars"):
+            check_whole_number(name, getattr(self, name), minimum=0)
         if self.silence_db is not None and not -math.inf < self.silence_db <= 0:
             raise InvalidOptionError(f"silence_db is a level in dBFS (<= 0), got {self.silence_db}")
         if self.initial_prompt is not None and not isinstance(self.initial_prompt, str):
             raise InvalidOptionError(
                 f"initial_prompt must be text, e.g. 'ComfyUI, Subiaco', not {self.initial_prompt!r}"
             )
-        if self.agreement < 2:
-            raise InvalidOptionError(f"agreement must be at least 2, got {self.agreement}")
-        if not 0 < self.trim_s < self.max_buffer_s:
+        if self.agreement < 2 or self.beam_size < 1:
             raise InvalidOptionError(
-                f"need 0 < trim_s < max_buffer_s, got trim_s={self.trim_s}, "
+                f"agreement must be at least 2 and beam_size at least 1, got {self.agreement} "
+                f"and {self.beam_size}"
+            )
+        if not 0 < self.trim_s < self.max_buffer_s <= 30:  # Whisper hears 30 s at a time
+            raise InvalidOptionError(
+                f"need 0 < trim_s < max_buffer_s <= 30, got trim_s={self.trim_s}, "
                 f"max_buffer_s={self.max_buffer_s}"
             )
 
@@ -149,7 +161,10 @@ class StreamingEvent:
 
 class BufferTranscriber(Protocol):
     """Transcribes one buffer: (16 kHz audio, prompt, language or None) -> (segments with words,
-    language). The seam through which the server routes updates into its model worker."""
+    language). The seam through which the server routes updates into its model worker. One
+    with an `is_multilingual` attribute says whether its model detects a language (True:
+    detected from `DETECTION_S` of audio; False: English); without one, the language it
+    returns with the first words is taken."""
 
     def __call__(
         self, audio: np.ndarray, prompt: str | None, language: str | None
@@ -234,7 +249,9 @@ def _norm(word: str) -> str:
 class StreamingTranscriber:
     """LocalAgreement-2 over a trimmed audio buffer. Not thread-safe: one stream, one owner.
 
-    model: a `WhisperModel`, or any `BufferTranscriber`.
+    model: a `WhisperModel`, or any `BufferTranscriber`. Where `options.language` is None, a
+        multilingual model's language is detected from the stream's first `DETECTION_S` of
+        audio with words: nothing is committed before.
     clock: returns the current stream time in seconds; default: the audio received so far.
     """
 
@@ -253,6 +270,10 @@ class StreamingTranscriber:
             )  # type: ignore[arg-type]
         self.clock = clock or (lambda: self.received_s)
         self.language = self.options.language
+        multilingual = getattr(model, "is_multilingual", None)
+        if self.language is None and multilingual is False:
+            self.language = "en"  # nothing to detect: words are committed from the start
+        self._detection_s = DETECTION_S if multilingual else 0.0
         self.committed: list[Word] = []  # everything committed, in order, absolute times
         self.finished = False
         self.updates = 0  # decoded updates, for cost accounting
@@ -338,8 +359,13 @@ class StreamingTranscriber:
                 self._cut(max(self._offset, self.received_s - 0.5))
                 return self._event([], final, 0.0) if final else None
             if self._silent_updates > 2 and not final:
-                self._heard = self._received  # silence: the hypothesis stands for it
-                return None
+                # Two updates of silence did not settle them (hypotheses that keep changing
+                # their last word): committed as they stand, as at the end of a stream, and the
+                # silence dropped; kept, it grew the buffer for as long as the silence lasted.
+                agreed, self._tentative, self._older = self._commit(self._tentative), [], []
+                self._cut(max(self._offset, self.received_s - 0.5))
+                self._heard = self._received
+                return self._event(agreed, final, 0.0) if agreed else None
         else:
             self._silent_updates = 0
         if self._buffer.size == 0:
@@ -356,8 +382,13 @@ class StreamingTranscriber:
         compute = time.perf_counter() - started
         self.updates += 1
         self._heard = self._received
-        if self.language is None and any(s.words for s in segments):
-            self.language = language  # detected once there is speech; fixed from then on
+        # Detected again at each update until there are words and DETECTION_S of audio (or the
+        # stream ends), then fixed: fixed at the first words, 1 s of German was "en" and 1 s of
+        # Spanish "ml". Until then nothing is committed: its words would be in that language.
+        detecting = self.language is None
+        heard = final or self._buffer.size >= self._detection_s * SAMPLE_RATE
+        if detecting and heard and any(s.words for s in segments):
+            self.language, detecting = language, False
         words = [
             Word(w.start + self._offset, w.end + self._offset, w.word, w.probability)
             for s in _without_improbable_tail(segments, self.options.tail_log_prob_threshold)
@@ -375,7 +406,7 @@ class StreamingTranscriber:
         else:
             history = [*self._older, self._tentative][-(self.options.agreement - 1) :]
             full = len(history) == self.options.agreement - 1
-            agreed = self._agreement(hypothesis, *history) if full else []
+            agreed = self._agreement(hypothesis, *history) if full and not detecting else []
             keep = self.options.agreement - 2  # older hypotheses the next update compares with
             self._older = [h[len(agreed) :] for h in history][len(history) - keep :] if keep else []
             self._tentative = hypothesis[len(agreed) :]
