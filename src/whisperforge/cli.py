@@ -1490,7 +1490,10 @@ def _openai_spelling(argv: Sequence[str], flags: set[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in _commands(parser) and os.path.isfile(argv[0]):
+    first = argv[0] if argv else ""
+    is_file = first == STDIN or os.path.isfile(first)
+    is_option = first.startswith("-") and first not in ("-h", "--help", "--version")
+    if first not in _commands(parser) and (is_file or is_option):
         argv.insert(0, "transcribe")  # `whisper talk.flac`, as openai-whisper users type it
     argv = _openai_spelling(argv, _option_strings(parser))
     try:

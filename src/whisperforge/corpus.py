@@ -1089,12 +1089,16 @@ def run_batch(args: Any) -> int:
     if args.local and args.ray_address:
         raise WhisperforgeError("--local and --ray-address contradict each other; drop one")
     # Options the batched pipeline cannot honour: refused, not ignored.
-    unbatched = sequential_only(args) + ["--clip-timestamps"] * (args.clip_timestamps != "0")
+    if args.clip_timestamps != "0":
+        raise InvalidOptionError(
+            "--clip-timestamps: not available in `batch` (clip timestamps are one file's); drop "
+            "it, or use `whisperforge transcribe`"
+        )
+    unbatched = sequential_only(args)
     if unbatched:
         raise InvalidOptionError(
             f"{', '.join(unbatched)}: not available in `batch`, whose batched pipeline decodes "
-            "each file's windows independently (clip timestamps are one file's); drop it, or "
-            "use `whisperforge transcribe`"
+            "each file's windows independently; drop it, or use `whisperforge transcribe`"
         )
     # (Translated word times are warned of per file, in transcribe_corpus: a manifest row may
     # translate where the job does not.)
