@@ -570,6 +570,28 @@ def test_websocket_streams_committed_words(client):
     assert times == sorted(times) and times[-1] <= 11.1
 
 
+def test_a_websocket_stream_silent_for_the_request_timeout_is_ended(tiny_en):
+    """A client that sends nothing held its 11 MB of the audio memory for as long as it stayed
+    connected: after --request-timeout of silence its stream ends as at "stop"."""
+    from starlette.websockets import WebSocketDisconnect
+
+    pcm = (load_audio(JFK)[: 2 * 16000] * 32767).astype("<i2").tobytes()
+    app = create_app(ServerConfig(beam_size=1, request_timeout_s=1), model=tiny_en)
+    with TestClient(app) as c:
+        with c.websocket_connect("/v1/audio/stream") as ws:
+            assert ws.receive_json()["type"] == "session.created"
+            ws.send_bytes(pcm)
+            for _ in range(10):  # bounded: then the final event, without a "stop"
+                event = ws.receive_json()
+                if event["type"] == "transcript.final":
+                    break
+            assert event["type"] == "transcript.final" and "so" in event["text"].lower()
+            with pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_json()
+            assert closed.value.code == 1000
+        assert app.state.whisperforge.memory.held == 0
+
+
 def test_websocket_prompt_is_the_streams_initial_prompt(client):
     """?prompt= (it was refused as unknown) conditions the stream as offline's prompt does:
     the clip's name spelled as prompted, which tiny.en misspells alone (test_streaming)."""

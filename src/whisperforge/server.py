@@ -654,7 +654,13 @@ class App:
             await ws.send_json({"type": "session.created", "sample_rate": SAMPLE_RATE,
                                 "format": "s16le", "model": self.config.model_id})  # fmt: skip
             while True:
-                audio, message = await inbox.next()
+                # A client silent for --request-timeout is ended as by "stop": an idle one held
+                # its share of the audio memory for as long as it stayed connected.
+                idle = self.config.request_timeout_s
+                try:
+                    audio, message = await asyncio.wait_for(inbox.next(), idle)
+                except TimeoutError:
+                    audio, message = b"", {"type": "websocket.receive", "text": "stop"}
                 if audio:
                     events = await run_in_threadpool(stream.feed, audio)
                     for event in events:
