@@ -380,9 +380,6 @@ def gpu_indices(device_index: int | Sequence[int], device: torch.device) -> list
     """The GPUs a model goes on: `device`'s own index (cuda:N), else faster-whisper's
     `device_index`, one or a list (a replica on each). Nothing on the CPU."""
     if device.type != "cuda":
-        if device_index not in (0, [0], (0,)):  # faster-whisper's CPU refuses them too
-            raise InvalidOptionError(f"device_index {device_index!r} numbers GPUs; the model "
-                                     "is on the CPU, which takes 0")  # fmt: skip
         return []
     if device.index is not None:
         return [device.index]
