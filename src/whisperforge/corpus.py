@@ -147,7 +147,7 @@ def _listing(spec: str | Iterable[str]) -> tuple[list[Source], Path | None]:
     folder = None
     path = Path(spec).expanduser()
     if path.is_dir():
-        # A link to nowhere too: its row says so (skipped, it was missing without a word).
+        # A link to nowhere too: its row says so (it was left out without a word).
         found = sorted(
             p for p in path.rglob("*") if _is_audio(p) and (p.is_file() or p.is_symlink())
         )
@@ -1011,10 +1011,11 @@ INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text 
 OUT: .jsonl, written row by row as files finish, or .parquet, merged from OUT.journal.jsonl at
   the end. One row per file: path (as INPUT names it), file (its absolute path, links
   resolved: how a rerun from another folder finds it), language, duration, text, segments,
-  error, warning (what decoding it warned of: a cut-off file, ...), timings, worker, settings (the model, and the options not at their defaults, the row's own language and task
-  included, as a JSON string; a rerun that would make a done row otherwise warns). timings:
-  seconds decoding the file, and from the previous row to this one (files share batches: a file
-  finished in the same batch as the one before shows about 0).
+  error, warning (what decoding it warned of: a cut-off file, ...), timings, worker, settings
+  (the model and its compute type, the options not at their defaults, the row's own language
+  and task included, as a JSON string; a rerun that would make a done row otherwise warns).
+  timings: seconds decoding the file, and from the previous row to this one (files share
+  batches: a file finished in the same batch as the one before shows about 0).
 Rerunning with the same OUT skips the files already in it, failed ones too unless
   --retry-errors; the exit status is 1 while OUT holds a failed file of INPUT.
 
