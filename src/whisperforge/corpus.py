@@ -134,12 +134,13 @@ def audio_length(seconds: float) -> str:
 def list_inputs(spec: str | Iterable[str]) -> list[Source]:
     """The files of INPUT (see the module's docstring), each once, in a stable order. A list
     of paths (Python) is taken as is."""
-    return _listing(spec)[0]
+    return list(_listing(spec)[0].values())
 
 
-def _listing(spec: str | Iterable[str]) -> tuple[list[Source], Path | None]:
-    """`list_inputs`, and the folder its relative names are relative to (None: the current
-    one), which is how a rerun reads the names of the rows already in OUT."""
+def _listing(spec: str | Iterable[str]) -> tuple[dict[str, Source], Path | None]:
+    """`list_inputs` by the file each names (`_unique`), and the folder its relative names are
+    relative to (None: the current one), which is how a rerun reads the names of the rows
+    already in OUT."""
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
     if not isinstance(spec, str):
@@ -187,9 +188,10 @@ def _is_audio(path: Path) -> bool:
     return path.suffix.lower() in AUDIO_EXTENSIONS
 
 
-def _unique(sources: list[Source]) -> list[Source]:
-    """Each file once, under its first name: named twice (a.wav and ./a.wav, by its absolute
-    path, through a symlink) it would be transcribed twice, into two rows."""
+def _unique(sources: list[Source]) -> dict[str, Source]:
+    """Each file once, under its first name, by the file (`_files`): named twice (a.wav and
+    ./a.wav, by its absolute path, through a symlink) it would be transcribed twice, into two
+    rows."""
     kept: dict[str, Source] = {}
     again: list[Source] = []
     for source, file in zip(sources, _files(s.location for s in sources)):
@@ -201,7 +203,7 @@ def _unique(sources: list[Source]) -> list[Source]:
             "file is transcribed once, into one row under its first name",
             stacklevel=4,
         )
-    return list(kept.values())
+    return kept
 
 
 def _files(locations: Iterable[str]) -> list[str]:
@@ -841,13 +843,14 @@ def transcribe_corpus(
     on_row: called with each row once it is written.
     """
     start = time.perf_counter()
-    sources, folder = _listing(inputs)
+    by_file, folder = _listing(inputs)
+    sources = list(by_file.values())
+    files = {source.path: file for file, source in by_file.items()}
     same = isinstance(inputs, (str, os.PathLike)) and os.path.exists(output)
     if same and os.path.exists(inputs) and os.path.samefile(inputs, output):
         raise WhisperforgeError(f"--output {output} is the input; write to another file")
     settings = _settings_of(sources, model, compute_type, options)
     journal = Journal(output, retry_errors)
-    files = dict(zip((s.path for s in sources), _files(s.location for s in sources)))
     done = _rows_of(sources, files, journal, folder)
     # Rows made otherwise (another model, language, ...) are still skipped as done: say so.
     pairs = dict.fromkeys((journal.settings[row], settings[path]) for path, row in done.items())

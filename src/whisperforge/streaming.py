@@ -100,18 +100,13 @@ class StreamingOptions:
             )
         if self.task not in ("transcribe", "translate"):  # refused here, not at the first update
             raise InvalidOptionError(f"unknown task {self.task!r}; use transcribe or translate")
-        for name in ("agreement", "beam_size", "prompt_chars"):
-            check_whole_number(name, getattr(self, name), minimum=0)
+        for name, least in (("agreement", 2), ("beam_size", 1), ("prompt_chars", 0)):
+            check_whole_number(name, getattr(self, name), minimum=least)
         if self.silence_db is not None and not -math.inf < self.silence_db <= 0:
             raise InvalidOptionError(f"silence_db is a level in dBFS (<= 0), got {self.silence_db}")
         if self.initial_prompt is not None and not isinstance(self.initial_prompt, str):
             raise InvalidOptionError(
                 f"initial_prompt must be text, e.g. 'ComfyUI, Subiaco', not {self.initial_prompt!r}"
-            )
-        if self.agreement < 2 or self.beam_size < 1:
-            raise InvalidOptionError(
-                f"agreement must be at least 2 and beam_size at least 1, got {self.agreement} "
-                f"and {self.beam_size}"
             )
         if not 0 < self.trim_s < self.max_buffer_s <= 30:  # Whisper hears 30 s at a time
             raise InvalidOptionError(
