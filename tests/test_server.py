@@ -29,7 +29,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("multipart")
 from fastapi.testclient import TestClient
 
-from whisperforge.server import ServerConfig, create_app, log_config
+from whisperforge.server import ServerConfig, create_app, log_config, uvicorn_server
 from whisperforge.transcribe import temperature_ladder
 
 JFK_TEXT = (
@@ -576,7 +576,8 @@ def test_a_websocket_stream_silent_for_the_request_timeout_is_ended(tiny_en):
     from starlette.websockets import WebSocketDisconnect
 
     pcm = (load_audio(JFK)[: 2 * 16000] * 32767).astype("<i2").tobytes()
-    app = create_app(ServerConfig(beam_size=1, request_timeout_s=1), model=tiny_en)
+    # (3 s: its updates must finish within it too, on a busy 2-core machine)
+    app = create_app(ServerConfig(beam_size=1, request_timeout_s=3), model=tiny_en)
     with TestClient(app) as c:
         with c.websocket_connect("/v1/audio/stream") as ws:
             assert ws.receive_json()["type"] == "session.created"
@@ -717,9 +718,9 @@ def test_websocket_rejects_bad_parameters(client):
 def serve_on_loopback(app, **config: Any) -> Iterator[str]:
     """Run `app` on a real uvicorn on 127.0.0.1 (`config`: more of uvicorn's settings); yields
     its URL."""
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     config = {"log_level": "warning", **config}
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, **config))
+    server = uvicorn_server(app, host="127.0.0.1", port=0, **config)  # as `serve` runs it
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     for _ in range(200):  # bounded wait for the socket (10 s)
@@ -757,6 +758,37 @@ def test_keys_given_in_a_query_stay_out_of_the_logs(tiny_en, capfd):
     logged = "".join(capfd.readouterr())
     assert "/health?api_key=***" in logged and "stream?language=en&api_key=***" in logged
     assert KEY not in logged
+
+
+def test_a_shutdown_sends_each_open_stream_its_final_transcript(tiny_en):
+    """SIGTERM or Ctrl-C while a client streams: the words not yet committed come in a final
+    transcript before the close (1012). uvicorn alone closed the socket with 1012 and they
+    were lost."""
+    websockets = pytest.importorskip("websockets.sync.client")
+    closed = pytest.importorskip("websockets.exceptions").ConnectionClosed
+    pcm = (load_audio(JFK) * 32767).astype("<i2").tobytes()
+    server = serve_on_loopback(create_app(ServerConfig(beam_size=1), model=tiny_en))
+    url = next(server)
+    events: list[dict] = []
+    try:
+        with websockets.connect(url.replace("http", "ws") + "/v1/audio/stream?language=en") as ws:
+            assert json.loads(ws.recv())["type"] == "session.created"
+            for i in range(0, len(pcm), 16000):  # 0.5 s at a time, 10x real time
+                ws.send(pcm[i : i + 16000])
+                time.sleep(0.05)
+            while not any(e["committed"] for e in events):  # the server has heard some of it
+                events.append(json.loads(ws.recv(timeout=60)))
+            next(server, None)  # what SIGTERM does: uvicorn's should_exit, then its shutdown
+            with pytest.raises(closed) as close:
+                while True:
+                    events.append(json.loads(ws.recv(timeout=60)))
+    finally:
+        next(server, None)
+    assert close.value.rcvd.code == 1012
+    final = events[-1]
+    assert final["type"] == "transcript.final" and final["committed"]  # words were left to say
+    assert "".join(e["committed_text"] for e in events).strip() == final["text"]
+    assert plain_wer(JFK_TEXT, final["text"]) < 0.15
 
 
 def test_an_upload_that_trickles_is_cut_off_at_the_request_timeout(tiny_en):

@@ -268,6 +268,8 @@ class App:
             free = available_memory()  # (four 4 h uploads peaked at 1.4x what they held)
             limit = free / 2 / MB if free is not None else math.inf  # unknown: no limit
         self.memory = AudioMemory(int(min(limit * MB, 2**62)))
+        # Each open WebSocket stream's "end now" signal, set at a shutdown (`end_streams`).
+        self.streams: set[asyncio.Event] = set()
 
     # --- parsing ---------------------------------------------------------------------------
 
@@ -650,17 +652,13 @@ class App:
         stream = StreamingTranscriber(self.buffer_transcriber(options), options)
         inbox = _Inbox(ws)
         reader = asyncio.create_task(inbox.read())
+        ending = asyncio.Event()
+        self.streams.add(ending)
         try:
             await ws.send_json({"type": "session.created", "sample_rate": SAMPLE_RATE,
                                 "format": "s16le", "model": self.config.model_id})  # fmt: skip
             while True:
-                # A client silent for --request-timeout is ended as by "stop": an idle one held
-                # its share of the audio memory for as long as it stayed connected.
-                idle = self.config.request_timeout_s
-                try:
-                    audio, message = await asyncio.wait_for(inbox.next(), idle)
-                except TimeoutError:
-                    audio, message = b"", {"type": "websocket.receive", "text": "stop"}
+                audio, message = await inbox.next_or_stop(self.config.request_timeout_s, ending)
                 if audio:
                     events = await run_in_threadpool(stream.feed, audio)
                     for event in events:
@@ -673,7 +671,7 @@ class App:
                 if text.lower() in ("stop", "eof") or _json_type(text) == "stop":
                     final: StreamingEvent = await run_in_threadpool(stream.finish)
                     await ws.send_json({**final.to_dict(), "text": stream.text.strip()})
-                    await ws.close(code=1000)
+                    await ws.close(code=1012 if ending.is_set() else 1000)  # 1012: restarting
                     return
                 await ws.send_json({"type": "error", **APIError(
                     400, 'send audio as binary s16le 16 kHz mono frames, and "stop" (or '
@@ -684,8 +682,21 @@ class App:
             await ws.send_json({"type": "error", **error.body()})
             await ws.close(code=1011)
         finally:
+            self.streams.discard(ending)
             reader.cancel()
             memory.release()
+
+    async def end_streams(self, forced: Callable[[], bool]) -> None:
+        """At a shutdown, before uvicorn closes the connections: each open stream transcribes
+        the audio it has, sends its final transcript and closes with 1012 (uvicorn alone closed
+        them with 1012 and nothing more, and the words not yet committed were lost). Waits for
+        that within --request-timeout, or until a second Ctrl-C (`forced`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.request_timeout_s
+        for ending in self.streams:
+            ending.set()
+        while self.streams and not forced() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
 
     def stream_options(self, params: Any) -> StreamingOptions:
         unknown = sorted(set(params) - set(STREAM_PARAMETERS))
@@ -788,6 +799,27 @@ class _Inbox:
         if self.backlog <= self.max_backlog:
             self.room.set()
         return data, message
+
+    async def next_or_stop(self, idle_s: float, ending: asyncio.Event
+                           ) -> tuple[bytes, dict[str, Any] | None]:  # fmt: skip
+        """As `next`, or a "stop" in two cases: the client was silent for `idle_s` (an idle one
+        held its share of the audio memory for as long as it stayed connected), or `ending` is
+        set (the server is shutting down): then with the audio already read, and nothing more
+        is waited for, though the client may still be sending."""
+        stop = {"type": "websocket.receive", "text": "stop"}
+        if ending.is_set():
+            audio, message = await self.next() if not self.queue.empty() else (b"", None)
+            disconnected = message is not None and message["type"] == "websocket.disconnect"
+            return audio, message if disconnected else stop
+        receive = asyncio.ensure_future(self.next())
+        end = asyncio.ensure_future(ending.wait())
+        done, _ = await asyncio.wait({receive, end}, timeout=idle_s,
+                                     return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        end.cancel()
+        if receive in done:
+            return receive.result()
+        receive.cancel()  # (a message it was about to take stays in the queue)
+        return await self.next_or_stop(idle_s, ending) if ending.is_set() else (b"", stop)
 
 
 async def _discard_rest(receive: Callable, deadline: float) -> None:
@@ -994,13 +1026,33 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
 def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8000,
           log_level: str = "info") -> None:  # fmt: skip
     """Run the server until interrupted (what `whisperforge serve` calls)."""
-    try:
-        import uvicorn
+    try:  # (before the model loads)
+        import uvicorn  # noqa: F401
     except ImportError:
         raise ImportError("the server needs uvicorn; install it with: pip install "
                           "'whisperforge[server]'") from None  # fmt: skip
     app = create_app(config)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=log_config())
+    uvicorn_server(app, host=host, port=port, log_level=log_level, log_config=log_config()).run()
+
+
+def uvicorn_server(app: FastAPI, **settings: Any) -> Any:
+    """A uvicorn server of `app` (`settings`: uvicorn.Config's) whose shutdown (SIGTERM, Ctrl-C)
+    first stops taking connections and lets the open WebSocket streams send their final
+    transcripts (`App.end_streams`), then does uvicorn's."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list | None = None) -> None:
+            for listener in self.servers:  # no new connections while the streams end
+                listener.close()
+            if app.state.whisperforge.streams:
+                logging.getLogger("uvicorn.error").info(
+                    "Sending %d open streams their final transcripts",
+                    len(app.state.whisperforge.streams))  # fmt: skip
+            await app.state.whisperforge.end_streams(lambda: self.force_exit)
+            await super().shutdown(sockets)
+
+    return Server(uvicorn.Config(app, **settings))
 
 
 class RedactedKeys(logging.Filter):
