@@ -113,6 +113,12 @@ def test_a_file_first_is_transcribed_and_a_language_no_model_knows_is_refused_fi
     assert "unknown language 'xx'" in capsys.readouterr().err
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("whisperforge ")
+    # A path that is not there is said to be missing (the commands were listed); a mistyped
+    # command still gets the list.
+    assert cli.main(["nosuch.flac"]) == 1
+    assert "nosuch.flac: no such file" in capsys.readouterr().err
+    assert cli.main(["transcrib"]) == 2
+    assert "invalid choice: 'transcrib'" in capsys.readouterr().err
 
 
 def test_verbose_says_it_detects_the_language_as_openai_whisper_does(base, monkeypatch, capsys):
@@ -453,6 +459,10 @@ def test_progress_bar_on_a_terminal(model, monkeypatch, capsys):
     assert cli.main(["transcribe", str(JFK), *FAST]) == 0
     assert "11.0/11.0 s" in terminal.getvalue()
     assert "\x1b" not in capsys.readouterr().out  # stdout stays clean text
+    # --verbose's lines show the progress (as openai-whisper's): no bar beside them
+    terminal.truncate(0)
+    assert cli.main(["transcribe", str(JFK), *FAST, "--verbose", "True"]) == 0
+    assert "11.0 s" not in terminal.getvalue() and "[00:00.000 --> " in capsys.readouterr().out
 
 
 def test_keyboard_interrupt_exits_130_quietly(monkeypatch, capsys):

@@ -907,9 +907,11 @@ def _transcribe_one(
     if detect:
         print(detected_language(info.language), flush=True)
     segments = []
-    # A bar in a log file is noise: shown only on a terminal.
+    # A bar in a log file is noise: shown only on a terminal, and not beside --verbose's lines
+    # (as openai-whisper: they show the progress).
+    shown = sys.stderr.isatty() and not args.verbose
     for segment in with_progress(
-        segments_iter, info.duration, Path(_output_name(path)).name, sys.stderr.isatty()
+        segments_iter, info.duration, Path(_output_name(path)).name, shown
     ):
         segments.append(segment)
         if args.verbose:
@@ -1491,7 +1493,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     first = argv[0] if argv else ""
-    is_file = first == STDIN or os.path.isfile(first)
+    # A path that is not there (`whisperforge nosuch.flac`) is transcribe's to say so; a word
+    # with no dot or slash is a mistyped command, argparse's to list the commands for.
+    is_file = first == STDIN or os.path.isfile(first) or bool(re.search(r"[./\\]", first))
     is_option = first.startswith("-") and first not in ("-h", "--help", "--version")
     if first not in _commands(parser) and (is_file or is_option):
         argv.insert(0, "transcribe")  # `whisper talk.flac`, as openai-whisper users type it
