@@ -259,6 +259,18 @@ def test_other_errors_and_the_server_keeps_serving(client):
     assert plain_wer(JFK_TEXT, post(client, {"model": "tiny.en"}, jfk_file()).json()["text"]) < 0.1
 
 
+def test_language_and_languages_spelling_one_language_agree(client):
+    """language=en with languages[]=English or en-US (a name, a locale) is one language, not
+    two: they were compared as spelt, and the request refused with a 400."""
+    for spelling in ("English", "en-US", "EN"):
+        response = post(client, {"model": "tiny.en", "language": "en", "languages[]": spelling},
+                        jfk_file())  # fmt: skip
+        assert response.status_code == 200, response.text
+        assert plain_wer(JFK_TEXT, response.json()["text"]) < 0.1
+    two = {"model": "tiny.en", "language": "en", "languages[]": ["English", "en", "fr"]}
+    assert_openai_error(post(client, two, jfk_file()), 400, "languages[]")
+
+
 def test_api_key(tiny_en, monkeypatch):
     monkeypatch.setenv("WHISPERFORGE_API_KEY", KEY)
     with TestClient(create_app(ServerConfig(), model=tiny_en)) as c:

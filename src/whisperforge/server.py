@@ -415,15 +415,15 @@ class App:
         # --task translate --language takes it), where it is otherwise detected.
         language = _text_field(form, "language") or None
         languages = _list_field(form, "languages")
-        if len(languages) > 1 or (languages and language not in (None, languages[0])):
+        if language is not None:
+            language = self._language(language, "language")
+        # Compared as the codes they name: language=en with languages[]=English (or en-US) is
+        # one language, as the openai client sends both.
+        codes = {self._language(entry, "languages[]") for entry in languages}
+        if len(codes) > 1 or (codes and language not in (None, *codes)):
             raise APIError(400, "this server transcribes a request in one language: send it as "
                            "language (or none, to have it detected)", "languages[]")  # fmt: skip
-        language = language or (languages[0] if languages else None)
-        if language is not None:
-            try:
-                language = normalize_language(language, self.model.supported_languages)
-            except InvalidOptionError as error:
-                raise APIError(400, str(error), "language") from None
+        language = language or (codes.pop() if codes else None)
         prompt = _text_field(form, "prompt") or None
         # Beyond OpenAI's fields, as faster-whisper-based servers take it: words to favour.
         # OpenAI's keywords[] are the same: names and terms to spell right.
@@ -738,6 +738,13 @@ class App:
         except InvalidOptionError as error:  # its message starts with the option's name
             name = str(error).split()[0]
             raise APIError(400, str(error), name if name in values else None) from None
+
+    def _language(self, language: str, param: str) -> str:
+        """The code of a request's language (a code, a name or a locale), or a 400 on `param`."""
+        try:
+            return normalize_language(language, self.model.supported_languages)
+        except InvalidOptionError as error:
+            raise APIError(400, str(error), param) from None
 
     def check_translates(self, param: str) -> None:
         """Refuse a translation on an English-only model (`param`: the field that asked)."""
