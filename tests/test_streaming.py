@@ -333,6 +333,17 @@ def test_no_text_invented_after_the_last_word(tiny_en, tiny_en_greedy):
     assert plain_wer(offline, run.text) < 0.15
 
 
+def test_no_words_are_committed_in_silence_after_speech(tiny_en):
+    """JFK, then 20 s of digital silence: tiny.en filled the silence with a "Thank" that two
+    updates agreed on (13.9-15.3 s), and it was committed. Offline transcription of the same
+    audio has nothing after JFK's last word."""
+    jfk = load_audio(JFK)
+    audio = np.concatenate([jfk, np.zeros(20 * SR, np.float32)])
+    run = replay(tiny_en, audio, chunk_s=1.0, options=StreamingOptions(language="en"))
+    assert plain_words(run.text).startswith("and so my fellow americans ask not")
+    assert [w for w in run.words if w.start >= jfk.size / SR] == []
+
+
 # --- the command line ---------------------------------------------------------------------------
 
 SHORT = DEV_DIR / "coqui-tts-ljspeech__LJ001-0002.wav"  # 1.9 s: "in being comparatively modern."

@@ -189,6 +189,11 @@ def pcm16_to_float(data: bytes | bytearray | memoryview) -> np.ndarray:
     return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
 
 
+# A word whose loudest frame is this far under its buffer's loudest was not spoken (40 dB:
+# a microphone's noise floor is 45-60 dB under speech; a soft last word, 10-30).
+SILENT_WORD_DB = 40.0
+
+
 def peak_frame_db(samples: np.ndarray, frame: int = 480) -> float:
     """Loudness of the loudest 30 ms frame in dBFS (RMS); -inf for digital silence."""
     if samples.size == 0:
@@ -207,12 +212,20 @@ def _repetitive(words: Sequence[Word], threshold: float | None) -> bool:
     return compression_ratio(text) > threshold
 
 
-def _without_unspoken_tail(words: list[Word]) -> list[Word]:
-    """Drop trailing words that the alignment squeezed into no time at all: text the decoder
-    ran ahead with (a word cut off by the buffer's end, or a hallucination in silence).
-    They come back with real timings once the audio holds them."""
-    end = len(words)
-    while end and words[end - 1].end - words[end - 1].start < 0.01:
+def _without_unspoken_tail(words: list[Word], buffer: np.ndarray, offset: float) -> list[Word]:
+    """Drop trailing words that were not spoken: those the alignment squeezed into no time at
+    all (text the decoder ran ahead with: a word cut off by the buffer's end, which comes back
+    with real timings once the audio holds it), and those over silence, whose loudest frame is
+    `SILENT_WORD_DB` under the buffer's (`buffer` starts at `offset` s). Whisper ends a buffer
+    of speech and then silence with a "Thank you." that offline decoding, whose windows see
+    the silence whole, does not have; streams committed it."""
+    loudest, end = peak_frame_db(buffer), len(words)
+    while end:
+        word = words[end - 1]
+        start, stop = (round((t - offset) * SAMPLE_RATE) for t in (word.start, word.end))
+        silent = peak_frame_db(buffer[max(start, 0) : stop]) < loudest - SILENT_WORD_DB
+        if word.end - word.start >= 0.01 and not silent:
+            break
         end -= 1
     return words[:end]
 
@@ -389,7 +402,8 @@ class StreamingTranscriber:
             for s in _without_improbable_tail(segments, self.options.tail_log_prob_threshold)
             for w in (s.words or [])
         ]  # fmt: skip
-        hypothesis = _without_unspoken_tail(self._after_committed(words))
+        hypothesis = _without_unspoken_tail(self._after_committed(words), self._buffer,
+                                            self._offset)  # fmt: skip
         if _repetitive(hypothesis, self.options.max_compression_ratio):
             # A decoding loop ("all right, all right, ..."): two loops agree all too well.
             # Nothing is committed from it; more audio usually breaks the loop.
