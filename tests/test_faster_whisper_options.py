@@ -232,6 +232,14 @@ def test_multilingual_words_are_timed_in_their_windows_language(base):
     assert all(29 <= w.start <= w.end <= 60.5 for w in words)
 
 
+def test_multilingual_on_an_english_only_model_is_warned_of_and_turned_off(tiny_en):
+    """As faster-whisper: it was accepted without a word and stayed True in the info."""
+    with pytest.warns(UserWarning, match="English-only") as caught:
+        segments, info = tiny_en.transcribe(JFK, multilingual=True, beam_size=1)
+    assert info.transcription_options.multilingual is False and caught[0].filename == __file__
+    assert "fellow americans" in "".join(s.text for s in segments).lower()
+
+
 def test_multilingual_in_the_batched_pipeline(base):
     pipeline = BatchedInferencePipeline(base)
     segments, info = pipeline.transcribe(MULTILINGUAL, batch_size=4, multilingual=True, beam_size=1)

@@ -122,6 +122,30 @@ def test_no_words_from_silence_noise_or_music(tiny_en, kind, seconds):
     assert texts == [], f"{kind} produced {texts}"
 
 
+def test_speech_after_skipped_silence_starts_where_it_is_spoken(tiny_en):
+    """JFK, a minute of digital silence, JFK again (at 71 s): the window after the skipped
+    silent one began at 60 s, and its first segment was timed from 60.0 s (the model starts
+    a window's first segment within 1 s), 11 s before anyone speaks."""
+    jfk = load_audio(DEV_DIR / "openai-whisper__jfk.flac")
+    audio = np.concatenate([jfk, np.zeros(60 * 16000, np.float32), jfk])
+    segments = list(tiny_en.transcribe(audio, beam_size=1)[0])
+    again = [s for s in segments if s.start > jfk.size / 16000]
+    assert again and 71.0 <= again[0].start <= 71.5, [(s.start, s.text) for s in segments]
+    assert "fellow americans" in again[0].text.lower()
+
+
+def test_the_language_is_heard_where_the_sound_begins(base):
+    """35 s of digital silence, then 5 s of German: the language was detected from the first
+    30 s, all silence ("en", 0.37), and the German came out translated to English (as in
+    openai-whisper and faster-whisper)."""
+    german = load_audio(DEV_DIR / "picovoice-leopard__test_de.wav")
+    audio = np.concatenate([np.zeros(35 * 16000, np.float32), german])
+    segments, info = base.transcribe(audio, beam_size=1, temperature=0.0)
+    assert info.language == "de" and info.language_probability > 0.9
+    text = "".join(s.text for s in segments).lower()
+    assert "portal" in text and "the" not in text.split(), text
+
+
 @pytest.mark.parametrize(
     "clip, nouns",
     [

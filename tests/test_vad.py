@@ -184,7 +184,8 @@ def test_vad_parameters_may_be_faster_whispers_own_vad_options(tiny_en):
     "bad",
     [{"threshold": 1.5}, {"threshold": float("nan")}, {"threshold": "0.5"},
      {"neg_threshold": "low"}, {"min_speech_duration_ms": "250"}, {"speech_pad_ms": None},
-     {"speech_pad_ms": -100}, {"max_speech_duration_s": 0}],
+     {"speech_pad_ms": -100}, {"max_speech_duration_s": 0},
+     {"neg_threshold": 0.6}],  # above the threshold (0.5): the hysteresis turned around
 )  # fmt: skip
 def test_bad_vad_parameters_are_refused_by_name(tiny_en, bad):
     """A string or None failed deep in the region search with a bare TypeError; a threshold past
@@ -201,6 +202,19 @@ def test_bad_vad_parameters_are_refused_by_name(tiny_en, bad):
             BatchedInferencePipeline(tiny_en).transcribe(JFK, vad_parameters=parameters)
     with pytest.raises(InvalidOptionError, match=name):
         VadOptions(**bad)
+
+
+def test_vad_parameters_without_the_vad_are_said_to_be_ignored(tiny_en):
+    """faster-whisper ignores vad_parameters without vad_filter without a word; the CLI refuses
+    them so, and the library now warns."""
+    from whisperforge import BatchedInferencePipeline
+
+    silence, given = np.zeros(16000, np.float32), {"threshold": 0.3}
+    pipeline = BatchedInferencePipeline(tiny_en)
+    for transcribe in (tiny_en.transcribe, lambda *a, **k: pipeline.transcribe(*a, **k)):
+        with pytest.warns(UserWarning, match="vad_parameters are ignored") as caught:
+            transcribe(silence, vad_filter=False, vad_parameters=given)
+        assert caught[0].filename == __file__  # the caller's line
 
 
 def test_faster_whispers_vad_functions_transcribe_the_speech_alone(tiny_en, jfk_in_silence):

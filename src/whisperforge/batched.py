@@ -61,6 +61,7 @@ from .transcribe import (
     with_progress,
 )
 from .vad import (
+    VAD_PARAMETERS_UNUSED,
     SpeechRegion,
     VadOptions,
     Window,
@@ -215,6 +216,8 @@ class BatchedInferencePipeline:
         """`transcribe` with its options made (`TranscriptionOptions.from_arguments`; note
         that batched transcription's default is `condition_on_previous_text=False`)."""
         self._check(language, task, batch_size)
+        if vad_parameters is not None and not vad_filter:
+            warnings.warn(VAD_PARAMETERS_UNUSED, stacklevel=3)  # transcribe's caller's line
         if isinstance(clip_timestamps, (str, list, tuple)) and not clip_timestamps:
             clip_timestamps = None  # faster-whisper's: no clips given, the VAD finds the speech
         vad = window_vad(vad_options_of(vad_parameters, BATCHED_VAD), options)
@@ -541,8 +544,8 @@ class BatchedInferencePipeline:
                     continue
                 file, i = waiting.popleft()
                 window = file.windows[i]
-                steps = self.model.span_steps(
-                    file.samples, window.start, window.end, file.tokenizer, options
+                steps = self.model.span_steps(  # a prefix begins a file's first chain only
+                    file.samples, window.start, window.end, file.tokenizer, options, i == 0
                 )
                 chain = _Chain(file, i, steps)
                 segments = chain.advance(None)

@@ -717,10 +717,7 @@ class App:
                            "audio to 16 kHz mono s16le", "sample_rate")  # fmt: skip
         language = params.get("language")
         if language:
-            try:
-                language = normalize_language(language, self.model.supported_languages)
-            except InvalidOptionError as error:
-                raise APIError(400, str(error), "language") from None
+            language = self._language(language, "language")
         values: dict[str, Any] = {}
         for name, kind, hint in (("min_chunk_s", float, "seconds, e.g. 1.0"),
                                  ("silence_db", float, "dBFS, e.g. -45"),

@@ -45,6 +45,8 @@ TO_LANGUAGE_CODE: dict[str, str] = {
     "burmese": "my", "valencian": "ca", "flemish": "nl", "haitian": "ht",
     "letzeburgesch": "lb", "pushto": "ps", "panjabi": "pa", "moldavian": "ro",
     "moldovan": "ro", "sinhalese": "si", "castilian": "es", "mandarin": "zh",
+    # ISO 639 codes (and locales' old ones) that Whisper spells otherwise
+    "jv": "jw", "iw": "he", "nb": "no", "fil": "tl", "filipino": "tl", "in": "id", "ji": "yi",
 }  # fmt: skip
 
 TASKS = ("transcribe", "translate")
@@ -374,7 +376,8 @@ def normalize_language(language: str, codes: Sequence[str]) -> str:
     # A locale (pt-BR, zh_CN, en-US: Common Voice's and most manifests' codes) by its language:
     # Whisper has one token a language, not a region.
     base = re.split(r"[-_]", key, maxsplit=1)[0]
-    code = next((c for c in (key, base) if c in LANGUAGES), None) or TO_LANGUAGE_CODE.get(key)
+    code = next((c for c in (key, base) if c in LANGUAGES or c in TO_LANGUAGE_CODE), None)
+    code = TO_LANGUAGE_CODE.get(code, code) if code is not None else None
     if code is None:
         raise InvalidOptionError(f"unknown language {language!r}; use a code such as en, de, fr")
     if code not in codes:

@@ -56,6 +56,7 @@ from .runtime import Runtime, RuntimeWhisper, current_device
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
 from .tokenizer import HuggingFaceCodec, TiktokenCodec, Tokenizer, normalize_language
 from .vad import (
+    VAD_PARAMETERS_UNUSED,
     SpeechRegion,
     TimelineMap,
     VadOptions,
@@ -72,6 +73,8 @@ T = TypeVar("T")
 
 # Windows whose samples never exceed this (-60 dBFS) are silence: skipped without decoding.
 SILENCE_PEAK = 10 ** (-60 / 20)
+# A window that would begin with this much digital silence (2 s) begins after it.
+LEADING_SILENCE_FRAMES = 200
 
 
 @dataclass(frozen=True)
@@ -797,6 +800,10 @@ class WhisperModel:
         self.check_task(task)
         if language is not None:
             language = normalize_language(language, self.supported_languages)
+        if options.multilingual and not self.is_multilingual:  # faster-whisper's warning
+            warnings.warn("this model is English-only: multilingual=True does nothing; "
+                          "setting it to False", stacklevel=4)  # fmt: skip
+            options = replace(options, multilingual=False)
         prepared = (
             audio
             if isinstance(audio, PreparedAudio)
@@ -820,7 +827,8 @@ class WhisperModel:
             clips = clip_spans(
                 window_options.clip_timestamps, FRAMES_PER_SECOND, mel.shape[-1] - N_FRAMES
             )
-            windows = leading_windows(mel, options.language_detection_segments, clips[0][0])
+            start = past_silence(prepared.peaks, *clips[0])
+            windows = leading_windows(mel, options.language_detection_segments, start)
             language, language_probability, ranked = self.language_of(
                 windows, options.language_detection_threshold
             )
@@ -851,6 +859,8 @@ class WhisperModel:
         (`vad_filter`), its mel. Callers that share one model's worker (the server, num_workers)
         run this in their own thread: made by the worker, a long file's mel held up every other
         call's windows (benchmarks/server_long_upload.py)."""
+        if vad_parameters is not None and not vad_filter:
+            warnings.warn(VAD_PARAMETERS_UNUSED, stacklevel=5)  # transcribe's caller's line
         samples = load_audio(audio)
         duration = len(samples) / SAMPLE_RATE
         if options.clip_timestamps and options.clip_timestamps[0] >= duration:
@@ -924,13 +934,17 @@ class WhisperModel:
         end: int,
         tokenizer: Tokenizer,
         options: TranscriptionOptions,
+        prefix_once: bool = False,
     ) -> LongForm:
         """The long-form loop over samples [start, end) of a file, on the file's timeline: what
-        `transcribe` does to a whole file, for one stretch of it (batched.py's chains)."""
+        `transcribe` does to a whole file, for one stretch of it (batched.py's chains). The
+        options' prefix begins its first window if `prefix_once`, else no window."""
         span = samples[start:end]
         mel = self.long_form_mel(span)
         timeline = TimelineMap([SpeechRegion(start, end)])
-        return self.window_steps(mel, tokenizer, options, frame_peaks(span), timeline)
+        if not prefix_once:
+            options = replace(options, prefix=None)
+        return self.window_steps(mel, tokenizer, options, frame_peaks(span), timeline, prefix_once)
 
     def window_steps(
         self,
@@ -947,7 +961,7 @@ class WhisperModel:
         `peaks` (see `frame_peaks`) lets windows of digital silence be skipped undecoded.
         `timeline` maps the times of VAD-collected speech back to the original audio.
         `prefix_once`: the options' `prefix` begins the first window decoded only (a file's,
-        as in faster-whisper's `transcribe`), not every window (its batched pipeline's).
+        as in faster-whisper's `transcribe`), not every window.
         """
         content_frames = mel.shape[-1] - N_FRAMES
         content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
@@ -989,6 +1003,9 @@ class WhisperModel:
             ):
                 # A deliberate departure from the reference, which hallucinates ("You") here.
                 seek += segment_size
+                continue
+            if (sound := past_silence(peaks, seek, seek + segment_size)) > seek:
+                seek = sound  # (a departure too: see past_silence)
                 continue
             window = pad_or_trim(mel[:, seek : seek + segment_size], N_FRAMES)
             if options.carry_initial_prompt:
@@ -1092,6 +1109,19 @@ def with_progress(
             bar.update(max(0.0, min(segment.end, total) - bar.n))
             yield segment
         bar.update(total - bar.n)
+
+
+def past_silence(peaks: np.ndarray | None, start: int, end: int) -> int:
+    """Where the sound begins in mel frames [start, end) (`peaks`: `frame_peaks`), if they
+    begin with `LEADING_SILENCE_FRAMES` or more of digital silence; else `start`. A window begun
+    in silence (after a silent window was skipped, say) times its first segment from within
+    its first second (the model's max_initial_timestamp): up to 29 s before the speech; and
+    its language, heard there, was the silence's ("en" for German after 35 s of it)."""
+    if peaks is None:
+        return start
+    loud = peaks[start:end] >= SILENCE_PEAK
+    silent = int(np.argmax(loud))  # (0 where none is loud: silent windows are skipped whole)
+    return start + silent if silent >= LEADING_SILENCE_FRAMES else start
 
 
 def leading_windows(mel: Tensor, count: int, start: int = 0) -> Iterator[Tensor]:

@@ -47,6 +47,12 @@ class VadOptions:
         check_probability("vad threshold", self.threshold)
         if self.neg_threshold is not None:
             check_probability("vad neg_threshold (or None: threshold - 0.15)", self.neg_threshold)
+            if self.neg_threshold > self.threshold:  # speech would end above where it starts
+                raise InvalidOptionError(
+                    f"vad neg_threshold ({self.neg_threshold:g}) must not be above threshold "
+                    f"({self.threshold:g}): speech starts above threshold and ends below "
+                    "neg_threshold"
+                )
         for name in ("min_speech_duration_ms", "min_silence_duration_ms", "speech_pad_ms"):
             value = getattr(self, name)
             if not is_number(value) or not 0 <= value < math.inf:
@@ -59,6 +65,10 @@ class VadOptions:
                 f"vad max_speech_duration_s must be a number of seconds above 0 (inf: no limit), "
                 f"not {value!r}"
             )
+
+
+# vad_parameters without vad_filter: said, not silently ignored (the CLI refuses them).
+VAD_PARAMETERS_UNUSED = "vad_parameters are ignored: no VAD runs without vad_filter=True"
 
 
 def vad_options_of(
