@@ -353,20 +353,19 @@ class BatchedInferencePipeline:
     def _windows(
         self, audios: list[np.ndarray], vad: VadOptions | None, seconds: float
     ) -> list[list[Window]]:
-        """Each file's speech packed into windows of up to `seconds`; without `vad`, all of
-        its audio (load_audio's: never empty). The VAD runs on the model's device: on a GPU
-        its LSTM over whole files is one cuDNN call, ten times cheaper than on CPU threads."""
-        if vad is None:
-            speech = [[SpeechRegion(0, len(samples))] for samples in audios]
-        else:
+        """Each file's speech packed into windows of up to `seconds`; without `vad`, its audio
+        cut every `seconds`, less the windows of digital silence (left undecoded, as
+        `transcribe` leaves them: Whisper hears "you" there). The VAD runs on the model's
+        device: on a GPU its LSTM over whole files is one cuDNN call, ten times cheaper than on
+        CPU threads."""
+        if vad is not None:
             speech = detect_speech_many(audios, vad, str(self.model.device))
-        windows = [pack_windows(regions, seconds) for regions in speech]
-        # A window of digital silence is left undecoded, as `transcribe` leaves it (Whisper
-        # hears "you" there); the VAD finds no speech in one, but the cut every 30 s keeps it.
+            return [pack_windows(regions, seconds) for regions in speech]
         return [
-            [w for w in file if np.abs(samples[w.start : w.end]).max(initial=0.0) >= SILENCE_PEAK]
-            for samples, file in zip(audios, windows)
-        ]
+            [w for w in pack_windows([SpeechRegion(0, len(samples))], seconds)
+             if np.abs(samples[w.start : w.end]).max(initial=0.0) >= SILENCE_PEAK]
+            for samples in audios
+        ]  # fmt: skip
 
     def _open_group(
         self,

@@ -219,6 +219,8 @@ def _without_unspoken_tail(words: list[Word], buffer: np.ndarray, offset: float)
     `SILENT_WORD_DB` under the buffer's (`buffer` starts at `offset` s). Whisper ends a buffer
     of speech and then silence with a "Thank you." that offline decoding, whose windows see
     the silence whole, does not have; streams committed it."""
+    if not words:
+        return words
     loudest, end = peak_frame_db(buffer), len(words)
     while end:
         word = words[end - 1]
