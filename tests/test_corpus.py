@@ -500,13 +500,14 @@ def test_a_window_too_big_for_the_gpu_stops_the_job_saying_what_to_lower(
 
 def test_a_manifests_language_and_task_columns_are_read(tmp_path):
     """A manifest's `language` and `task` columns (JSONL, Parquet, CSV or TSV) are each file's
-    own; an empty one (missing, null, "") is the job's. They were ignored, with a warning (and a
-    CSV was read as a list of paths, its header and every line a missing file)."""
+    own; an empty one (missing, null, "") is the job's, and case does not matter ("Translate"
+    was an unknown task). They were ignored, with a warning (and a CSV was read as a list of
+    paths, its header and every line a missing file)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rows = [{"audio": str(c), "language": language, "task": task, "speaker": "?"}
-            for c, language, task in zip(_clips(), (" de ", None, ""), ("translate", "", None))]  # fmt: skip
+            for c, language, task in zip(_clips(), (" DE ", None, ""), ("Translate", "", None))]  # fmt: skip
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "m.parquet")
     for name, sep in (("m.csv", ","), ("m.tsv", "\t")):
@@ -518,7 +519,7 @@ def test_a_manifests_language_and_task_columns_are_read(tmp_path):
             warnings.simplefilter("error")
             sources = list_inputs(str(tmp_path / name))
         own = [(s.language, s.task) for s in sources]
-        assert own == [("de", "translate"), (None, None), (None, None)]
+        assert own == [("de", "translate"), (None, None), (None, None)]  # as written by hand
 
 
 GERMAN = DEV_DIR / "picovoice-leopard__test_de.wav"

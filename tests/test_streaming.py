@@ -260,10 +260,13 @@ def test_a_multilingual_streams_language_is_heard_from_seconds_of_audio(base):
     of Spanish "ml"), and the stream came out in English."""
     german = load_audio(DEV_DIR / "picovoice-leopard__test_de.wav")
     stream = StreamingTranscriber(base, StreamingOptions())
-    for i in range(0, german.size, SR):
-        stream.feed(german[i : i + SR])
-    stream.finish()
+    events = [e for i in range(0, german.size, SR) for e in stream.feed(german[i : i + SR])]
+    events.append(stream.finish())
     assert stream.language == "de" and "Portal" in stream.text
+    # Each event tells the language once it is heard: None before, with nothing committed.
+    assert all(e.language in (None, "de") for e in events) and events[-1].language == "de"
+    assert all(not e.committed for e in events if e.language is None)
+    assert events[-1].to_dict()["language"] == "de"
 
 
 def test_options_are_checked():

@@ -260,8 +260,9 @@ def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
 
 def _own(value: Any) -> str | None:
     """A manifest row's language or task: None where it leaves it empty (missing, null, ""),
-    else as text (checked where it is used: a bad one is that file's error)."""
-    text = "" if value is None else str(value).strip()
+    else as lower-case text, as a hand-written "Translate" or "EN" means (checked where it is
+    used: a bad one is that file's error)."""
+    text = "" if value is None else str(value).strip().lower()
     return text or None
 
 

@@ -126,6 +126,8 @@ class StreamingEvent:
     time: the clock when the update finished (by default: seconds of audio received).
     final: the stream's last event; nothing is tentative any more.
     compute_s: wall seconds this update spent transcribing (0 when it was skipped).
+    language: the stream's language code; None while a multilingual model's is still being
+        detected (nothing is committed until it is).
     """
 
     committed: list[Word]
@@ -133,6 +135,7 @@ class StreamingEvent:
     time: float
     final: bool = False
     compute_s: float = 0.0
+    language: str | None = None
 
     @property
     def committed_text(self) -> str:
@@ -151,6 +154,7 @@ class StreamingEvent:
             "tentative_text": self.tentative_text,
             "tentative": [asdict(w) for w in self.tentative],
             "time": round(self.time, 3),
+            "language": self.language,
         }
 
 
@@ -427,7 +431,9 @@ class StreamingTranscriber:
         return self._event(agreed, final, compute)
 
     def _event(self, committed: list[Word], final: bool, compute: float) -> StreamingEvent:
-        return StreamingEvent(committed, list(self._tentative), self.clock(), final, compute)
+        return StreamingEvent(
+            committed, list(self._tentative), self.clock(), final, compute, self.language
+        )
 
     def _prompt(self) -> str | None:
         """Committed text before the buffer (the buffer's own text will be decoded again),
