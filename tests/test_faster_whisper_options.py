@@ -736,3 +736,22 @@ def test_faster_whispers_utils_and_audio_names(tiny_en):
     texts = [[s.text for s in m.transcribe(audio, beam_size=1)[0]] for m in (model, tiny_en)]
     assert texts[0] == texts[1] and "fellow Americans" in texts[0][0]
     assert format_timestamp(1.5, True, ",") == "00:00:01,500"
+
+
+def test_faster_whispers_model_attributes(tiny_en):
+    """Code written for faster-whisper reads its model's feature extractor and timing constants
+    (its own batched pipeline calls `model.feature_extractor(audio)`); they were missing."""
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    theirs, ours = FeatureExtractor(feature_size=80), tiny_en.feature_extractor
+    for name in ("sampling_rate", "hop_length", "n_fft", "chunk_length", "n_samples",
+                 "nb_max_frames", "time_per_frame"):  # fmt: skip
+        assert getattr(ours, name) == getattr(theirs, name), name
+    audio = load_audio(JFK)
+    mel = ours(audio)
+    assert isinstance(mel, np.ndarray) and mel.shape == theirs(audio).shape == (80, 1101)
+    np.testing.assert_allclose(mel, theirs(audio), atol=2e-3)
+    fresh = type(ours)(80)  # chunk_length sets its constants, as faster-whisper's, not the mel
+    assert fresh(audio, padding=0, chunk_length=10).shape[1] == 1100 and fresh.n_samples == 160000
+    attributes = ("frames_per_second", "tokens_per_second", "input_stride", "num_samples_per_token")
+    assert [getattr(tiny_en, a) for a in attributes] == [100, 50, 2, 320]

@@ -540,6 +540,27 @@ _MEL_F_SP, _MEL_MIN_LOG_HZ, _MEL_LOGSTEP = 200.0 / 3, 1000.0, np.log(6.4) / 27.0
 _MEL_MIN_LOG_MEL = _MEL_MIN_LOG_HZ / _MEL_F_SP
 
 
+class FeatureExtractor:
+    """faster-whisper's `WhisperModel.feature_extractor`: the log-mel's constants, and called on
+    16 kHz audio, its log-mel spectrogram [n_mels, frames] as a NumPy array (`padding` zero
+    samples appended first, 160 as faster-whisper's default)."""
+
+    def __init__(self, feature_size: int = 80):
+        self.feature_size = feature_size
+        self.sampling_rate, self.hop_length, self.n_fft = SAMPLE_RATE, HOP_LENGTH, N_FFT
+        self.chunk_length, self.n_samples, self.nb_max_frames = CHUNK_LENGTH, N_SAMPLES, N_FRAMES
+        self.time_per_frame = HOP_LENGTH / SAMPLE_RATE
+
+    def __call__(
+        self, waveform: np.ndarray, padding: int = 160, chunk_length: int | None = None
+    ) -> np.ndarray:
+        # chunk_length: faster-whisper's sets its window constants with it, not the output
+        if chunk_length is not None:
+            self.chunk_length, self.n_samples = chunk_length, chunk_length * SAMPLE_RATE
+            self.nb_max_frames = self.n_samples // HOP_LENGTH
+        return log_mel_spectrogram(waveform, self.feature_size, padding).numpy()
+
+
 def _hz_to_mel(freq: float) -> float:
     if freq < _MEL_MIN_LOG_HZ:
         return freq / _MEL_F_SP

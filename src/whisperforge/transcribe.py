@@ -34,6 +34,7 @@ from .audio import (
     N_SAMPLES,
     SAMPLE_RATE,
     AudioInput,
+    FeatureExtractor,
     load_audio,
     log_mel_spectrogram,
     pad_or_trim,
@@ -586,6 +587,12 @@ class WhisperModel:
                  for head in range(config.n_text_head)]
             )  # fmt: skip
         self.alignment_heads = heads
+        # faster-whisper's attributes, which code written for it reads
+        self.feature_extractor = FeatureExtractor(self.checkpoint.config.n_mels)
+        self.frames_per_second = FRAMES_PER_SECOND
+        self.input_stride = N_FRAMES // self.checkpoint.config.n_audio_ctx  # mel frames a token
+        self.num_samples_per_token = HOP_LENGTH * self.input_stride
+        self.tokens_per_second = SAMPLE_RATE // self.num_samples_per_token
 
     @property
     def is_multilingual(self) -> bool:
@@ -965,7 +972,7 @@ class WhisperModel:
         """
         content_frames = mel.shape[-1] - N_FRAMES
         content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
-        input_stride = N_FRAMES // self.checkpoint.config.n_audio_ctx  # mel frames per token: 2
+        input_stride = self.input_stride
 
         seek_clips = clip_spans(options.clip_timestamps, FRAMES_PER_SECOND, content_frames)
 
