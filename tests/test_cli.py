@@ -474,6 +474,28 @@ def test_keyboard_interrupt_exits_130_quietly(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_ctrl_c_among_several_files_says_where_it_stopped(model, tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the second of three files decodes: the first one's files are kept, and the
+    command says so (it exited 130 without a word: which files were done?)."""
+    calls = []
+
+    def second_is_interrupted(audio, *arguments, **keywords):
+        calls.append(audio)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return OnceModel.transcribe_with(model, audio, *arguments, **keywords)
+
+    monkeypatch.setattr(model, "transcribe_with", second_is_interrupted, raising=False)
+    second = tmp_path / "second.flac"
+    second.write_bytes(JFK.read_bytes())
+    command = ["transcribe", str(JFK), str(second), str(JFK), *FAST, "--output_dir", str(tmp_path)]
+    assert cli.main([*command, "--output_format", "txt"]) == 130
+    assert (tmp_path / f"{JFK.stem}.txt").is_file() and not (tmp_path / "second.txt").exists()
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted at {second}: 1 of 3 files done; their files are in {tmp_path}"
+    )
+
+
 def test_a_file_that_cannot_be_written_in_full_is_never_left_cut_short(tmp_path):
     """A full disk (here a file size limit) stops the JSON part way: it is reported, and the
     JSON is absent, or the earlier run's left as it was, never half-written; the files that

@@ -988,7 +988,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
     if args.fp16 and model.device.type == "cpu":  # asked for by name: say so, as openai-whisper
         _warn("FP16 is not supported on CPU; using FP32 instead")
     written: set[Path] = set()
-    for path in files:
+    for done, path in enumerate(files):
         try:
             if write_files:  # check the targets before spending time on the audio
                 targets = output_paths(_output_name(path), output_dir, formats)
@@ -1008,6 +1008,12 @@ def run_transcribe(args: argparse.Namespace) -> int:
                 written.update(p.resolve() for p in paths)
         except (InvalidOptionError, BrokenPipeError):
             raise  # an option no file can satisfy, or no reader left: stop here (main())
+        except KeyboardInterrupt:
+            if len(files) > 1:  # say where it stopped: what is done need not be done again
+                kept = f"; their files are in {output_dir}" if write_files and done else ""
+                print(f"interrupted at {path}: {done} of {len(files)} files done{kept}",
+                      file=sys.stderr)  # fmt: skip
+            raise
         except (WhisperforgeError, OSError) as error:
             _file_error(path, error)
             failed = True
