@@ -62,7 +62,7 @@ def greedy_tokens(model: WhisperModel, audio) -> list[int]:
 
 def test_onnx_greedy_is_token_identical_on_the_short_english_clips(tiny_en_greedy, onnx_tiny_en):
     clips = [clip["audio"] for clip in short_english_clips()]
-    assert len(clips) >= 25
+    assert len(clips) >= 20
     differ = []
     for clip in clips:
         expected = [t for s in tiny_en_greedy[clip] for t in s.tokens]

@@ -41,7 +41,7 @@ ROUND_TRIP_CLIPS = 3  # clips transcribed again in the new process
 
 
 def exact_english_clips() -> list[dict]:
-    """Every second exact-reference short English dev clip (14 of the suite's 29, 231 words):
+    """Every second exact-reference short English dev clip (12 of the suite's 25, 201 words):
     the whole set's WER figures are benchmarks/quantize_cpu.py's, in benchmarks/RESULTS.md."""
     return [r for r in short_english_clips() if r["ref_kind"] == "exact"][::2]
 
@@ -84,7 +84,7 @@ def test_int8_on_cpu_keeps_the_wer_of_fp32(tiny_en_greedy, int8_tiny_en, int8_gr
         "fp32": english_wer(references, fp32),
         "int8": english_wer(references, [int8_greedy[c["audio"]][0] for c in clips]),
     }
-    # On these 14 clips at temperature 0 int8 and fp32 both get 10 words of 231 wrong; on all
+    # On these 12 clips at temperature 0 int8 and fp32 both get 8 words of 201 wrong; on all
     # 51 clips int8 is 0.11 points behind, level on the 19-minute file (RESULTS.md, 2026-11-23,
     # session 13). torch.ao's recipe (7-bit activations, one scale per call) was 4 words behind
     # on 17 of them. At most 2 words more wrong than fp32:

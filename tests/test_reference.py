@@ -55,7 +55,7 @@ def greedy_pairs(tiny_en_greedy, tiny_en_reference):
 
 
 def test_greedy_tokens_identical_to_openai_whisper(greedy_pairs):
-    assert len(greedy_pairs) >= 25
+    assert len(greedy_pairs) >= 20
     differing = [clip["audio"] for clip, ref, _, ours, _ in greedy_pairs if ref != ours]
     assert not differing, f"token sequences differ on {differing}"
 
