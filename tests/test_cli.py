@@ -638,17 +638,21 @@ def test_command_reads_stdin_as_dash(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "text", "model", "nan"])
+@pytest.mark.parametrize("case", ["files", "model", "nan"])
 def test_command_fails_with_one_error_line(case, bad_files):
+    """One `error:` line a problem: each bad file's (missing, empty, text), or the option's."""
+    files = [bad_files[name] for name in ("missing", "empty", "text")]
     args = {
         "nan": [str(JFK), "--temperature", "nan"],
-        "missing": [str(bad_files["missing"])],
-        "empty": [str(bad_files["empty"])],
-        "text": [str(bad_files["text"])],
+        "files": [str(path) for path in files],
         "model": [str(JFK), "--model", "no-such-model"],
     }[case]
     result = whisperforge("transcribe", *args)
     assert result.returncode == 1
-    assert len(error_lines(result.stderr)) == 1, result.stderr
+    lines = error_lines(result.stderr)
+    if case == "files":
+        assert [line.split(": ")[1] for line in lines] == [str(p) for p in files], result.stderr
+    else:
+        assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr and "internal error" not in result.stderr
     assert result.stdout == ""

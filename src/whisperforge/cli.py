@@ -887,11 +887,6 @@ def _transcribe_one(
     audio: str | bytes = sys.stdin.buffer.read() if path == STDIN else path
     batched = args.batch_size is not None
     transcription = TranscriptionOptions.from_arguments(**transcription_arguments(args, batched))
-    if header and (stdout_text or args.verbose):
-        print(f"==> {path} <==", flush=True)
-    detect = args.verbose and args.language is None and model.is_multilingual
-    if detect:  # openai-whisper's lines (an English-only model has no language to detect)
-        print(DETECTING_LANGUAGE, flush=True)
     if batched:
         from .batched import BatchedInferencePipeline
 
@@ -904,8 +899,12 @@ def _transcribe_one(
         segments_iter, info = model.transcribe_with(
             audio, transcription, args.language, args.task, **vad_arguments(args, batched)
         )
-    if detect:
-        print(detected_language(info.language), flush=True)
+    # Printed once the audio is read and its language found: a file that fails gets no header.
+    if header and (stdout_text or args.verbose):
+        print(f"==> {path} <==", flush=True)
+    if args.verbose and args.language is None and model.is_multilingual:
+        # openai-whisper's lines (an English-only model has no language to detect)
+        print(DETECTING_LANGUAGE, detected_language(info.language), sep="\n", flush=True)
     segments = []
     # A bar in a log file is noise: shown only on a terminal, and not beside --verbose's lines
     # (as openai-whisper: they show the progress).
