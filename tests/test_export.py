@@ -259,3 +259,18 @@ def test_bad_inputs_get_clear_errors(onnx_dir, tmp_path, capsys):
     (half / MANIFEST).write_text(json.dumps({**manifest, "compute_type": "float16"}))
     with pytest.raises(InvalidOptionError, match="float16 export.*--compute-type float32$"):
         WhisperModel(half, device="cpu", compute_type="bfloat16")  # bfloat16 is not quantized
+
+
+def test_auto_compute_type_is_the_exports_own(onnx_dir, tmp_path):
+    """compute_type="auto" (faster-whisper's "the fastest type here") runs an export in its own
+    type; it was refused with "a float32 export; ... export again with --compute-type float32"."""
+    model = WhisperModel(onnx_dir, device="cpu", compute_type="auto")
+    assert model.dtype == torch.float32
+    half = tmp_path / "half"  # a float16 export (its graphs are not run here)
+    half.mkdir()
+    for path in onnx_dir.iterdir():
+        if path.name != MANIFEST:
+            (half / path.name).symlink_to(path)
+    manifest = json.loads((onnx_dir / MANIFEST).read_text())
+    (half / MANIFEST).write_text(json.dumps({**manifest, "compute_type": "float16"}))
+    assert WhisperModel(half, device="cpu", compute_type="auto").dtype == torch.float16

@@ -683,7 +683,9 @@ def load_onnx_export(
             "device='cpu', or the model itself on CUDA (the GPU runtime is faster)"
         )
     graphs = OnnxGraphs(folder, cpu_threads)
-    accepted = {"default", graphs.compute_type}
+    # "auto" (the fastest type here, as faster-whisper users pass it): the export's own, the
+    # only one its graphs run in (quantized types run on the model, not on an export).
+    accepted = {"default", "auto", graphs.compute_type}
     if graphs.compute_type == "float32":  # what 16-bit types fall back to on the CPU (warned)
         accepted |= {"float16", "bfloat16"}
     if compute_type not in accepted:
