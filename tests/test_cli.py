@@ -656,3 +656,20 @@ def test_command_fails_with_one_error_line(case, bad_files):
         assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr and "internal error" not in result.stderr
     assert result.stdout == ""
+
+
+def test_fp16_false_keeps_a_quantized_folders_int8(tiny_en_checkpoint, tmp_path):
+    """openai-whisper's `--fp16 False` (said on CPUs out of habit) asks for float32 activations:
+    a `whisperforge quantize` folder keeps its int8 weights, as `fp16=False` keeps them in the
+    Python API, where it had been dequantized to a float32 model, silently slower."""
+    from whisperforge.checkpoints import save_quantized
+
+    folder = tmp_path / "tiny.en-int8"
+    save_quantized(tiny_en_checkpoint, folder, "int8")
+    parser = cli.build_parser()
+    parsed = parser.parse_args(["transcribe", "x.wav", "--model", str(folder), "--fp16", "False"])
+    assert cli._compute_type(parsed) == "int8_float32"
+    model = cli.load_model(parsed)
+    assert type(model.model.encoder.blocks[0].mlp[0]).__name__ == "Int8Linear"
+    plain = parser.parse_args(["transcribe", "x.wav", "--model", "tiny.en", "--fp16", "False"])
+    assert cli._compute_type(plain) == "float32"

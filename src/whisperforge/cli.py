@@ -765,8 +765,21 @@ def load_model(args: argparse.Namespace) -> WhisperModel:
 
 
 def _compute_type(args: argparse.Namespace) -> str:
-    """--compute-type, or float32 where openai-whisper's --fp16 False asks for it."""
-    return "float32" if args.fp16 is False and args.compute_type == "default" else args.compute_type
+    """--compute-type, or float32 where openai-whisper's --fp16 False asks for it: float32
+    activations, so a `whisperforge quantize` folder's int8 weights stay int8 (int8_float32),
+    as `fp16=False` keeps them in the Python API (it had been dequantized to float32, silently
+    slower)."""
+    if args.fp16 is not False or args.compute_type != "default":
+        return args.compute_type
+    from .checkpoints import _read_json, is_quantized_folder
+    from .quantize import COMPUTE_TYPES
+
+    folder = Path(str(args.model)).expanduser()
+    if folder.is_dir() and is_quantized_folder(folder):
+        saved = _read_json([folder], "config.json").get("compute_type")
+        if COMPUTE_TYPES.get(saved, (None, None))[1] == "int8":
+            return "int8_float32"
+    return "float32"
 
 
 def _writer_options(args: argparse.Namespace, formats: list[str]) -> WriterOptions:
