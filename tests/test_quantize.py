@@ -21,7 +21,7 @@ from conftest import DEV_DIR, english_wer, run_interpreted, short_english_clips
 
 from whisperforge import WhisperModel, cli, load_audio
 from whisperforge.checkpoints import packaged_model_folders, save_quantized
-from whisperforge.errors import InvalidOptionError
+from whisperforge.errors import InvalidOptionError, ModelFormatError
 from whisperforge.kernels import linear as runtime_linear
 from whisperforge.model import ModelConfig
 from whisperforge.presets import random_model
@@ -333,3 +333,20 @@ def test_float8_keeps_an_int8_embedding_and_its_scales_never_clip_int8(
     assert error < 1e-2  # clipped at 127 with fp8's absmax / 448 scale, it would be ~0.5
     q8, _ = quantize_weight(fp8_weight, "float8", loaded.weight_scales[name])
     assert torch.equal(q8.view(torch.uint8), stored[name].view(torch.uint8))  # exact round trip
+
+
+def test_an_export_folder_is_named_as_one_where_a_checkpoint_is_expected(tmp_path):
+    """`whisperforge quantize EXPORT OUT` said "not a Whisper model folder (expected model.bin
+    ...)", as did an export whose manifest is missing."""
+    from whisperforge.checkpoints import resolve_checkpoint
+
+    export = tmp_path / "tiny.en-onnx"
+    export.mkdir()
+    (export / "encoder.onnx").write_bytes(b"\x08\x07")
+    with pytest.raises(ModelFormatError, match="without the whisperforge-export.json"):
+        resolve_checkpoint(str(export))
+    (export / "whisperforge-export.json").write_text("{}")
+    with pytest.raises(ModelFormatError, match="quantize or export the model it was exported"):
+        resolve_checkpoint(str(export))
+    assert cli.main(["quantize", str(export), str(tmp_path / "out")]) == 1
+    assert not (tmp_path / "out").exists()

@@ -825,6 +825,17 @@ def load_path(path: Path) -> Checkpoint:
         return load_quantized(path)
     if (path / "config.json").is_file():
         return load_hf(path)
+    if (path / "whisperforge-export.json").is_file():  # `export.MANIFEST` (it imports us)
+        raise ModelFormatError(
+            f"{path}: a `whisperforge export` folder, whose graphs are not a checkpoint: "
+            "transcribe with it as it is (WhisperModel(folder), --model folder), and quantize "
+            "or export the model it was exported from"
+        )
+    if any(path.glob("*.onnx")) or any(path.glob("*.pt2")):
+        raise ModelFormatError(
+            f"{path}: graphs without the whisperforge-export.json of a `whisperforge export` "
+            "folder; export again"
+        )
     raise ModelFormatError(
         f"{path}: not a Whisper model folder (expected model.bin for CTranslate2, "
         "or config.json with model.safetensors for transformers)"
