@@ -302,6 +302,7 @@ class StreamingTranscriber:
         self._tentative: list[Word] = []  # the last hypothesis minus what was committed
         self._older: list[list[Word]] = []  # hypotheses before it (LocalAgreement-n, n > 2)
         self._silent_updates = 0  # updates decoded since the audio went quiet
+        self._heard_language: str | None = None  # the language of the last hypothesis
 
     # --- public -----------------------------------------------------------------------------
 
@@ -396,6 +397,7 @@ class StreamingTranscriber:
         compute = time.perf_counter() - started
         self.updates += 1
         self._heard = self._received
+        self._heard_language = language
         # Detected again at each update until there are words and DETECTION_S of audio (or the
         # stream ends), then fixed: fixed at the first words, 1 s of German was "en" and 1 s of
         # Spanish "ml". Until then nothing is committed: its words would be in that language.
@@ -452,6 +454,11 @@ class StreamingTranscriber:
     def _commit(self, words: list[Word]) -> list[Word]:
         """Append `words` to the committed text, each starting where the one before it ends at
         the earliest: words aligned in different hypotheses may overlap by a few frames."""
+        if words and self.language is None:
+            # Words committed before DETECTION_S of audio (the stream ended, or its silence
+            # settled them) are in the language of the hypothesis they came from: the stream's
+            # language from now on (its final event told None with words committed).
+            self.language = self._heard_language
         end, done = self._committed_end(), []
         for word in words:
             start = max(word.start, end)
