@@ -624,6 +624,15 @@ def is_quantized_folder(folder: Path) -> bool:
     return _read_json([folder], "config.json").get("format") == QUANTIZED_FORMAT
 
 
+def quantized_compute_type(folder: Path) -> str | None:
+    """The compute type a `save_quantized` folder was saved for; None for any other folder."""
+    return (
+        _read_json([folder], "config.json").get("compute_type")
+        if is_quantized_folder(folder)
+        else None
+    )
+
+
 def load_quantized(folder: Path) -> Checkpoint:
     """A `save_quantized` folder: the weights dequantized to float32 (for every consumer of the
     canonical form), with the scales to quantize them back exactly."""

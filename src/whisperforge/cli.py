@@ -771,15 +771,12 @@ def _compute_type(args: argparse.Namespace) -> str:
     slower)."""
     if args.fp16 is not False or args.compute_type != "default":
         return args.compute_type
-    from .checkpoints import _read_json, is_quantized_folder
+    from .checkpoints import quantized_compute_type
     from .quantize import COMPUTE_TYPES
 
     folder = Path(str(args.model)).expanduser()
-    if folder.is_dir() and is_quantized_folder(folder):
-        saved = _read_json([folder], "config.json").get("compute_type")
-        if COMPUTE_TYPES.get(saved, (None, None))[1] == "int8":
-            return "int8_float32"
-    return "float32"
+    saved = quantized_compute_type(folder) if folder.is_dir() else None
+    return "int8_float32" if COMPUTE_TYPES.get(saved, (None, None))[1] == "int8" else "float32"
 
 
 def _writer_options(args: argparse.Namespace, formats: list[str]) -> WriterOptions:

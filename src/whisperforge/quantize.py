@@ -110,7 +110,8 @@ def resolve_compute_type(
 ) -> ComputeType:
     """`compute_type` on `device`. "default" is the type a quantized checkpoint was saved for
     (`saved`), else float16 on CUDA and float32 on the CPU. On the CPU, 16-bit activations
-    fall back to float32 as in CTranslate2 (with a warning when asked for by name). "auto" is
+    fall back to float32, with a warning when asked for by name (CTranslate2 refuses them there
+    and falls back only for "default"). "auto" is
     CTranslate2's "the fastest type here": int8 on the CPU (0.78x float32's time, RESULTS.md
     session 41), float16 on CUDA (int8 and float8 steps gain at most 7 %, session 45)."""
     name = saved if compute_type == "default" and saved else compute_type
