@@ -522,6 +522,25 @@ def test_a_manifests_language_and_task_columns_are_read(tmp_path):
         assert own == [("de", "translate"), (None, None), (None, None)]  # as written by hand
 
 
+def test_a_rows_language_is_recorded_as_its_code(tmp_path):
+    """A row's settings hold its language's code: a manifest that said "Spanish" and now "es"
+    (or "en-US" and now "en") asks for the same decoding, and its rerun warned that the rows
+    were made with other settings."""
+    from whisperforge.corpus import _settings_of
+
+    clips = [str(c) for c in _clips()[:2]]
+    settings = []
+    for first, second in (("Spanish", "en-US"), ("es", "en")):
+        listing = tmp_path / f"{first}.csv"
+        listing.write_text(f"path,language\n{clips[0]},{first}\n{clips[1]},{second}\n")
+        settings.append(_settings_of(list_inputs(str(listing)), "base", "default", {}))
+    assert settings[0] == settings[1]
+    assert json.loads(settings[0][clips[0]])["language"] == "es"
+    listing.write_text(f"path,language\n{clips[0]},xx\n")  # a bad one as given: its row's error
+    bad = _settings_of(list_inputs(str(listing)), "base", "default", {})[clips[0]]
+    assert json.loads(bad)["language"] == "xx"
+
+
 GERMAN = DEV_DIR / "picovoice-leopard__test_de.wav"
 
 

@@ -950,6 +950,19 @@ def _settings_of(
     return {source.path: made[source.language, source.task] for source in sources}
 
 
+def _language_code(language: str | None) -> str | None:
+    """A manifest row's language as its code where it is one Whisper knows; else as given
+    (that row's error says why)."""
+    from .tokenizer import LANGUAGES, normalize_language
+
+    if language is None:
+        return None
+    try:
+        return normalize_language(language, list(LANGUAGES))
+    except InvalidOptionError:
+        return language
+
+
 def _settings(model: Any, compute_type: str, options: dict[str, Any]) -> str:
     """What decides a row's text, as each row records it: the model (by name or path), the
     compute type and the options that are not the batched pipeline's defaults."""
@@ -973,6 +986,11 @@ def _changed_options(options: dict[str, Any]) -> dict[str, Any]:
     made = asdict(batched_options(**{k: v for k, v in options.items() if k not in call}))
     default = asdict(batched_options())
     changed = {k: v for k, v in options.items() if k in call and v != call[k]}
+    if isinstance(changed.get("language"), str):
+        # As its code: a manifest that spells it otherwise since ("Spanish" for "es", "en-US"
+        # for "en"; rows recorded so too) asks for the same decoding, and warned of other
+        # settings.
+        changed["language"] = _language_code(changed["language"])
     for name, value in made.items():
         if value != default[name]:
             changed["temperature" if name == "temperatures" else name] = value
