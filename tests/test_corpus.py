@@ -212,7 +212,9 @@ def test_cli_crash_resume_and_parquet(corpus, local_rows, tiny_en, tmp_path, cap
     assert "1 file(s) failed" in err
     # A rerun with nothing to do still says that OUT holds a failed file, and exits 1.
     assert main(command) == 1
-    assert f"{len(local_rows)} already done (1 of them failed)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{len(local_rows)} already done (1 of them failed)" in err
+    assert "RTFx" not in err  # nothing transcribed: it said "0.0 s of audio in 0.0 s (RTFx 0.0)"
     rows = _rows(out)
     assert _texts(rows) == _texts(local_rows)
     assert [rows[row["path"]] for row in written] == written  # finished rows are kept as they are

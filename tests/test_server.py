@@ -564,7 +564,8 @@ def test_websocket_streams_committed_words(client):
     pcm = (np.clip(load_audio(JFK), -1, 1) * 32767).astype("<i2").tobytes()
     events = []
     with client.websocket_connect("/v1/audio/stream?language=en&min_chunk_s=2") as ws:
-        assert ws.receive_json()["type"] == "session.created"
+        created = ws.receive_json()
+        assert created["type"] == "session.created" and created["language"] == "en"
         step = 16000  # 0.5 s of s16le: any size works, odd ones too
         for i in range(0, len(pcm), step + 1):
             ws.send_bytes(pcm[i : i + step + 1])
@@ -691,18 +692,22 @@ STREAM = "/v1/audio/stream"
 
 
 def test_websocket_translates_when_asked(base):
-    """task=translate on the stream: it was ignored in silence (German came back German)."""
+    """task=translate on the stream: it was ignored in silence (German came back German).
+    language=auto (as `stream --language none`) detects it: it was an unknown language."""
     clip = DEV_DIR / "picovoice-leopard__test_de.wav"
     pcm = (np.clip(load_audio(clip), -1, 1) * 32767).astype("<i2").tobytes()
     app = create_app(ServerConfig(beam_size=1), model=base)
-    with TestClient(app) as client, client.websocket_connect(f"{STREAM}?task=translate") as ws:
-        assert ws.receive_json()["type"] == "session.created"
+    url = f"{STREAM}?task=translate&language=auto"
+    with TestClient(app) as client, client.websocket_connect(url) as ws:
+        created = ws.receive_json()
+        assert created["type"] == "session.created" and created["language"] is None  # detected
         ws.send_bytes(pcm)
         ws.send_text("stop")
         for _ in range(100):  # bounded: one event per update at most
             if (event := ws.receive_json())["type"] == "transcript.final":
                 break
     assert "portal" in event["text"].lower() and "der " not in event["text"].lower()
+    assert event["language"] == "de"
 
 
 def test_websocket_rejects_bad_parameters(client):

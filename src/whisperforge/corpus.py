@@ -115,10 +115,11 @@ class Summary:
     def line(self) -> str:
         # A rerun skips the files an earlier run failed on: they are still not transcribed.
         earlier = f" ({self.skipped_failed} of them failed)" if self.skipped_failed else ""
-        return (
-            f"{self.ok} ok, {self.failed} failed, {self.skipped} already done{earlier}; "
-            f"{audio_length(self.audio_s)} of audio in {self.wall_s:.1f} s (RTFx {self.rtfx:.1f})"
-        )
+        done = f"{self.ok} ok, {self.failed} failed, {self.skipped} already done{earlier}"
+        if not self.audio_s:  # nothing transcribed (all done before): no speed to tell
+            return done
+        speed = f"(RTFx {self.rtfx:.1f})"
+        return f"{done}; {audio_length(self.audio_s)} of audio in {self.wall_s:.1f} s {speed}"
 
 
 def audio_length(seconds: float) -> str:

@@ -655,8 +655,15 @@ class App:
         ending = asyncio.Event()
         self.streams.add(ending)
         try:
-            await ws.send_json({"type": "session.created", "sample_rate": SAMPLE_RATE,
-                                "format": "s16le", "model": self.config.model_id})  # fmt: skip
+            await ws.send_json(
+                {
+                    "type": "session.created",
+                    "sample_rate": SAMPLE_RATE,
+                    "format": "s16le",
+                    "model": self.config.model_id,
+                    "language": options.language,
+                }
+            )  # null: it will be detected
             while True:
                 audio, message = await inbox.next_or_stop(self.config.request_timeout_s, ending)
                 if audio:
@@ -716,8 +723,10 @@ class App:
             raise APIError(400, f"only sample_rate={SAMPLE_RATE} is supported; resample the "
                            "audio to 16 kHz mono s16le", "sample_rate")  # fmt: skip
         language = params.get("language")
-        if language:
+        if language and language.strip().lower() not in ("none", "auto"):  # both: detect it
             language = self._language(language, "language")
+        else:
+            language = None
         values: dict[str, Any] = {}
         for name, kind, hint in (("min_chunk_s", float, "seconds, e.g. 1.0"),
                                  ("silence_db", float, "dBFS, e.g. -45"),
