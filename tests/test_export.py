@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -250,15 +251,21 @@ def test_bad_inputs_get_clear_errors(onnx_dir, tmp_path, capsys):
     with pytest.warns(UserWarning, match="using float32"):  # as the model itself on the CPU
         WhisperModel(onnx_dir, device="cpu", compute_type="float16")
 
-    half = tmp_path / "half"  # a float16 export (its graphs are not run here)
+    half = float16_export(onnx_dir, tmp_path)
+    with pytest.raises(InvalidOptionError, match="float16 export.*--compute-type float32$"):
+        WhisperModel(half, device="cpu", compute_type="bfloat16")  # bfloat16 is not quantized
+
+
+def float16_export(onnx_dir: Path, tmp_path: Path) -> Path:
+    """`onnx_dir` labelled a float16 export (its graphs are not run as such here)."""
+    half = tmp_path / "half"
     half.mkdir()
     for path in onnx_dir.iterdir():
         if path.name != MANIFEST:
             (half / path.name).symlink_to(path)
     manifest = json.loads((onnx_dir / MANIFEST).read_text())
     (half / MANIFEST).write_text(json.dumps({**manifest, "compute_type": "float16"}))
-    with pytest.raises(InvalidOptionError, match="float16 export.*--compute-type float32$"):
-        WhisperModel(half, device="cpu", compute_type="bfloat16")  # bfloat16 is not quantized
+    return half
 
 
 def test_auto_compute_type_is_the_exports_own(onnx_dir, tmp_path):
@@ -266,11 +273,5 @@ def test_auto_compute_type_is_the_exports_own(onnx_dir, tmp_path):
     type; it was refused with "a float32 export; ... export again with --compute-type float32"."""
     model = WhisperModel(onnx_dir, device="cpu", compute_type="auto")
     assert model.dtype == torch.float32
-    half = tmp_path / "half"  # a float16 export (its graphs are not run here)
-    half.mkdir()
-    for path in onnx_dir.iterdir():
-        if path.name != MANIFEST:
-            (half / path.name).symlink_to(path)
-    manifest = json.loads((onnx_dir / MANIFEST).read_text())
-    (half / MANIFEST).write_text(json.dumps({**manifest, "compute_type": "float16"}))
+    half = float16_export(onnx_dir, tmp_path)
     assert WhisperModel(half, device="cpu", compute_type="auto").dtype == torch.float16
