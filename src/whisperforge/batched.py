@@ -544,7 +544,7 @@ class BatchedInferencePipeline:
                 file, i = waiting.popleft()
                 window = file.windows[i]
                 steps = self.model.span_steps(  # a prefix begins a file's first chain only
-                    file.samples, window.start, window.end, file.tokenizer, options, i == 0
+                    file.samples, window.start, window.end, file.tokenizer, options, first=i == 0
                 )
                 chain = _Chain(file, i, steps)
                 segments = chain.advance(None)

@@ -850,9 +850,7 @@ class WhisperModel:
             vad_options=vad_options,
         )
         tokenizer = self.tokenizer.with_options(language, task)
-        steps = self.window_steps(
-            mel, tokenizer, window_options, prepared.peaks, prepared.timeline, prefix_once=True
-        )
+        steps = self.window_steps(mel, tokenizer, window_options, prepared.peaks, prepared.timeline)
         return steps, info
 
     def prepare(
@@ -941,17 +939,19 @@ class WhisperModel:
         end: int,
         tokenizer: Tokenizer,
         options: TranscriptionOptions,
-        prefix_once: bool = False,
+        first: bool = False,
     ) -> LongForm:
         """The long-form loop over samples [start, end) of a file, on the file's timeline: what
         `transcribe` does to a whole file, for one stretch of it (batched.py's chains). The
-        options' prefix begins its first window if `prefix_once`, else no window."""
+        options' prefix begins the span's first window if it is the file's `first` stretch,
+        else no window."""
         span = samples[start:end]
         mel = self.long_form_mel(span)
         timeline = TimelineMap([SpeechRegion(start, end)])
-        if not prefix_once:
+        if not first:
             options = replace(options, prefix=None)
-        return self.window_steps(mel, tokenizer, options, frame_peaks(span), timeline, prefix_once)
+        peaks = frame_peaks(span)
+        return self.window_steps(mel, tokenizer, options, peaks, timeline)
 
     def window_steps(
         self,
@@ -960,15 +960,14 @@ class WhisperModel:
         options: TranscriptionOptions,
         peaks: np.ndarray | None = None,
         timeline: TimelineMap | None = None,
-        prefix_once: bool = False,
     ) -> LongForm:
         """The long-form loop over 30 s windows: yields a `WindowRequest` for each window it needs
         decoded, to be sent back its `WindowResult`, and then the window's final segments.
 
         `peaks` (see `frame_peaks`) lets windows of digital silence be skipped undecoded.
         `timeline` maps the times of VAD-collected speech back to the original audio.
-        `prefix_once`: the options' `prefix` begins the first window decoded only (a file's,
-        as in faster-whisper's `transcribe`), not every window.
+        The options' `prefix` begins the first window decoded only (a file's, as in
+        faster-whisper's `transcribe`), not every window.
         """
         content_frames = mel.shape[-1] - N_FRAMES
         content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
@@ -1021,7 +1020,7 @@ class WhisperModel:
             else:
                 prompt = all_tokens[prompt_reset_since:]
             result, audio_features = yield WindowRequest(window, prompt, tokenizer, options)
-            if prefix_once and options.prefix is not None:
+            if options.prefix is not None:
                 options = replace(options, prefix=None)
 
             if is_no_speech(result, options):
