@@ -152,6 +152,14 @@ def test_local_rows(corpus, local_rows):
         assert row["error"] is None and row["language"] == "en" and row["text"]
         assert row["text"] == "".join(s["text"] for s in row["segments"]).strip()
         assert 0 < row["duration"] < 31 and set(row["timings"]) == {"decode", "transcribe"}
+        assert row["language_probability"] == 1.0  # tiny.en: English, not detected
+        for segment in row["segments"]:  # the figures to filter by, times to the millisecond
+            assert -1.0 < segment["avg_logprob"] < 0.0 and 0 <= segment["no_speech_prob"] < 0.5
+            assert 0.5 < segment["compression_ratio"] < 2.4 and segment["temperature"] == 0.0
+            times = [segment["start"], segment["end"]] + [
+                t for w in segment.get("words", []) for t in (w["start"], w["end"])
+            ]
+            assert times == [round(t, 3) for t in times]
     # The .npy holds the first clip's decoded samples: the same audio, the same text.
     assert local_rows["first.npy"]["text"] == local_rows[str(clips[0])]["text"]
 

@@ -13,6 +13,7 @@ import struct
 import warnings
 import wave
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -244,15 +245,15 @@ def decode_arriving(
     source = _Arriving(head, read)
     if raw is None and head.startswith(b"RIFF") and head[8:12] == b"WAVE":
         raw = _wav_header(name, source)
-    if raw == ("s16le", SAMPLE_RATE, 1):  # already what the model hears
+    if raw is not None and raw[0] == "s16le" and raw[2] == 1:  # mono PCM: resampled at most
+        resample = PcmResampler(raw[1], name)
         while data := source.read():
-            yield data
+            if pcm := resample(data):
+                yield pcm
+        if pcm := resample.flush():
+            yield pcm
         return
-    try:
-        import av
-    except ImportError:
-        raise AudioError(f"{name}: decoding it needs PyAV (pip install av); or send raw 16 kHz "
-                         "mono s16le PCM") from None  # fmt: skip
+    av = _import_av(name)
     options = {"probesize": "32", "analyzeduration": "0"}  # start at once, not after seconds
     if raw is not None:
         options |= {"sample_rate": str(raw[1]), "ch_layout": f"{raw[2]}c"}
@@ -269,6 +270,54 @@ def decode_arriving(
     except av.error.FFmpegError as error:
         raise AudioError(f"{name}: not audio FFmpeg can decode as it arrives ({error}); save "
                          "it to a file and pass the file") from None  # fmt: skip
+
+
+def _import_av(name: str) -> Any:
+    try:
+        import av
+    except ImportError:
+        raise AudioError(f"{name}: decoding it needs PyAV (pip install av); or send raw 16 kHz "
+                         "mono s16le PCM") from None  # fmt: skip
+    return av
+
+
+class PcmResampler:
+    """Raw mono s16le PCM at `rate` Hz, in pieces of any length as they arrive (a live
+    stream's), to 16 kHz mono s16le: `resample(data)` returns what is ready, `flush()` the
+    rest at the end. FFmpeg's resampler, the one files are decoded with; it carries its filter
+    state from piece to piece, so the pieces join as one signal. At 16 kHz the bytes pass as
+    they are (PyAV is needed for other rates only)."""
+
+    def __init__(self, rate: int, name: str = "<audio>"):
+        self.rate, self._odd_byte, self._samples = rate, b"", 0
+        self._resampler = None
+        if rate != SAMPLE_RATE:
+            self._av = _import_av(name)
+            self._resampler = self._av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+
+    def __call__(self, data: bytes) -> bytes:
+        if self._resampler is None:
+            return data
+        data = self._odd_byte + data
+        self._odd_byte = data[-1:] if len(data) % 2 else b""
+        samples = np.frombuffer(data[: len(data) - len(self._odd_byte)], "<i2")
+        if not samples.size:
+            return b""
+        frame = self._av.AudioFrame.from_ndarray(
+            samples.reshape(1, -1), format="s16", layout="mono"
+        )
+        frame.sample_rate, frame.pts = self.rate, self._samples
+        frame.time_base = Fraction(1, self.rate)
+        self._samples += samples.size
+        return self._resampled(frame)
+
+    def flush(self) -> bytes:
+        """The samples the resampler still holds (its filter's last few)."""
+        return b"" if self._resampler is None else self._resampled(None)
+
+    def _resampled(self, frame: Any) -> bytes:
+        assert self._resampler is not None
+        return b"".join(out.to_ndarray().tobytes() for out in self._resampler.resample(frame))
 
 
 def _position(file: BinaryIO) -> int:

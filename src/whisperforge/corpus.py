@@ -417,16 +417,26 @@ def make_row(
     segments = [] if result is None or error else result.segments
     rows = []
     for s in segments:
-        row: dict[str, Any] = {"start": s.start, "end": s.end, "text": s.text}
+        # Times to the millisecond (sums of window offsets gave 12.340000000000002), and each
+        # segment's figures to filter hallucinations by, as openai-whisper's thresholds do.
+        row: dict[str, Any] = {
+            "start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
+            "avg_logprob": round(s.avg_logprob, 4), "no_speech_prob": round(s.no_speech_prob, 4),
+            "compression_ratio": round(s.compression_ratio, 3), "temperature": s.temperature,
+        }  # fmt: skip
         if s.words is not None:
             row["words"] = [
-                {"start": w.start, "end": w.end, "word": w.word, "probability": w.probability}
+                {"start": round(w.start, 3), "end": round(w.end, 3), "word": w.word,
+                 "probability": round(w.probability, 4)}
                 for w in s.words
-            ]
+            ]  # fmt: skip
         rows.append(row)
     return {
         "path": item.source.path,
         "language": info.language if info and not error else None,
+        "language_probability": (
+            round(info.language_probability, 4) if info and not error else None
+        ),
         "duration": None if item.duration is None else round(item.duration, 3),
         "text": "".join(s.text for s in segments).strip() if not error else None,
         "segments": rows,
@@ -773,12 +783,14 @@ class Journal:
         )  # fmt: skip
         segment = pa.struct(
             [("start", pa.float64()), ("end", pa.float64()), ("text", pa.string()),
+             ("avg_logprob", pa.float64()), ("no_speech_prob", pa.float64()),
+             ("compression_ratio", pa.float64()), ("temperature", pa.float64()),
              ("words", pa.list_(word))]
         )  # fmt: skip
         timings = pa.struct([("decode", pa.float64()), ("transcribe", pa.float64())])
         schema = pa.schema(
             [("path", pa.string()), ("file", pa.string()), ("language", pa.string()),
-             ("duration", pa.float64()),
+             ("language_probability", pa.float64()), ("duration", pa.float64()),
              ("text", pa.string()), ("segments", pa.list_(segment)), ("error", pa.string()),
              ("warning", pa.string()),
              ("timings", timings), ("worker", pa.string()), ("settings", pa.string())]
@@ -1033,8 +1045,9 @@ INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text 
   files go on.
 OUT: .jsonl, written row by row as files finish, or .parquet, merged from OUT.journal.jsonl at
   the end. One row per file: path (as INPUT names it), file (its absolute path, links
-  resolved: how a rerun from another folder finds it), language, duration, text, segments,
-  error, warning (what decoding it warned of: a cut-off file, ...), timings, worker, settings
+  resolved: how a rerun from another folder finds it), language, language_probability,
+  duration, text, segments (start, end, text, avg_logprob, no_speech_prob, compression_ratio,
+  temperature, words), error, warning (what decoding it warned of: a cut-off file, ...), timings, worker, settings
   (the model and its compute type, the options not at their defaults, the row's own language
   and task included, as a JSON string; a rerun that would make a done row otherwise warns).
   timings: seconds decoding the file, and from the previous row to this one (files share

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, available_memory, load_audio
+from .audio import SAMPLE_RATE, PcmResampler, available_memory, load_audio
 from .engine import Backend, Engine, Job, QueueFull, make_backend
 from .errors import (
     GPU_OUT_OF_MEMORY,
@@ -85,8 +85,9 @@ STREAM_PARAMETERS = ("model", "language", "task", "prompt", "sample_rate", "min_
                      "silence_db", "agreement", "api_key")  # fmt: skip
 ALIASES = ("whisper-1",)  # what OpenAI examples send; served by the loaded model
 DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
+MIN_STREAM_RATE, MAX_STREAM_RATE = 8000, 192000  # the WebSocket's sample_rate, in Hz
 # Audio a streaming client may send ahead of the decoding before the server stops reading
-# (5 minutes of s16le): bounds the memory of a client that sends faster than real time.
+# (5 minutes of 16 kHz s16le): bounds the memory of a client that sends faster than real time.
 STREAM_BACKLOG_BYTES = 300 * SAMPLE_RATE * 2
 # What a stream holds of the server's audio memory while it is open: its backlog, and its
 # buffer (at most `max_buffer_s`, which the WebSocket leaves at its default) as float32 samples.
@@ -633,6 +634,7 @@ class App:
             return
         try:
             options = self.stream_options(params)
+            resample = PcmResampler(stream_sample_rate(params))
         except APIError as error:
             await ws.send_json({"type": "error", **error.body()})
             await ws.close(code=1008)
@@ -658,7 +660,7 @@ class App:
             await ws.send_json(
                 {
                     "type": "session.created",
-                    "sample_rate": SAMPLE_RATE,
+                    "sample_rate": resample.rate,
                     "format": "s16le",
                     "model": self.config.model_id,
                     "language": options.language,
@@ -666,23 +668,24 @@ class App:
             )  # null: it will be detected
             while True:
                 audio, message = await inbox.next_or_stop(self.config.request_timeout_s, ending)
-                if audio:
-                    events = await run_in_threadpool(stream.feed, audio)
-                    for event in events:
+                text = (message.get("text") or "").strip() if message else ""
+                stop = text.lower() in ("stop", "eof") or _json_type(text) == "stop"
+                # at the stop, with the last samples the resampler holds
+                if pcm := resample(audio) + (resample.flush() if stop else b""):
+                    for event in await run_in_threadpool(stream.feed, pcm):
                         await ws.send_json(event.to_dict())
                 if message is None:
                     continue
                 if message["type"] == "websocket.disconnect":
                     return
-                text = (message.get("text") or "").strip()
-                if text.lower() in ("stop", "eof") or _json_type(text) == "stop":
+                if stop:
                     final: StreamingEvent = await run_in_threadpool(stream.finish)
                     await ws.send_json({**final.to_dict(), "text": stream.text.strip()})
                     await ws.close(code=1012 if ending.is_set() else 1000)  # 1012: restarting
                     return
                 await ws.send_json({"type": "error", **APIError(
-                    400, 'send audio as binary s16le 16 kHz mono frames, and "stop" (or '
-                    '{"type": "stop"}) to end the stream').body()})  # fmt: skip
+                    400, f"send audio as binary s16le mono frames at {resample.rate} Hz, and "
+                    '"stop" (or {"type": "stop"}) to end the stream').body()})  # fmt: skip
         except WebSocketDisconnect:
             return
         except APIError as error:
@@ -719,9 +722,6 @@ class App:
         if model is not None and not self.config.serves(model):
             raise APIError(404, f"the model {model!r} does not exist on this server; use "
                            f"{self.config.model_id!r}", "model", "model_not_found")  # fmt: skip
-        if params.get("sample_rate", str(SAMPLE_RATE)) != str(SAMPLE_RATE):
-            raise APIError(400, f"only sample_rate={SAMPLE_RATE} is supported; resample the "
-                           "audio to 16 kHz mono s16le", "sample_rate")  # fmt: skip
         language = params.get("language")
         if language and language.strip().lower() not in ("none", "auto"):  # both: detect it
             language = self._language(language, "language")
@@ -855,6 +855,17 @@ def _abandon(job: Job, waiter: asyncio.Future) -> None:
     if not job.future.done():
         job.abandon()
     waiter.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+
+def stream_sample_rate(params: Any) -> int:
+    """The WebSocket's `sample_rate` (16 kHz unless given); other rates are resampled to it."""
+    value = params.get("sample_rate") or str(SAMPLE_RATE)
+    rate = int(value) if value.isdigit() else 0
+    if not MIN_STREAM_RATE <= rate <= MAX_STREAM_RATE:
+        raise APIError(400, f"sample_rate {value!r} must be a whole number of Hz from "
+                       f"{MIN_STREAM_RATE} to {MAX_STREAM_RATE}, e.g. 16000, 24000 or 48000",
+                       "sample_rate")  # fmt: skip
+    return rate
 
 
 def _json_type(text: str) -> str | None:
