@@ -9,6 +9,12 @@ import sys
 import wave
 from pathlib import Path
 
+# Under pytest-xdist the cores are shared out among the workers: one thread each, set before
+# torch is imported (here, and in the fresh Pythons that tests start), or each worker's OpenMP
+# threads would spin on the cores the others are using.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import numpy as np
 import pytest
 

@@ -8,7 +8,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from whisperforge.model import ModelConfig, Whisper, fuse_state_dict
+from whisperforge.model import ModelConfig, Whisper, fused_weights
 
 CONFIG = ModelConfig(
     n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_head=4, n_audio_layer=2,
@@ -35,7 +35,7 @@ def pair():
 
     state = random_canonical_state(CONFIG)
     ours = Whisper(CONFIG)
-    ours.load_state_dict(fuse_state_dict(state))
+    ours.load_state_dict(dict(fused_weights(state)))
     theirs = reference.Whisper(reference.ModelDimensions(**asdict(CONFIG)))
     theirs.load_state_dict(state)
     return ours.eval(), theirs.eval(), state

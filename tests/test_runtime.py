@@ -41,14 +41,14 @@ def plain_last_logits(model: Whisper, tokens: list[int], features: torch.Tensor)
 
 
 def test_presets_and_unfuse_round_trip():
-    from whisperforge.model import fuse_state_dict
+    from whisperforge.model import fused_weights
 
     assert PRESETS["large-v3"].n_mels == 128 and PRESETS["large-v3"].n_vocab == 51866
     assert (
         PRESETS["large-v3-turbo"].n_text_layer == 4 and PRESETS["distil-large-v3"].n_text_layer == 2
     )
     state = random_model(CONFIG).state_dict()
-    again = fuse_state_dict(unfuse_state_dict(state))
+    again = dict(fused_weights(unfuse_state_dict(state)))
     assert again.keys() == state.keys()
     assert all(torch.equal(again[k], state[k]) for k in state)
 

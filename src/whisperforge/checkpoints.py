@@ -5,7 +5,7 @@ weights, the alignment heads for word timestamps, and where the tokenizer comes 
 Readers: CTranslate2 / faster-whisper folders (also byte-split across packages), Hugging Face
 transformers folders, OpenAI `.pt` files. Each reader checks the weights against the config
 (`check_state_dict`), so a bad file fails here with a message, not later inside torch.
-Fusions happen later, in `model.fuse_state_dict`.
+Fusions happen later, in `model.fused_weights`.
 
 Model names resolve in this order: a local path; an installed model package; the Hugging
 Face hub cache, then the hub itself (only after a quick check that it can be reached).
@@ -26,7 +26,7 @@ import threading
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,7 +42,8 @@ from .quantize import COMPUTE_TYPES, dequantize, quantize_weight, weight_format
 @dataclass
 class Checkpoint:
     config: ModelConfig
-    state_dict: dict[str, Tensor]  # openai-whisper names, unfused, as stored (fp16 or fp32)
+    # openai-whisper names, unfused, as stored (fp16 or fp32; a quantized folder's dequantized)
+    state_dict: Mapping[str, Tensor]
     alignment_heads: Tensor | None  # [n, 2] (decoder layer, head), or None when unknown
     tokenizer_file: Path | None  # tokenizer.json, or None for openai-whisper's vocabulary
     source: str  # where it came from, for `whisperforge models` and error messages
@@ -92,7 +93,7 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_state_dict(config: ModelConfig, state_dict: dict[str, Tensor], source: str) -> None:
+def check_state_dict(config: ModelConfig, state_dict: Mapping[str, Tensor], source: str) -> None:
     """Raise ModelFormatError unless `state_dict` is exactly the weights `config` needs."""
     expected = expected_shapes(config)
     not_tensors = [n for n, t in state_dict.items() if not isinstance(t, Tensor)]
@@ -633,9 +634,30 @@ def quantized_compute_type(folder: Path) -> str | None:
     )
 
 
+class DequantizedWeights(Mapping[str, Tensor]):
+    """A quantized folder's weights as a state dict of float32 (for every consumer of the
+    canonical form), each dequantized as it is read and not kept: read one at a time
+    (`model.fused_weights`), the float copy of the whole model never exists at once. Loading
+    base's int8 folder peaked at 1044 MB with them dequantized up front, 838 MB quantizing the
+    float16 model on the fly."""
+
+    def __init__(self, stored: dict[str, Tensor], scales: dict[str, Tensor]):
+        self.stored, self.scales = stored, scales
+
+    def __getitem__(self, name: str) -> Tensor:
+        scale = self.scales.get(name)
+        return self.stored[name] if scale is None else dequantize(self.stored[name], scale)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.stored)
+
+    def __len__(self) -> int:
+        return len(self.stored)
+
+
 def load_quantized(folder: Path) -> Checkpoint:
-    """A `save_quantized` folder: the weights dequantized to float32 (for every consumer of the
-    canonical form), with the scales to quantize them back exactly."""
+    """A `save_quantized` folder: its weights as float32 (`DequantizedWeights`), with the scales
+    to quantize them back exactly."""
     meta = _read_json([folder], "config.json")
     try:
         config = ModelConfig(**meta["dims"])
@@ -646,17 +668,20 @@ def load_quantized(folder: Path) -> Checkpoint:
             "quantize the model again with `whisperforge quantize`"
         ) from None
     tensors = _read_hf_file(folder / "model.safetensors")
-    sd: dict[str, Tensor] = {}
-    scales: dict[str, Tensor] = {}
-    for name, tensor in tensors.items():
-        scale = tensors.get(f"{name}_scale")
-        if name.endswith("_scale"):
-            continue
-        if scale is not None:
-            sd[name], scales[name] = dequantize(tensor, scale), scale
-        else:
-            sd[name] = tensor
-    check_state_dict(config, sd, str(folder))
+    # Copies of the scales: the file's tensors are views of its one mapping, which any of them
+    # that the model keeps (the CPU's int8 linears keep some scales) would keep whole (79 MB).
+    scales = {
+        name.removesuffix("_scale"): scale.clone()
+        for name, scale in tensors.items()
+        if name.endswith("_scale")
+    }
+    stored = {name: t for name, t in tensors.items() if not name.endswith("_scale")}
+    shapes = {  # dequantized, each is a float32 tensor of its stored shape
+        name: torch.empty(t.shape, device="meta") if name in scales else t
+        for name, t in stored.items()
+    }
+    check_state_dict(config, shapes, str(folder))
+    sd = DequantizedWeights(stored, scales)
     tokenizer = folder / "tokenizer.json"
     return Checkpoint(
         config, sd, _heads(meta.get("alignment_heads")),

@@ -3,7 +3,7 @@ a transformer text decoder that cross-attends to it.
 
 Two things differ from a textbook transformer, both for decoding speed:
 - Self-attention uses one fused QKV projection, cross-attention one fused KV projection
-  (`fuse_state_dict` builds them from the canonical, unfused weights).
+  (`fused_weights` builds them from the canonical, unfused weights).
 - The decoder reads and writes a `KVCache`: cross-attention K,V are projected once per audio
   window (`TextDecoder.cross_kv`), self-attention K,V of earlier tokens live in a preallocated
   buffer, so a decode step processes only the new token.
@@ -12,6 +12,7 @@ Everything about GPU speed (static shapes, CUDA graphs, quantization) wraps this
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -386,29 +387,26 @@ class Whisper(nn.Module):
         return self.config.num_languages
 
 
-def fuse_state_dict(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Canonical (openai-whisper) weights -> this module's fused layout.
+def fused_weights(state_dict: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
+    """Canonical (openai-whisper) weights -> this module's fused layout, one (name, weight) at a
+    time, each read from `state_dict` as it is needed (a quantized folder's are dequantized as
+    they are read: the whole float model never exists at once).
 
     Self-attention query/key/value become one `qkv` projection (key has no bias, so its part
     of the fused bias is zero); cross-attention key/value become one `kv` projection.
     """
-    fused = {
-        name: tensor
-        for name, tensor in state_dict.items()
-        if name.split(".")[-2] not in ("query", "key", "value")
-    }
     for name in state_dict:
-        if not name.endswith(".query.weight"):
-            continue
-        base = name[: -len(".query.weight")]
-        q_w, k_w, v_w = (state_dict[f"{base}.{p}.weight"] for p in ("query", "key", "value"))
-        q_b, v_b = state_dict[f"{base}.query.bias"], state_dict[f"{base}.value.bias"]
-        k_b = state_dict.get(f"{base}.key.bias", torch.zeros_like(q_b))
-        if base.endswith("cross_attn"):
-            fused[f"{base}.query.weight"], fused[f"{base}.query.bias"] = q_w, q_b
-            fused[f"{base}.kv.weight"] = torch.cat([k_w, v_w])
-            fused[f"{base}.kv.bias"] = torch.cat([k_b, v_b])
-        else:
-            fused[f"{base}.qkv.weight"] = torch.cat([q_w, k_w, v_w])
-            fused[f"{base}.qkv.bias"] = torch.cat([q_b, k_b, v_b])
-    return fused
+        if name.split(".")[-2] not in ("query", "key", "value"):
+            yield name, state_dict[name]
+        elif name.endswith(".query.weight"):
+            base = name.removesuffix(".query.weight")
+            q_w, k_w, v_w = (state_dict[f"{base}.{p}.weight"] for p in ("query", "key", "value"))
+            q_b, v_b = state_dict[f"{base}.query.bias"], state_dict[f"{base}.value.bias"]
+            k_b = state_dict.get(f"{base}.key.bias", torch.zeros_like(q_b))
+            if base.endswith("cross_attn"):
+                yield from ((f"{base}.query.weight", q_w), (f"{base}.query.bias", q_b))
+                yield f"{base}.kv.weight", torch.cat([k_w, v_w])
+                yield f"{base}.kv.bias", torch.cat([k_b, v_b])
+            else:
+                yield f"{base}.qkv.weight", torch.cat([q_w, k_w, v_w])
+                yield f"{base}.qkv.bias", torch.cat([q_b, k_b, v_b])

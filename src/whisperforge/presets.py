@@ -86,7 +86,7 @@ def random_model(
 
 
 def unfuse_state_dict(fused: dict[str, Tensor]) -> dict[str, Tensor]:
-    """This package's fused layout -> canonical (openai-whisper) names; `fuse_state_dict` inverse."""
+    """This package's fused layout -> canonical (openai-whisper) names; `fused_weights`' inverse."""
     state: dict[str, Tensor] = {}
     for name, tensor in fused.items():
         base, _, kind = name.rpartition(".")

@@ -48,9 +48,9 @@ from .decoding import (
     token_ids_or_text,
     validate_options,
 )
-from .errors import InvalidOptionError, check_probability, check_whole_number
+from .errors import InvalidOptionError, ModelFormatError, check_probability, check_whole_number
 from .export import is_export_folder, load_onnx_export
-from .model import Whisper, fuse_state_dict
+from .model import Whisper, fused_weights
 from .quantize import quantize_model, resolve_compute_type
 from .results import Segment, TranscriptionInfo, Word
 from .runtime import Runtime, RuntimeWhisper, current_device
@@ -414,16 +414,22 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     peaked at 17 GB for large-v3. (Not so on the CPU: the meta device's random init is Python
     code whose first use imports some 800 modules, 70 MB for good.)"""
     if device.type == "cpu":
-        model = Whisper(checkpoint.config)
-        model.load_state_dict(fuse_state_dict(checkpoint.state_dict), strict=True)
-        return model.to(dtype).eval().requires_grad_(False)
+        model = Whisper(checkpoint.config).to(dtype)
+        # One weight at a time (`fused_weights`), converted as it is copied in.
+        weights = model.state_dict()
+        with torch.no_grad():
+            for name, tensor in fused_weights(checkpoint.state_dict):
+                weights.pop(name).copy_(tensor)
+        if weights:  # `check_state_dict` let a checkpoint through without them: a bug here
+            raise ModelFormatError(f"{checkpoint.source}: no weights for {sorted(weights)}")
+        return model.eval().requires_grad_(False)
     with torch.device("meta"):
         model = Whisper(checkpoint.config)
     state = {  # copies, so that the model never shares memory with the checkpoint
         name: tensor.to(device, dtype, copy=True, memory_format=torch.contiguous_format)
         for name, tensor in checkpoint.state_dict.items()
     }
-    model.load_state_dict(fuse_state_dict(state), strict=True, assign=True)
+    model.load_state_dict(dict(fused_weights(state)), strict=True, assign=True)
     return model.eval().requires_grad_(False)
 
 
