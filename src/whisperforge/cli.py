@@ -1418,7 +1418,9 @@ def _add_quantize_parser(commands: Any) -> None:
         help="save a model with int8 (or fp8) weights: smaller on disk, faster to decode",
         description="Quantize every linear weight (a scale per output channel) and the token "
         "embedding (a scale per 64 columns of each row) and save a folder that loads directly: "
-        "`whisperforge transcribe FILE --model OUT`.",
+        "`whisperforge transcribe FILE --model OUT`. The folder keeps no float weights: on a GPU, "
+        "whose int8 covers the decoder's step alone, the encoder runs on its int8 weights "
+        "dequantized, so its text may differ slightly from `--compute-type int8` on MODEL.",
     )
     q.add_argument("model", metavar="MODEL", help="model name, model folder or OpenAI .pt file")
     q.add_argument("out", metavar="OUT", help="a new or empty folder")
