@@ -755,3 +755,7 @@ def test_faster_whispers_model_attributes(tiny_en):
     assert fresh(audio, padding=0, chunk_length=10).shape[1] == 1100 and fresh.n_samples == 160000
     attributes = ("frames_per_second", "tokens_per_second", "input_stride", "num_samples_per_token")
     assert [getattr(tiny_en, a) for a in attributes] == [100, 50, 2, 320]
+    # faster-whisper's `hf_tokenizer` (code counts a prompt's tokens with it): the same ids as
+    # the tokenizer the model decodes with
+    ids = tiny_en.hf_tokenizer.encode(" And so my fellow Americans", add_special_tokens=False).ids
+    assert ids == tiny_en.tokenizer.encode(" And so my fellow Americans")

@@ -105,23 +105,21 @@ class HuggingFaceCodec:
         try:
             text = path.read_text(encoding="utf-8")
             spec = json.loads(text)
-            self._tokenizer = HFTokenizer.from_str(
-                json.dumps(spec) if _restore_merges(spec) else text
-            )
+            self.hf = HFTokenizer.from_str(json.dumps(spec) if _restore_merges(spec) else text)
         except Exception as error:  # noqa: BLE001 (tokenizers raises a bare Exception)
             raise ModelFormatError(f"{path}: not a readable tokenizer.json ({error})") from None
         # Text is text: a prompt that spells "<|endoftext|>" must not become the control token
         # (tiktoken's `disallowed_special=()` below does the same).
-        self._tokenizer.encode_special_tokens = True
+        self.hf.encode_special_tokens = True
 
     def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
+        return self.hf.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=False)
+        return self.hf.decode(ids, skip_special_tokens=False)
 
     def token_to_id(self, token: str) -> int | None:
-        return self._tokenizer.token_to_id(token)
+        return self.hf.token_to_id(token)
 
 
 class TiktokenCodec:

@@ -599,6 +599,10 @@ class WhisperModel:
         self.input_stride = N_FRAMES // self.checkpoint.config.n_audio_ctx  # mel frames a token
         self.num_samples_per_token = HOP_LENGTH * self.input_stride
         self.tokens_per_second = SAMPLE_RATE // self.num_samples_per_token
+        # The model's tokenizer.json as a `tokenizers.Tokenizer`; None for a model without one
+        # (an OpenAI `.pt`: tiktoken's vocabulary, which faster-whisper would download).
+        codec = self.tokenizer.codec
+        self.hf_tokenizer = codec.hf if isinstance(codec, HuggingFaceCodec) else None
 
     @property
     def is_multilingual(self) -> bool:
