@@ -860,7 +860,9 @@ def _abandon(job: Job, waiter: asyncio.Future) -> None:
 def stream_sample_rate(params: Any) -> int:
     """The WebSocket's `sample_rate` (16 kHz unless given); other rates are resampled to it."""
     value = params.get("sample_rate") or str(SAMPLE_RATE)
-    rate = int(value) if value.isdigit() else 0
+    # ASCII digits, few enough for int(): str.isdigit also takes '²' and other digits int()
+    # refuses (a ValueError, and no error event), and int() refuses more than 4300 of them
+    rate = int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else 0
     if not MIN_STREAM_RATE <= rate <= MAX_STREAM_RATE:
         raise APIError(400, f"sample_rate {value!r} must be a whole number of Hz from "
                        f"{MIN_STREAM_RATE} to {MAX_STREAM_RATE}, e.g. 16000, 24000 or 48000",
