@@ -550,6 +550,38 @@ def test_stream_command_reads_aac_on_stdin_and_raw_pcm_of_other_rates(model, cap
     assert plain_words(capsys.readouterr().out) == "in being comparatively modern"
 
 
+def wav_header_at(rate: int) -> bytes:
+    """A live mono WAV's header that says `rate` Hz, whatever it is (a damaged one's)."""
+    header = bytearray(live_wav_header(SR, 1))
+    header[24:28] = struct.pack("<I", rate)
+    return bytes(header)
+
+
+@pytest.mark.parametrize(
+    ("stdin", "args", "error"),
+    [
+        (b"\1\0" * 2, ["--sample-rate", "1"], "stdin: raw PCM at 1 Hz is not streamed"),
+        (b"\1\0" * 800, ["--sample-rate", str(1 << 31)], "stdin: raw PCM at 2147483648 Hz"),
+        (wav_header_at(0) + b"\1\0" * 800, [], "stdin: not audio FFmpeg can decode"),
+        (wav_header_at(1 << 31) + b"\1\0" * 800, [], "stdin: not audio FFmpeg can decode"),
+    ],
+    ids=["raw-1-hz", "raw-2-31-hz", "wav-0-hz", "wav-2-31-hz"],
+)
+def test_stream_command_refuses_sample_rates_it_cannot_stream(model, capsys, monkeypatch,
+                                                               stdin, args, error):  # fmt: skip
+    """Rates outside 8000-192000 Hz, the WebSocket's: past an int32 (--sample-rate, or a
+    damaged WAV header) or 0 Hz were tracebacks; at 1 Hz, 4 bytes were 2 s of audio. A WAV
+    header's goes to FFmpeg, which reads any rate it can."""
+    read_end, write_end = os.pipe()  # a pipe, as from a recorder: a WAV on it streams
+    with open(write_end, "wb") as pipe:
+        pipe.write(stdin)  # (less than a pipe holds)
+    with open(read_end, "rb") as pipe:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(pipe))
+        assert cli.main(["stream", "-", *args]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"error: {error}")
+
+
 @pytest.mark.parametrize(
     ("stdin", "error"),
     [(b"", "stdin: no audio, the input is empty"), (b"meeting notes\n", "stdin holds text")],

@@ -31,6 +31,7 @@ CHUNK_LENGTH = 30  # seconds per window
 N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a window
 N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100
+MIN_STREAM_RATE, MAX_STREAM_RATE = 8000, 192000  # raw PCM a stream takes, in Hz
 
 AudioInput = (
     str | os.PathLike | bytes | bytearray | memoryview | BinaryIO | np.ndarray | torch.Tensor
@@ -243,9 +244,13 @@ def decode_arriving(
     A PCM WAV's header is read here, its samples then streamed as raw PCM: FFmpeg's probe of
     a WAV held back its first 64 KB (2 s of 16 kHz audio, 8 s of a recorder's 8 kHz u8)."""
     source = _Arriving(head, read)
-    if raw is None and head.startswith(b"RIFF") and head[8:12] == b"WAVE":
+    wav = raw is None and head.startswith(b"RIFF") and head[8:12] == b"WAVE"
+    if wav:
         raw = _wav_header(name, source)
-    if raw is not None and raw[0] == "s16le" and raw[2] == 1:  # mono PCM: resampled at most
+    # Mono PCM is resampled here, but a WAV at a rate PcmResampler refuses goes to FFmpeg: it
+    # reads any rate it can, and names a damaged header's (0 Hz) in its error
+    refused = raw is not None and not MIN_STREAM_RATE <= raw[1] <= MAX_STREAM_RATE
+    if raw is not None and raw[0] == "s16le" and raw[2] == 1 and not (wav and refused):
         resample = PcmResampler(raw[1], name)
         while data := source.read():
             if pcm := resample(data):
@@ -282,13 +287,18 @@ def _import_av(name: str) -> Any:
 
 
 class PcmResampler:
-    """Raw mono s16le PCM at `rate` Hz, in pieces of any length as they arrive (a live
-    stream's), to 16 kHz mono s16le: `resample(data)` returns what is ready, `flush()` the
-    rest at the end. FFmpeg's resampler, the one files are decoded with; it carries its filter
+    """Raw mono s16le PCM at `rate` Hz (8000-192000), in pieces of any length as they arrive
+    (a live stream's), to 16 kHz mono s16le: `resample(data)` returns what is ready, `flush()`
+    the rest at the end. FFmpeg's resampler, the one files are decoded with; it carries its filter
     state from piece to piece, so the pieces join as one signal. At 16 kHz the bytes pass as
     they are (PyAV is needed for other rates only)."""
 
     def __init__(self, rate: int, name: str = "<audio>"):
+        # (a rate past an int32 was a traceback, 0 one too, and at 1 Hz every byte made
+        # 8000 samples: hours of audio of a few kilobytes)
+        if not MIN_STREAM_RATE <= rate <= MAX_STREAM_RATE:
+            raise AudioError(f"{name}: raw PCM at {rate} Hz is not streamed; its rate must be "
+                             f"from {MIN_STREAM_RATE} to {MAX_STREAM_RATE} Hz")  # fmt: skip
         self.rate, self._odd_byte, self._samples = rate, b"", 0
         self._resampler = None
         if rate != SAMPLE_RATE:

@@ -607,7 +607,7 @@ def _add_stream_parser(commands: Any) -> None:
         metavar="HZ",
         type=_positive_int,
         default=16000,
-        help="raw PCM's sample rate, resampled to 16 kHz (default: %(default)s)",
+        help="raw PCM's sample rate, 8000-192000, resampled to 16 kHz (default: %(default)s)",
     )
     s.add_argument(
         "--realtime",

@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, PcmResampler, available_memory, load_audio
+from .audio import (
+    MAX_STREAM_RATE,
+    MIN_STREAM_RATE,
+    SAMPLE_RATE,
+    PcmResampler,
+    available_memory,
+    load_audio,
+)
 from .engine import Backend, Engine, Job, QueueFull, make_backend
 from .errors import (
     GPU_OUT_OF_MEMORY,
@@ -85,7 +92,6 @@ STREAM_PARAMETERS = ("model", "language", "task", "prompt", "sample_rate", "min_
                      "silence_db", "agreement", "api_key")  # fmt: skip
 ALIASES = ("whisper-1",)  # what OpenAI examples send; served by the loaded model
 DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
-MIN_STREAM_RATE, MAX_STREAM_RATE = 8000, 192000  # the WebSocket's sample_rate, in Hz
 # Audio a streaming client may send ahead of the decoding before the server stops reading
 # (5 minutes of 16 kHz s16le): bounds the memory of a client that sends faster than real time.
 STREAM_BACKLOG_BYTES = 300 * SAMPLE_RATE * 2
