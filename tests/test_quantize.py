@@ -368,3 +368,23 @@ def test_an_export_folder_is_named_as_one_where_a_checkpoint_is_expected(tmp_pat
         resolve_checkpoint(str(export))
     assert cli.main(["quantize", str(export), str(tmp_path / "out")]) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_config_json_edited_to_another_compute_type_is_named(
+    tiny_en_checkpoint, tmp_path, capsys
+):
+    """A quantized folder's config.json whose compute type its weights were not saved in: int4
+    was an "unsupported compute_type" error naming no file, float16 and float8 (over int8
+    weights) loaded as the folder is not."""
+    out = tmp_path / "int8"
+    save_quantized(tiny_en_checkpoint, out, "int8")
+    config = json.loads((out / "config.json").read_text())
+    for wrong in ["int4", "float16", "float8", 7]:
+        (out / "config.json").write_text(json.dumps({**config, "compute_type": wrong}))
+        with pytest.raises(ModelFormatError, match=r'config.json: compute_type .*"int8" there'):
+            WhisperModel(str(out), device="cpu", compute_type="int8")
+    assert (
+        cli.main(["transcribe", str(DEV_DIR / "openai-whisper__jfk.flac"), "--model", str(out)])
+        == 1
+    )
+    assert 'set "compute_type": "int8"' in capsys.readouterr().err

@@ -681,12 +681,42 @@ def load_quantized(folder: Path) -> Checkpoint:
         for name, t in stored.items()
     }
     check_state_dict(config, shapes, str(folder))
+    _check_saved_format(folder, compute_type, stored, scales, config.n_text_layer)
     sd = DequantizedWeights(stored, scales)
     tokenizer = folder / "tokenizer.json"
     return Checkpoint(
         config, sd, _heads(meta.get("alignment_heads")),
         tokenizer if tokenizer.is_file() else None, str(folder), compute_type, scales,
     )  # fmt: skip
+
+
+STORED_FORMATS = {torch.int8: "int8", torch.float8_e4m3fn: "float8"}  # a quantized weight's dtype
+
+
+def _check_saved_format(
+    folder: Path,
+    compute_type: object,
+    stored: dict[str, Tensor],
+    scales: dict[str, Tensor],
+    layers: int,
+) -> None:
+    """config.json's compute type is the one the folder's weights were saved in: an edited one
+    (int4, a float type) was an "unsupported compute_type" error naming no file, or loaded the
+    folder as it is not (float8 over int8 weights: float8 only on a GPU)."""
+    weights = (
+        COMPUTE_TYPES.get(compute_type, (None, None))[1] if isinstance(compute_type, str) else None
+    )
+    formats = {name: STORED_FORMATS.get(stored[name].dtype) for name in scales if name in stored}
+    if weights is not None and all(
+        held == weight_format(name, weights, stored[name].shape[1], layers)[0]
+        for name, held in formats.items()
+    ):
+        return
+    saved = "float8" if "float8" in formats.values() else "int8"
+    raise ModelFormatError(
+        f"{folder}/config.json: compute_type {compute_type!r}, but its weights are {saved}: "
+        f'set "compute_type": "{saved}" there, or quantize the model again'
+    )
 
 
 # --- name resolution -------------------------------------------------------------------------
