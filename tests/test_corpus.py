@@ -375,6 +375,29 @@ def test_a_journal_line_that_is_not_utf8_is_redone_not_a_crash(tiny_en, tmp_path
     assert [r["path"] for r in rows] == [jfk, other] and all(r["text"] for r in rows)
 
 
+def test_a_journal_row_that_does_not_fit_parquet_is_named_before_the_job(tmp_path, capsys):
+    """A .parquet OUT's journal row of other types (edited by hand, another tool's: a `file`
+    that is a number) was a pyarrow traceback at the merge, once every file was transcribed;
+    it is named before any file is, and the rerun without its line merges."""
+    clip = str(_clips()[1])
+    listing = tmp_path / "files.txt"
+    listing.write_text(f"{clip}\n")
+    out = tmp_path / "out.parquet"
+    journal = tmp_path / "out.parquet.journal.jsonl"
+    journal.write_text(json.dumps({"path": "old.wav", "file": 5, "text": "hi"}) + "\n")
+    command = ["batch", str(listing), "--output", str(out), "--threads", "1", "--beam-size", "1"]
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert f"{journal}: the row of old.wav does not fit the columns of {out}" in err, err
+    assert "delete that line" in err and not out.exists()
+    journal.write_text(json.dumps({"path": "old.wav", "text": "hi"}) + "\n")
+    assert main(command) == 0
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(out).to_pylist()
+    assert [r["path"] for r in rows] == [clip, "old.wav"] and rows[0]["text"]
+
+
 def test_a_file_is_one_row_however_it_is_named(tiny_en, tmp_path, monkeypatch):
     """a.wav, ./a.wav, a//a.wav, its absolute path and a path through a symlinked folder are one
     file: INPUT naming it twice transcribes it once (under its first name, with a warning), and

@@ -701,6 +701,8 @@ class Journal:
             if retry_errors and any(r.get("error") for r in rows):
                 rows = [r for r in rows if not r.get("error")]
                 self._rewrite(rows)
+            if self.parquet is not None:
+                self._table(rows)  # a row the merge would fail on: said before the job
             self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed in close()
         except OSError as error:
             raise WhisperforgeError(
@@ -770,13 +772,13 @@ class Journal:
         if merge and self.parquet is not None:
             self._merge(self.parquet, order)
 
-    def _merge(self, target: Path, order: Iterable[str]) -> None:
-        pq = _pyarrow_parquet()
+    def _table(self, rows: list[dict]) -> Any:
+        """`rows` as a .parquet OUT's table, in its fixed columns. A row that does not fit them
+        (a journal line edited by hand, or another tool's) is named, and the job told to drop
+        it; checked before any file is transcribed too: it was a pyarrow traceback once the
+        whole corpus was done."""
         import pyarrow as pa
 
-        position = {path: i for i, path in enumerate(order)}
-        # Rows of paths no longer listed (an earlier run's input) after the listed ones.
-        rows = sorted(self._load(), key=lambda row: position.get(row["path"], len(position)))
         word = pa.struct(
             [("start", pa.float64()), ("end", pa.float64()), ("word", pa.string()),
              ("probability", pa.float64())]
@@ -795,8 +797,27 @@ class Journal:
              ("warning", pa.string()),
              ("timings", timings), ("worker", pa.string()), ("settings", pa.string())]
         )  # fmt: skip
+        try:
+            return pa.Table.from_pylist(rows, schema=schema)
+        except (pa.ArrowException, TypeError):
+            for row in rows:  # the first that does not fit, to name it
+                try:
+                    pa.Table.from_pylist([row], schema=schema)
+                except (pa.ArrowException, TypeError) as error:
+                    raise WhisperforgeError(
+                        f"{self.path}: the row of {row['path']} does not fit the columns of "
+                        f"{self.parquet} ({error}); delete that line (its file is transcribed "
+                        "again) and rerun"
+                    ) from None
+            raise
+
+    def _merge(self, target: Path, order: Iterable[str]) -> None:
+        pq = _pyarrow_parquet()
+        position = {path: i for i, path in enumerate(order)}
+        # Rows of paths no longer listed (an earlier run's input) after the listed ones.
+        rows = sorted(self._load(), key=lambda row: position.get(row["path"], len(position)))
         temporary = target.with_name(target.name + ".tmp")
-        pq.write_table(pa.Table.from_pylist(rows, schema=schema), temporary)
+        pq.write_table(self._table(rows), temporary)
         os.replace(temporary, target)
         self.path.unlink()  # the Parquet file now holds every row; a rerun seeds from it
 
