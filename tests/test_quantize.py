@@ -93,7 +93,7 @@ def test_int8_on_cpu_keeps_the_wer_of_fp32(tiny_en_greedy, int8_tiny_en, int8_gr
 
 
 def test_quantized_folder_loads_in_a_new_process_to_the_same_transcript(
-    tmp_path, int8_greedy, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch
 ):
     out = tmp_path / "tiny.en-int8"
     monkeypatch.setenv("HOME", str(tmp_path))  # OUT as a quoted "~/..." is the home's
@@ -113,9 +113,13 @@ def test_quantized_folder_loads_in_a_new_process_to_the_same_transcript(
     # Its memory is that of tiny.en quantized as it loads: the folder's weights, all dequantized
     # to float32 up front, peaked 130 MB higher, and its scales kept 51 MB of the file mapped.
     held, peak = loaded.pop("memory")
-    held_on_the_fly, peak_on_the_fly = _load_in_a_new_process("'tiny.en'", "int8", [])["memory"]
+    on_the_fly = _load_in_a_new_process("'tiny.en'", "int8", clips)
+    held_on_the_fly, peak_on_the_fly = on_the_fly.pop("memory")
     assert held < held_on_the_fly + 20 and peak < peak_on_the_fly + 40, (held, peak)
-    assert loaded == {clip: list(int8_greedy[clip]) for clip in clips}
+    # The same tokens as tiny.en quantized as it loads, each in a fresh process: this worker's
+    # own run of it, after other tests, once ended a clip in a near-tie the other way (a final
+    # ".": float sums may follow where memory lies).
+    assert on_the_fly.pop("linear") == "Int8Linear" and loaded == on_the_fly
 
 
 def _load_in_a_new_process(model: str, compute_type: str, clips: list[str]) -> dict:
