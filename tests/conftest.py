@@ -10,10 +10,11 @@ import wave
 from pathlib import Path
 
 # Under pytest-xdist the cores are shared out among the workers: one thread each, set before
-# torch is imported (here, and in the fresh Pythons that tests start), or each worker's OpenMP
-# threads would spin on the cores the others are using.
+# torch and numpy are imported (here, and in the fresh Pythons that tests start), or each
+# worker's OpenMP and OpenBLAS threads would spin on the cores the others are using.
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    for threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(threads, "1")
 
 import numpy as np
 import pytest
