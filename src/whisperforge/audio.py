@@ -249,8 +249,12 @@ def decode_arriving(
         raw = _wav_header(name, source)
     # Mono PCM is resampled here, but a WAV at a rate PcmResampler refuses goes to FFmpeg: it
     # reads any rate it can, and names a damaged header's (0 Hz) in its error
-    refused = raw is not None and not MIN_STREAM_RATE <= raw[1] <= MAX_STREAM_RATE
-    if raw is not None and raw[0] == "s16le" and raw[2] == 1 and not (wav and refused):
+    if (
+        raw is not None
+        and raw[0] == "s16le"
+        and raw[2] == 1
+        and (not wav or MIN_STREAM_RATE <= raw[1] <= MAX_STREAM_RATE)
+    ):
         resample = PcmResampler(raw[1], name)
         while data := source.read():
             if pcm := resample(data):

@@ -619,19 +619,21 @@ def _write_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str, we
         (folder / "tokenizer.json").write_bytes(checkpoint.tokenizer_file.read_bytes())
 
 
-def is_quantized_folder(folder: Path) -> bool:
+def _quantized_config(folder: Path) -> dict | None:
+    """A `save_quantized` folder's config.json; None for any other folder."""
     if not (folder / "config.json").is_file():
-        return False
-    return _read_json([folder], "config.json").get("format") == QUANTIZED_FORMAT
+        return None
+    config = _read_json([folder], "config.json")
+    return config if config.get("format") == QUANTIZED_FORMAT else None
+
+
+def is_quantized_folder(folder: Path) -> bool:
+    return _quantized_config(folder) is not None
 
 
 def quantized_compute_type(folder: Path) -> str | None:
     """The compute type a `save_quantized` folder was saved for; None for any other folder."""
-    return (
-        _read_json([folder], "config.json").get("compute_type")
-        if is_quantized_folder(folder)
-        else None
-    )
+    return (_quantized_config(folder) or {}).get("compute_type")
 
 
 class DequantizedWeights(Mapping[str, Tensor]):
