@@ -719,6 +719,7 @@ def test_websocket_rejects_bad_parameters(client):
         "sample_rate=44.1k",
         "sample_rate=16000\N{SUPERSCRIPT TWO}",  # digits to str.isdigit, not to int()
         "sample_rate=" + "9" * 5000,  # past int()'s 4300 digits
+        "sample_rate=",  # was 16 kHz: a client's rate left out heard at the wrong speed
         "min_chunk_s=abc",
         "min_chunk_s=nan",
         "min_chunk_s=1e9",  # its audio was held outside the stream's share of the memory

@@ -864,8 +864,10 @@ def _abandon(job: Job, waiter: asyncio.Future) -> None:
 
 
 def stream_sample_rate(params: Any) -> int:
-    """The WebSocket's `sample_rate` (16 kHz unless given); other rates are resampled to it."""
-    value = params.get("sample_rate") or str(SAMPLE_RATE)
+    """The WebSocket's `sample_rate` (16 kHz unless given); other rates are resampled to it.
+    An empty one is refused as other bad values are: taken as 16 kHz, a client that meant to
+    give its rate and sent none heard its audio at the wrong speed, without a word."""
+    value = params.get("sample_rate", str(SAMPLE_RATE))
     # ASCII digits, few enough for int(): str.isdigit also takes '²' and other digits int()
     # refuses (a ValueError, and no error event), and int() refuses more than 4300 of them
     rate = int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else 0
