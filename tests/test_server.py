@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import gc
 import hashlib
 import io
+import itertools
 import json
 import threading
 import time
@@ -20,7 +22,15 @@ import numpy as np
 import pytest
 import srt
 import webvtt
-from conftest import DEV_DIR, JFK, hub_cache_of_tiny_en, manifest, pcm_wav, plain_wer
+from conftest import (
+    DEV_DIR,
+    JFK,
+    hub_cache_of_tiny_en,
+    manifest,
+    pcm_wav,
+    plain_wer,
+    plain_words,
+)
 
 from whisperforge import AudioError, Segment, TranscriptionInfo, WhisperModel, load_audio
 from whisperforge.audio import decode_audio, read_pcm_wav
@@ -559,10 +569,140 @@ def test_a_stream_left_mid_wait_leaves_no_task_behind(tiny_en):
 
 # --- WebSocket streaming -------------------------------------------------------------------
 
+STREAM = "/v1/audio/stream"
+
+
+def s16le(audio: np.ndarray) -> bytes:
+    """Float samples as the stream takes them: 16-bit little-endian PCM."""
+    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def append(pcm: bytes) -> str:
+    """OpenAI's realtime event that carries audio, as its clients send it."""
+    return json.dumps(
+        {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}
+    )
+
+
+def until_final(ws) -> list[dict]:
+    """The stream's events up to its transcript.final."""
+    events: list[dict] = []
+    for _ in range(100):  # bounded: one event per update at most
+        events.append(ws.receive_json())
+        if events[-1]["type"] == "transcript.final":
+            break
+    assert events[-1]["type"] == "transcript.final", events[-1]
+    return events
+
+
+def streamed_text(client: TestClient, url: str, messages: list[bytes | str]) -> str:
+    """The final text of a stream sent `messages` (bytes: binary frames, str: text) and "stop"."""
+    with client.websocket_connect(url) as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        for message in messages:
+            ws.send_bytes(message) if isinstance(message, bytes) else ws.send_text(message)
+        ws.send_text("stop")
+        return until_final(ws)[-1]["text"]
+
+
+# min_chunk_s=15: no update before the stop, whose one decode is of all the audio: the text is
+# the audio's alone, not when its frames arrived.
+ONE_DECODE = f"{STREAM}?min_chunk_s=15"
+
+
+def test_websocket_takes_openai_realtime_append_events(client):
+    """OpenAI's realtime clients send their audio as base64 in input_audio_buffer.append
+    events (refused: "send audio as binary"): taken as binary frames' bytes, odd counts carried
+    over alike (a byte lost or doubled turns the rest to noise), at 24 kHz (OpenAI's rate,
+    resampled) and between binary frames at 16 kHz (as it comes): the clip's words, each one."""
+    for rate, mixed in ((24000, False), (16000, True)):
+        pcm = s16le(decode_audio(JFK, sampling_rate=rate))
+        sizes, chunks, start = itertools.cycle((1, 3, 4097, 30001)), [], 0
+        while start < len(pcm):
+            chunks.append(pcm[start : start + next(sizes)])
+            start += len(chunks[-1])
+        messages = [chunk if mixed and n % 2 else append(chunk) for n, chunk in enumerate(chunks)]
+        text = streamed_text(client, f"{ONE_DECODE}&sample_rate={rate}", messages)
+        assert plain_words(text) == JFK_TEXT, rate
+
+
+def test_websocket_bad_events_get_errors_and_the_stream_goes_on(client):
+    """A bad append, an unknown event or text that is not one gets the error event, and the
+    stream goes on with the audio it had (an odd byte too); deeply nested JSON was a
+    traceback."""
+    pcm = s16le(load_audio(JFK))
+    half = len(pcm) // 2 + 1  # odd: its last byte waits for the next append's
+    bad = {
+        '{"type": "input_audio_buffer.append", "audio": "not base64!"}': "audio",
+        '{"type": "input_audio_buffer.append"}': "audio",
+        '{"type": "input_audio_buffer.append", "audio": 16000}': "audio",
+        '{"type": "session.update"}': "type",
+        "hello": None,
+        "[" * 100_000: None,
+    }
+    with client.websocket_connect(ONE_DECODE) as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_text(append(pcm[:half]))
+        for text, param in bad.items():
+            ws.send_text(text)
+            event = ws.receive_json()
+            assert event["type"] == "error" and event["error"]["param"] == param, event
+            assert event["error"]["type"] == "invalid_request_error"
+        ws.send_text(append(pcm[half:]))
+        ws.send_text('{"type": "stop"}')
+        text = until_final(ws)[-1]["text"]
+    assert plain_words(text) == JFK_TEXT
+
+
+def test_an_appends_audio_counts_in_the_backlog_as_a_binary_frames_does():
+    """The reader waits once a stream's backlog of audio passes its limit (the memory a stream
+    holds); an append's bytes count as a binary frame's, not as its larger base64 text, and
+    join the audio around them."""
+    from whisperforge.server import _Inbox
+
+    pcm = bytes(range(256)) * 4
+    sent = [{"type": "websocket.receive", "text": append(pcm)},
+            {"type": "websocket.receive", "bytes": pcm}]  # fmt: skip
+
+    class Client:
+        async def receive(self) -> dict:
+            return sent.pop(0) if sent else await asyncio.Event().wait()  # then nothing more
+
+    async def read() -> None:
+        inbox = _Inbox(Client(), 16000, max_backlog=len(pcm) - 1)
+        reader = asyncio.create_task(inbox.read())
+        for expected in (pcm, pcm):
+            await asyncio.sleep(0.05)
+            assert inbox.backlog == len(pcm) and not inbox.room.is_set()  # the next one waits
+            assert await inbox.next() == (expected, None) and inbox.room.is_set()
+        reader.cancel()
+
+    asyncio.run(read())
+
+
+def test_websocket_commit_commits_the_words_heard_so_far(client):
+    """input_audio_buffer.commit ends an utterance: the audio that has arrived is decoded and
+    its words committed at once (with min_chunk_s=15 none were, until the stop), answered with
+    a transcript.update with nothing tentative; the stream goes on."""
+    pcm = s16le(load_audio(JFK))
+    cut = 2 * round(7.9 * 16000)  # in the pause after "... can do for you"
+    with client.websocket_connect(ONE_DECODE) as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_text(append(pcm[:cut]))
+        ws.send_text('{"type": "input_audio_buffer.commit"}')
+        committed = ws.receive_json()
+        assert committed["type"] == "transcript.update" and committed["tentative"] == []
+        assert plain_words(committed["committed_text"]) == " ".join(JFK_TEXT.split()[:14])
+        ws.send_text(append(pcm[cut:]))
+        ws.send_text("stop")
+        final = until_final(ws)[-1]
+    assert final["text"].startswith(committed["committed_text"].strip())
+    assert plain_wer(JFK_TEXT, final["text"]) < 0.15
+
 
 def test_websocket_streams_committed_words(client):
     """At 24 kHz, OpenAI's realtime API's rate: only 16 kHz was taken."""
-    pcm = (np.clip(decode_audio(JFK, sampling_rate=24000), -1, 1) * 32767).astype("<i2").tobytes()
+    pcm = s16le(decode_audio(JFK, sampling_rate=24000))
     events = []
     url = "/v1/audio/stream?language=en&min_chunk_s=2&sample_rate=24000"
     with client.websocket_connect(url) as ws:
@@ -591,7 +731,7 @@ def test_a_websocket_stream_silent_for_the_request_timeout_is_ended(tiny_en):
     connected: after --request-timeout of silence its stream ends as at "stop"."""
     from starlette.websockets import WebSocketDisconnect
 
-    pcm = (load_audio(JFK)[: 2 * 16000] * 32767).astype("<i2").tobytes()
+    pcm = s16le(load_audio(JFK)[: 2 * 16000])
     # (3 s: its updates must finish within it too, on a busy 2-core machine)
     app = create_app(ServerConfig(beam_size=1, request_timeout_s=3), model=tiny_en)
     with TestClient(app) as c:
@@ -613,7 +753,7 @@ def test_websocket_prompt_is_the_streams_initial_prompt(client):
     """?prompt= (it was refused as unknown) conditions the stream as offline's prompt does:
     the clip's name spelled as prompted, which tiny.en misspells alone (test_streaming)."""
     audio = load_audio(DEV_DIR / "faster-whisper__hotwords.mp3")
-    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    pcm = s16le(audio)
     with client.websocket_connect(f"{STREAM}?language=en&prompt=ComfyUI") as ws:
         assert ws.receive_json()["type"] == "session.created"
         ws.send_bytes(pcm)
@@ -673,7 +813,7 @@ def test_websocket_audio_that_arrives_during_an_update_goes_into_the_next_one(cl
     ufal's server reads all it has. It once ran an update per second of audio, one after
     another, and stopped reading the socket meanwhile, so the client's pings went unanswered
     and the client dropped the connection."""
-    pcm = (np.clip(load_audio(JFK), -1, 1) * 32767).astype("<i2").tobytes()
+    pcm = s16le(load_audio(JFK))
     with client.websocket_connect("/v1/audio/stream?language=en&min_chunk_s=1") as ws:
         assert ws.receive_json()["type"] == "session.created"
         step = 3200  # 0.1 s frames, all sent at once: far faster than tiny.en decodes 1 s
@@ -691,14 +831,11 @@ def test_websocket_audio_that_arrives_during_an_update_goes_into_the_next_one(cl
     assert plain_wer(JFK_TEXT, events[-1]["text"]) < 0.15
 
 
-STREAM = "/v1/audio/stream"
-
-
 def test_websocket_translates_when_asked(base):
     """task=translate on the stream: it was ignored in silence (German came back German).
     language=auto (as `stream --language none`) detects it: it was an unknown language."""
     clip = DEV_DIR / "picovoice-leopard__test_de.wav"
-    pcm = (np.clip(load_audio(clip), -1, 1) * 32767).astype("<i2").tobytes()
+    pcm = s16le(load_audio(clip))
     app = create_app(ServerConfig(beam_size=1), model=base)
     url = f"{STREAM}?task=translate&language=auto"
     with TestClient(app) as client, client.websocket_connect(url) as ws:
@@ -790,7 +927,7 @@ def test_a_shutdown_sends_each_open_stream_its_final_transcript(tiny_en):
     were lost."""
     websockets = pytest.importorskip("websockets.sync.client")
     closed = pytest.importorskip("websockets.exceptions").ConnectionClosed
-    pcm = (load_audio(JFK) * 32767).astype("<i2").tobytes()
+    pcm = s16le(load_audio(JFK))
     server = serve_on_loopback(create_app(ServerConfig(beam_size=1), model=tiny_en))
     url = next(server)
     events: list[dict] = []

@@ -441,6 +441,21 @@ def test_finish_after_an_interrupted_update_decodes_its_audio(tiny_en):
     assert stream.text == whole.text
 
 
+def test_commit_commits_the_whole_hypothesis_trims_and_goes_on(tiny_en):
+    """`commit` (the server's input_audio_buffer.commit) commits all it heard, as `finish`
+    does, and trims the buffer as an update does: a client that commits more often than
+    min_chunk_s makes no other update, and its buffer grew past Whisper's 30 s."""
+    options = StreamingOptions(language="en", min_chunk_s=20.0, trim_s=2.0)
+    stream = StreamingTranscriber(tiny_en, options)
+    assert stream.feed(load_audio(JFK)) == []  # under min_chunk_s: no update
+    event = stream.commit()
+    assert not event.final and event.tentative == [] and not stream.finished
+    said = next(clip["text"] for clip in manifest() if clip["audio"] == JFK.name)
+    assert plain_words(event.committed_text) == plain_words(said)
+    assert stream.buffer_s < 1.0  # cut after the sentence's last word (11 s before)
+    assert stream.finish().committed == [] and stream.text == event.committed_text
+
+
 def test_a_live_pipe_is_read_while_updates_decode(tiny_en, capsys, monkeypatch):
     """`arecord ... | whisperforge stream -` on a machine slower than real time: the audio that
     arrived during an update goes into the next one, as ufal's server reads all it has. It was

@@ -5,7 +5,8 @@
     POST /v1/audio/transcriptions   OpenAI's multipart fields; json, text, srt, vtt, verbose_json;
     POST /v1/audio/translations     stream=true: server-sent transcript.text.delta/.done events
     GET  /v1/models, /v1/models/{id}, /health
-    WS   /v1/audio/stream           binary s16le 16 kHz mono PCM in, JSON streaming events out
+    WS   /v1/audio/stream           s16le mono PCM in (binary frames, or OpenAI's realtime
+                                    input_audio_buffer.append events), JSON events out
 
 Errors use OpenAI's schema, {"error": {"message", "type", "param", "code"}}, with a 4xx status
 for anything the client can fix; the server keeps serving.
@@ -19,6 +20,7 @@ streaming, timeouts) depends on which one runs.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import functools
@@ -626,6 +628,16 @@ class App:
         return run
 
     async def websocket(self, ws: Any) -> None:
+        """/v1/audio/stream: live audio in, `session.created`, `transcript.update` events and a
+        `transcript.final` out. The audio is s16le mono PCM at ?sample_rate= (16000 unless given;
+        8000-192000, resampled to 16 kHz), of any length a message (an odd byte waits for the
+        next message's), as binary frames, or as OpenAI's realtime API sends it: text frames of
+        {"type": "input_audio_buffer.append", "audio": BASE64}, whose bytes are taken as a binary
+        frame's. {"type": "input_audio_buffer.commit"} ends an utterance: what has arrived is
+        decoded and all its words committed (`StreamingTranscriber.commit`), answered with a
+        `transcript.update` with nothing tentative; the stream goes on. "stop" (or
+        {"type": "stop"}) ends the stream with its `transcript.final`. Anything else gets an
+        error event, and the stream goes on with the audio it has."""
         from starlette.concurrency import run_in_threadpool
         from starlette.websockets import WebSocketDisconnect
 
@@ -658,7 +670,7 @@ class App:
             await ws.close(code=1013 if error.status == 503 else 1008)  # 1013: try again later
             return
         stream = StreamingTranscriber(self.buffer_transcriber(options), options)
-        inbox = _Inbox(ws)
+        inbox = _Inbox(ws, resample.rate)
         reader = asyncio.create_task(inbox.read())
         ending = asyncio.Event()
         self.streams.add(ending)
@@ -674,8 +686,8 @@ class App:
             )  # null: it will be detected
             while True:
                 audio, message = await inbox.next_or_stop(self.config.request_timeout_s, ending)
-                text = (message.get("text") or "").strip() if message else ""
-                stop = text.lower() in ("stop", "eof") or _json_type(text) == "stop"
+                command = message.get("text") if message else None  # `_client_text`'s
+                stop = command == "stop"
                 # at the stop, with the last samples the resampler holds
                 if pcm := resample(audio) + (resample.flush() if stop else b""):
                     for event in await run_in_threadpool(stream.feed, pcm):
@@ -689,9 +701,11 @@ class App:
                     await ws.send_json({**final.to_dict(), "text": stream.text.strip()})
                     await ws.close(code=1012 if ending.is_set() else 1000)  # 1012: restarting
                     return
-                await ws.send_json({"type": "error", **APIError(
-                    400, f"send audio as binary s16le mono frames at {resample.rate} Hz, and "
-                    '"stop" (or {"type": "stop"}) to end the stream').body()})  # fmt: skip
+                if command == "commit":
+                    committed: StreamingEvent = await run_in_threadpool(stream.commit)
+                    await ws.send_json(committed.to_dict())
+                    continue
+                await ws.send_json({"type": "error", **message["error"].body()})
         except WebSocketDisconnect:
             return
         except APIError as error:
@@ -784,8 +798,8 @@ class _Inbox:
     it has), so a server slower than real time stays one update behind instead of falling
     further behind with every second of audio."""
 
-    def __init__(self, ws: Any, max_backlog: int = STREAM_BACKLOG_BYTES):
-        self.ws, self.max_backlog = ws, max_backlog
+    def __init__(self, ws: Any, rate: int, max_backlog: int = STREAM_BACKLOG_BYTES):
+        self.ws, self.rate, self.max_backlog = ws, rate, max_backlog
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.backlog = 0  # bytes of audio read and not yet taken
         self.room = asyncio.Event()  # set while the backlog is under max_backlog
@@ -796,6 +810,8 @@ class _Inbox:
             while True:
                 await self.room.wait()  # a client far ahead waits (TCP backpressure)
                 message = await self.ws.receive()
+                if message.get("text") is not None:  # base64 audio counts as its bytes
+                    message = _client_text(message["text"], self.rate)
                 self.queue.put_nowait(message)
                 if message["type"] == "websocket.disconnect":
                     return
@@ -878,12 +894,39 @@ def stream_sample_rate(params: Any) -> int:
     return rate
 
 
-def _json_type(text: str) -> str | None:
+def _client_text(text: str, rate: int) -> dict[str, Any]:
+    """A stream's text frame as `_Inbox` queues it: an input_audio_buffer.append's audio as a
+    binary frame's bytes (so it joins the frames around it and counts in the backlog), "stop"
+    or "commit" as the text of that word, anything else as the error it is answered with (its
+    text, up to a frame's 16 MB, is not kept)."""
+    message: dict[str, Any] = {"type": "websocket.receive"}
     try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value.get("type") if isinstance(value, dict) else None
+        event = json.loads(text)
+    except (ValueError, RecursionError):  # (RecursionError: "[[[...", a traceback once)
+        event = None
+    kind = event.get("type") if isinstance(event, dict) else None
+    if text.strip().lower() in ("stop", "eof") or kind == "stop":
+        return {**message, "text": "stop"}
+    if kind == "input_audio_buffer.commit":
+        return {**message, "text": "commit"}
+    if kind == "input_audio_buffer.append":
+        audio = event.get("audio")
+        if not isinstance(audio, str):
+            problem = "is missing" if audio is None else f"is a {type(audio).__name__}"
+        else:
+            try:
+                return {**message, "bytes": base64.b64decode(audio, validate=True)}
+            except ValueError as bad:  # binascii.Error, or a character past ASCII
+                problem = f"is not base64 ({bad})"
+        error = APIError(400, f"input_audio_buffer.append's audio {problem}: send the base64 "
+                         f"of s16le mono PCM at {rate} Hz", "audio")  # fmt: skip
+    else:
+        error = APIError(400, f"send audio as binary s16le mono frames at {rate} Hz (or as "
+                         'OpenAI\'s {"type": "input_audio_buffer.append", "audio": BASE64} '
+                         'events), {"type": "input_audio_buffer.commit"} to commit the words '
+                         'heard so far, and "stop" (or {"type": "stop"}) to end the stream',
+                         "type" if kind is not None else None)  # fmt: skip
+    return {**message, "error": error}
 
 
 def _usage(info: TranscriptionInfo) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -343,6 +343,17 @@ class StreamingTranscriber:
         assert event is not None
         return event
 
+    def commit(self) -> StreamingEvent:
+        """End of an utterance (OpenAI's `input_audio_buffer.commit`): decode what has arrived
+        and commit the whole hypothesis, as `finish` does (a language still being detected is
+        fixed by it), and go on. Its last words would otherwise stay tentative until the next
+        utterance's audio agreed on them. The event is not `final`: the stream is not over."""
+        if self.finished:
+            raise InvalidOptionError("this stream is finished; start a new StreamingTranscriber")
+        event = self._update(final=True)
+        assert event is not None
+        return replace(event, final=False)
+
     # --- one update -------------------------------------------------------------------------
 
     def _to_samples(self, audio: np.ndarray | bytes | bytearray | memoryview) -> np.ndarray:
@@ -418,8 +429,8 @@ class StreamingTranscriber:
             if not final:
                 return self._event([], final, compute)
             hypothesis = self._tentative
-        if final:
-            agreed, self._tentative = hypothesis, []
+        if final:  # (older hypotheses too: after a `commit` the stream goes on)
+            agreed, self._tentative, self._older = hypothesis, [], []
         else:
             history = [*self._older, self._tentative][-(self.options.agreement - 1) :]
             full = len(history) == self.options.agreement - 1
@@ -427,9 +438,9 @@ class StreamingTranscriber:
             keep = self.options.agreement - 2  # older hypotheses the next update compares with
             self._older = [h[len(agreed) :] for h in history][len(history) - keep :] if keep else []
             self._tentative = hypothesis[len(agreed) :]
-        agreed = self._commit(agreed)
-        if not final:
-            agreed += self._trim(segments)
+        # Trimmed after a final update too: a client that commits more often than min_chunk_s
+        # makes no other updates, and its buffer would grow past Whisper's 30 s.
+        agreed = self._commit(agreed) + self._trim(segments)
         return self._event(agreed, final, compute)
 
     def _event(self, committed: list[Word], final: bool, compute: float) -> StreamingEvent:
