@@ -27,7 +27,7 @@ from conftest import (
 
 from whisperforge import load_audio
 from whisperforge.cli import main
-from whisperforge.corpus import list_inputs, transcribe_corpus
+from whisperforge.corpus import ROW_FIELDS, list_inputs, transcribe_corpus
 from whisperforge.errors import WhisperforgeError
 
 CLIPS = ("faster-whisper__hotwords.mp3", "mfa__61-70968-0000.flac", "openai-whisper__jfk.flac")
@@ -49,7 +49,8 @@ def _rows(path: Path) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """A JSONL manifest: the clips, one of them also as a 16 kHz int16 .npy, and a corrupt file
-    (relative paths, which are relative to the manifest's folder)."""
+    (relative paths, which are relative to the manifest's folder), each with a speaker and a
+    reference text of its own."""
     from whisperforge import load_audio
 
     folder = tmp_path_factory.mktemp("corpus")
@@ -59,8 +60,15 @@ def corpus(tmp_path_factory) -> Path:
     (folder / "corrupt.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot really audio" * 50)
     names = [str(c) for c in clips] + ["first.npy", "corrupt.wav"]
     manifest = folder / "manifest.jsonl"
-    manifest.write_text("".join(json.dumps({"audio": n, "speaker": "?"}) + "\n" for n in names))
+    rows = [{"audio": n, "speaker": i, "text": f"reference {i}"} for i, n in enumerate(names)]
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return manifest
+
+
+def _carried(corpus: Path) -> dict[str, tuple]:
+    """(speaker, reference text) of each file of the `corpus` manifest, by its path."""
+    rows = [json.loads(line) for line in corpus.read_text().splitlines()]
+    return {row["audio"]: (row["speaker"], row["text"]) for row in rows}
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +170,10 @@ def test_local_rows(corpus, local_rows):
             assert times == [round(t, 3) for t in times]
     # The .npy holds the first clip's decoded samples: the same audio, the same text.
     assert local_rows["first.npy"]["text"] == local_rows[str(clips[0])]["text"]
+    # The manifest's other columns, each row's own: its `text` prefixed (the row has one).
+    assert all(set(row) == {*ROW_FIELDS, "speaker", "manifest_text"} for row in local_rows.values())
+    carried = {path: (row["speaker"], row["manifest_text"]) for path, row in local_rows.items()}
+    assert carried == _carried(corpus)
 
 
 def _texts(rows: dict[str, dict]) -> dict[str, str | None]:
@@ -268,6 +280,7 @@ def test_ray_matches_local_and_resumes(ray_cluster, corpus, local_rows, tmp_path
     rows = _rows(out)
     assert _texts(rows) == _texts(local_rows)
     assert rows["corrupt.wav"]["error"] == local_rows["corrupt.wav"]["error"]
+    assert {p: (r["speaker"], r["manifest_text"]) for p, r in rows.items()} == _carried(corpus)
 
     before = out.read_bytes()
     summary = transcribe_corpus(str(corpus), out, "tiny.en", ray_address="local", **OPTIONS)
@@ -553,6 +566,44 @@ def test_a_manifests_language_and_task_columns_are_read(tmp_path):
             sources = list_inputs(str(tmp_path / name))
         own = [(s.language, s.task) for s in sources]
         assert own == [("de", "translate"), (None, None), (None, None)]  # as written by hand
+
+
+def test_a_manifests_other_columns_reach_parquet_over_older_rows(tiny_en, tmp_path):
+    """A .parquet OUT holds the manifest's other columns, each of its values' type, after the
+    rows' own; a rerun over rows written without them (by the whisperforge before, which
+    dropped them: rows of the same files listed without columns) goes on, those rows keeping
+    none. A column that would be refused at the merge (values of several types), or whose
+    prefixed name is taken, stops the job before any file is transcribed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    first, second = (str(DEV_DIR / f"pocketsphinx__cards__00{n}.wav") for n in (1, 2))
+    out = tmp_path / "out.parquet"
+    (tmp_path / "older.txt").write_text(f"{first}\n")
+    transcribe_corpus(str(tmp_path / "older.txt"), out, tiny_en, **OPTIONS)
+    listing = tmp_path / "manifest.jsonl"
+    rows = [{"path": first, "speaker": 7, "split": "dev", "text": "ten of clubs"},
+            {"path": second, "speaker": 8, "split": "test", "text": "four queen of clubs"}]  # fmt: skip
+    listing.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    summary = transcribe_corpus(str(listing), out, tiny_en, **OPTIONS)
+    assert (summary.skipped, summary.ok) == (1, 1)
+    table = pq.read_table(out)
+    assert table.schema.names == [*ROW_FIELDS, "speaker", "split", "manifest_text"]
+    assert table.schema.field("speaker").type == pa.int64()
+    older, row = table.to_pylist()
+    assert older["text"] and (older["speaker"], older["split"], older["manifest_text"]) == (
+        None, None, None)  # fmt: skip
+    assert (row["speaker"], row["split"], row["manifest_text"]) == (8, "test", rows[1]["text"])
+    assert "queen" in row["text"].lower()
+
+    rows[0]["speaker"] = "Ann"  # text and numbers in one column
+    listing.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(WhisperforgeError, match="column `speaker` of INPUT's manifest"):
+        transcribe_corpus(str(listing), tmp_path / "mixed.parquet", tiny_en, **OPTIONS)
+    listing.write_text(json.dumps({"path": first, "text": "a", "manifest_text": "b"}) + "\n")
+    with pytest.raises(WhisperforgeError, match="`text` would be carried .* rename one"):
+        transcribe_corpus(str(listing), tmp_path / "taken.parquet", tiny_en, **OPTIONS)
+    assert not list(tmp_path.glob("mixed*")) and not list(tmp_path.glob("taken*"))
 
 
 def test_a_rows_language_is_recorded_as_its_code(tmp_path):

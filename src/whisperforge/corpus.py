@@ -9,7 +9,10 @@ the default for the rows that leave it empty (without either, the language is de
 value (an unknown language, a task other than transcribe and translate, a language or
 translation the model cannot do) is that file's error, and the job goes on. (Checked per file,
 not up front: the model that knows what it can do may be only on Ray's actors, and one bad row
-of a large corpus should not stop the rest.) A file is one row however it is named: INPUT
+of a large corpus should not stop the rest.) A manifest's other columns (speaker, split, id,
+...) are carried into each file's row under their own names, those that name a field of the
+row (a reference `text`) as `manifest_text` (`_carried`); the driver adds them as it writes a
+row, so Ray's workers never see them. A file is one row however it is named: INPUT
 naming it twice (a.wav and ./a.wav, its absolute path, a symlink) transcribes it once, under
 its first name, with a warning; a rerun finds its row under another of its names too, a
 relative one read from the same folder as before (the list's, or the current one).
@@ -53,7 +56,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +76,12 @@ AUDIO_EXTENSIONS = frozenset(
 )  # fmt: skip
 # A manifest's columns that set a file's own language and task (empty: the job's).
 PER_FILE_COLUMNS = ("language", "task")
+# An output row's fields, in the order of a .parquet OUT's columns; a manifest's other columns
+# follow them.
+ROW_FIELDS = ("path", "file", "language", "language_probability", "duration", "text",
+              "segments", "error", "warning", "timings", "worker", "settings")  # fmt: skip
+# Put before a manifest's column that has one of ROW_FIELDS' names (a reference `text`).
+CARRIED_PREFIX = "manifest_"
 READ_AHEAD = 4  # files decoded ahead of the model in one process
 MAX_DECODE_TASKS = 10_000  # Ray: one decode task per file, up to this many (then several each)
 RAY_INSTALL_HINT = "pip install 'whisperforge[ray]'"
@@ -86,6 +95,8 @@ class Source:
     location: str  # where to open it
     language: str | None = None  # its manifest row's, if any: wins over the job's
     task: str | None = None
+    # Its manifest row's other columns (speaker, split, ...), by their names in OUT's row.
+    columns: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -223,9 +234,13 @@ def _files(locations: Iterable[str]) -> list[str]:
 
 
 def _located(
-    folder: Path, name: str, language: str | None = None, task: str | None = None
+    folder: Path,
+    name: str,
+    language: str | None = None,
+    task: str | None = None,
+    columns: dict[str, Any] | None = None,
 ) -> Source:
-    return Source(name, str(folder / Path(name).expanduser()), language, task)
+    return Source(name, str(folder / Path(name).expanduser()), language, task, columns or {})
 
 
 def _path_list(listing: Path) -> list[Source]:
@@ -241,7 +256,8 @@ def _path_list(listing: Path) -> list[Source]:
 
 
 def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
-    """The files of a manifest's rows, each with its own language and task if it has them."""
+    """The files of a manifest's rows, each with its own language and task if it has them, and
+    its other columns (`_carried`), every row with every column (None where it has none)."""
     if not rows:
         raise WhisperforgeError(f"INPUT {listing}: the manifest has no rows")
     column = next((c for c in ("path", "audio") if any(c in row for row in rows)), None)
@@ -253,10 +269,35 @@ def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
                 f"INPUT {listing}, row {number}: its `{column}` is {row.get(column)!r}, not a "
                 "file's path; fix or drop the row"
             )
-    return [
-        _located(listing.parent, row[column], *(_own(row.get(c)) for c in PER_FILE_COLUMNS))
-        for row in rows
-    ]
+    carried = _carried(listing, rows)
+    sources = []
+    for row in rows:
+        own = (_own(row.get(c)) for c in PER_FILE_COLUMNS)
+        columns = {name: row.get(c) for c, name in carried.items()}
+        sources.append(_located(listing.parent, row[column], *own, columns))
+    return sources
+
+
+def _carried(listing: Path, rows: list[dict]) -> dict[str, str]:
+    """A manifest's columns that its files' rows in OUT carry (speaker, split, id, ...), each
+    with its name there: its own, or CARRIED_PREFIX and its own where a row has a field of
+    that name. Prefixed rather than refused: a manifest's reference `text` or its `duration`
+    is common, and such manifests ran before their columns were carried. Not carried: the
+    path (the row's `path`), `audio` (which may hold the audio itself), the language and task
+    (the row's `settings` hold them), and a column without a name (a CSV's index)."""
+    names = dict.fromkeys(k for row in rows for k in row if isinstance(k, str) and k.strip())
+    carried = {}
+    for name in names:
+        if name in ("path", "audio", *PER_FILE_COLUMNS):
+            continue
+        carried[name] = CARRIED_PREFIX + name if name in ROW_FIELDS else name
+        if carried[name] != name and carried[name] in names:
+            raise WhisperforgeError(
+                f"INPUT {listing}: its column `{name}` would be carried into OUT's rows as "
+                f"`{carried[name]}` (the rows have a `{name}` of their own), but it has a "
+                f"`{carried[name]}` column too; rename one of them"
+            )
+    return carried
 
 
 def _own(value: Any) -> str | None:
@@ -296,21 +337,16 @@ def _csv_rows(listing: Path) -> list[dict]:
         ) from None
 
 
-def _parquet_rows(listing: Path, columns: tuple[str, ...] | None = ("path", "audio")) -> list[dict]:
-    """The rows of a Parquet file: its first of `columns` (not both: an `audio` column may hold
-    the audio itself) and the `PER_FILE_COLUMNS` it has; every column where None."""
+def _parquet_rows(listing: Path, manifest: bool = True) -> list[dict]:
+    """The rows of a Parquet file; of a `manifest`, without its `audio` column where it has a
+    `path` (the audio itself, maybe: the path is what is read)."""
     pq = _pyarrow_parquet()
     import pyarrow as pa
 
     try:
         names = pq.read_schema(listing).names
-        read = None
-        if columns is not None:
-            read = [c for c in columns if c in names][:1] + [
-                c for c in PER_FILE_COLUMNS if c in names
-            ]
-        if read == []:
-            return [{} for _ in range(pq.read_metadata(listing).num_rows)]
+        skipped = {"audio"} if manifest and "path" in names else set()
+        read = [name for name in names if name not in skipped]
         return pq.read_table(listing, columns=read).to_pylist()
     except (pa.ArrowException, OSError) as error:
         raise WhisperforgeError(f"{listing}: not a readable Parquet file ({error})") from None
@@ -677,7 +713,11 @@ def _user_error(error: BaseException | None) -> WhisperforgeError | None:
 class Journal:
     """OUT as an append-only JSONL journal (see the module's docstring)."""
 
-    def __init__(self, output: str | Path, retry_errors: bool = False):
+    def __init__(
+        self, output: str | Path, retry_errors: bool = False, carried: Iterable[dict] = ()
+    ):
+        """`carried`: the manifest's columns of each file (`Source.columns`), which a .parquet
+        OUT's columns must hold too: checked now, not at the merge."""
         out = Path(output).expanduser()
         suffix = out.suffix.lower()
         if suffix not in (".jsonl", ".parquet"):
@@ -701,8 +741,8 @@ class Journal:
             if retry_errors and any(r.get("error") for r in rows):
                 rows = [r for r in rows if not r.get("error")]
                 self._rewrite(rows)
-            if self.parquet is not None:
-                self._table(rows)  # a row the merge would fail on: said before the job
+            if self.parquet is not None:  # a row the merge would fail on: said before the job
+                self._table(rows + list(carried))
             self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed in close()
         except OSError as error:
             raise WhisperforgeError(
@@ -728,7 +768,7 @@ class Journal:
 
     def _load(self) -> list[dict]:
         if not self.path.exists() and self.parquet is not None and self.parquet.exists():
-            rows = _parquet_rows(self.parquet, columns=None)
+            rows = _parquet_rows(self.parquet, manifest=False)
             self._rewrite(rows)  # seed the journal with the finished Parquet's rows
             return rows
         if not self.path.exists():
@@ -755,7 +795,8 @@ class Journal:
         os.replace(temporary, self.path)
 
     def write(self, row: dict) -> None:
-        self.file.write(json.dumps(row, ensure_ascii=False) + "\n")
+        # default=str: a Parquet manifest's dates, decimals, ... as their text
+        self.file.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
         self.file.flush()  # a crash after this loses nothing
         self.done.add(row["path"])
         if "file" in row:
@@ -773,10 +814,11 @@ class Journal:
             self._merge(self.parquet, order)
 
     def _table(self, rows: list[dict]) -> Any:
-        """`rows` as a .parquet OUT's table, in its fixed columns. A row that does not fit them
-        (a journal line edited by hand, or another tool's) is named, and the job told to drop
-        it; checked before any file is transcribed too: it was a pyarrow traceback once the
-        whole corpus was done."""
+        """`rows` as a .parquet OUT's table: its fixed columns, then the manifest's carried
+        ones, each of the type its values have. A row that does not fit them (a journal line
+        edited by hand, or another tool's) is named, and the job told to drop it, as is a
+        carried column of values of several types; checked before any file is transcribed
+        too: it was a pyarrow traceback once the whole corpus was done."""
         import pyarrow as pa
 
         word = pa.struct(
@@ -790,13 +832,23 @@ class Journal:
              ("words", pa.list_(word))]
         )  # fmt: skip
         timings = pa.struct([("decode", pa.float64()), ("transcribe", pa.float64())])
-        schema = pa.schema(
-            [("path", pa.string()), ("file", pa.string()), ("language", pa.string()),
-             ("language_probability", pa.float64()), ("duration", pa.float64()),
-             ("text", pa.string()), ("segments", pa.list_(segment)), ("error", pa.string()),
-             ("warning", pa.string()),
-             ("timings", timings), ("worker", pa.string()), ("settings", pa.string())]
-        )  # fmt: skip
+        types = {
+            "path": pa.string(), "file": pa.string(), "language": pa.string(),
+            "language_probability": pa.float64(), "duration": pa.float64(), "text": pa.string(),
+            "segments": pa.list_(segment), "error": pa.string(), "warning": pa.string(),
+            "timings": timings, "worker": pa.string(), "settings": pa.string(),
+        }  # fmt: skip
+        schema = pa.schema([(name, types[name]) for name in ROW_FIELDS])
+        for name in dict.fromkeys(k for row in rows for k in row if k not in types):
+            try:
+                values = pa.array([row.get(name) for row in rows])
+                schema = schema.append(pa.field(name, values.type))
+            except (pa.ArrowException, TypeError) as error:
+                raise WhisperforgeError(
+                    f"the column `{name}` of INPUT's manifest (or of {self.path}'s rows) holds "
+                    f"values of several types ({error}), which one Parquet column cannot; give "
+                    "them one type (all text, or all numbers), or write a .jsonl OUT"
+                ) from None
         try:
             return pa.Table.from_pylist(rows, schema=schema)
         except (pa.ArrowException, TypeError):
@@ -805,7 +857,7 @@ class Journal:
                     pa.Table.from_pylist([row], schema=schema)
                 except (pa.ArrowException, TypeError) as error:
                     raise WhisperforgeError(
-                        f"{self.path}: the row of {row['path']} does not fit the columns of "
+                        f"{self.path}: the row of {row.get('path')} does not fit the columns of "
                         f"{self.parquet} ({error}); delete that line (its file is transcribed "
                         "again) and rerun"
                     ) from None
@@ -885,7 +937,8 @@ def transcribe_corpus(
     if same and os.path.exists(inputs) and os.path.samefile(inputs, output):
         raise WhisperforgeError(f"--output {output} is the input; write to another file")
     settings = _settings_of(sources, model, compute_type, options)
-    journal = Journal(output, retry_errors)
+    carried = {source.path: source.columns for source in sources}
+    journal = Journal(output, retry_errors, [columns for columns in carried.values() if columns])
     done = _rows_of(sources, files, journal, folder)
     # Rows made otherwise (another model, language, ...) are still skipped as done: say so.
     pairs = dict.fromkeys((journal.settings[row], settings[path]) for path, row in done.items())
@@ -928,7 +981,8 @@ def transcribe_corpus(
         for row in rows:
             if row["path"] in journal.done:
                 continue  # a retried Ray task never repeats a row, but the journal makes sure
-            journal.write(row | {"file": files[row["path"]], "settings": settings[row["path"]]})
+            path = row["path"]
+            journal.write(row | {"file": files[path], "settings": settings[path]} | carried[path])
             summary.ok += row["error"] is None
             summary.failed += row["error"] is not None
             if row["error"] is None:  # the audio transcribed (RTFx): a failed file's is not
@@ -1063,7 +1117,9 @@ INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text 
   columns are each file's own: a row's value wins over --language and --task, which are the
   default for rows that leave it empty (missing, null or ""). A bad value (an unknown
   language, another task, German on an English-only model) is that row's error; the other
-  files go on.
+  files go on. Its other columns (speaker, split, ...) are carried into each file's row under
+  their own names; one named as a field of the row below (a reference `text`, `duration`)
+  is prefixed: manifest_text.
 OUT: .jsonl, written row by row as files finish, or .parquet, merged from OUT.journal.jsonl at
   the end. One row per file: path (as INPUT names it), file (its absolute path, links
   resolved: how a rerun from another folder finds it), language, language_probability,
