@@ -44,6 +44,23 @@ def test_speech_in_silence_at_original_times(pipeline):
     assert info.duration == pytest.approx(82.0) and 20 < info.duration_after_vad < 26
 
 
+def test_times_end_with_the_audio(tiny_en, pipeline):
+    """The 1.095 s card's one segment ended past the audio, where its last timestamp token
+    pointed (20 ms steps, into the window's padding): at 2.0 s sequentially (openai-whisper's
+    time too; with the VAD as well) and along conditioned chains, at 1.1 s in batches. Every
+    path ends it with the audio."""
+    card = load_audio(DEV_DIR / "pocketsphinx__cards__001.wav")
+    duration = len(card) / SR
+    runs = [
+        tiny_en.transcribe(card, beam_size=1)[0],
+        tiny_en.transcribe(card, beam_size=1, vad_filter=True)[0],
+        pipeline.transcribe(card, beam_size=1)[0],
+        pipeline.transcribe(card, beam_size=1, condition_on_previous_text=True)[0],
+    ]
+    times = [[(s.start, s.end, s.text) for s in run] for run in runs]
+    assert times == [[(0.0, duration, " 10 of clubs.")]] * 4
+
+
 def test_silence_returns_nothing(pipeline):
     segments, info = pipeline.transcribe(np.zeros(60 * SR, dtype=np.float32))
     assert list(segments) == [] and info.duration_after_vad == 0

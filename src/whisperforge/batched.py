@@ -59,6 +59,7 @@ from .transcribe import (
     split_segments,
     window_tokenizer,
     with_progress,
+    within_audio,
 )
 from .vad import (
     VAD_PARAMETERS_UNUSED,
@@ -713,6 +714,8 @@ class BatchedInferencePipeline:
                 self.model.alignment_heads, options.prepend_punctuations,
                 options.append_punctuations,
             )  # fmt: skip
+        duration = len(file.samples) / SAMPLE_RATE
+        segments = [within_audio(segment, duration) for segment in segments]
         return [s for s in segments if s.start < s.end and s.text.strip()], rest
 
 

@@ -860,7 +860,9 @@ class WhisperModel:
             vad_options=vad_options,
         )
         tokenizer = self.tokenizer.with_options(language, task)
-        steps = self.window_steps(mel, tokenizer, window_options, prepared.peaks, prepared.timeline)
+        steps = self.window_steps(
+            mel, tokenizer, window_options, duration, prepared.peaks, prepared.timeline
+        )
         return steps, info
 
     def prepare(
@@ -961,18 +963,21 @@ class WhisperModel:
         if not first:
             options = replace(options, prefix=None)
         peaks = frame_peaks(span)
-        return self.window_steps(mel, tokenizer, options, peaks, timeline)
+        duration = len(samples) / SAMPLE_RATE  # the file's, whose timeline the times are on
+        return self.window_steps(mel, tokenizer, options, duration, peaks, timeline)
 
     def window_steps(
         self,
         mel: Tensor,
         tokenizer: Tokenizer,
         options: TranscriptionOptions,
+        duration: float,
         peaks: np.ndarray | None = None,
         timeline: TimelineMap | None = None,
     ) -> LongForm:
         """The long-form loop over 30 s windows: yields a `WindowRequest` for each window it needs
-        decoded, to be sent back its `WindowResult`, and then the window's final segments.
+        decoded, to be sent back its `WindowResult`, and then the window's final segments, timed
+        within the audio's `duration` (`within_audio`).
 
         `peaks` (see `frame_peaks`) lets windows of digital silence be skipped undecoded.
         `timeline` maps the times of VAD-collected speech back to the original audio.
@@ -1093,7 +1098,8 @@ class WhisperModel:
                 if segment.text or options.keep_empty_segments:
                     segment.id = segment_id
                     segment_id += 1
-                    yield segment if timeline is None else restore_times(segment, timeline)
+                    timed = segment if timeline is None else restore_times(segment, timeline)
+                    yield within_audio(timed, duration)
 
 
 def locked(items: Iterator[T], lock: threading.RLock) -> Iterator[T]:
@@ -1284,6 +1290,18 @@ def restore_times(segment: Segment, timeline: TimelineMap) -> Segment:
     else:
         segment.start = round(timeline.original_time(segment.start), 3)
         segment.end = round(timeline.original_time(segment.end, is_end=True), 3)
+    return segment
+
+
+def within_audio(segment: Segment, duration: float) -> Segment:
+    """`segment`, its times and its words' ending no later than the audio, of `duration`
+    seconds. Timestamp tokens come in 20 ms steps, and a window's last may point into its
+    padding: the 1.095 s card's one segment ended at 2.0 s (as openai-whisper's does), or
+    batched, at 1.1 s. Every path's segments pass here once made (`window_steps`, the batched
+    pipeline's windows), so none ends after the audio."""
+    segment.start, segment.end = min(segment.start, duration), min(segment.end, duration)
+    for word in segment.words or []:
+        word.start, word.end = min(word.start, duration), min(word.end, duration)
     return segment
 
 
