@@ -212,6 +212,34 @@ def test_stereo_44k_wav_mixes_down_and_resamples(tmp_path: Path, jfk: np.ndarray
     assert audio.std() / jfk.std() == pytest.approx(0.75, rel=0.02)
 
 
+def test_stereo_whose_channels_cancel_out_is_heard_from_one(
+    tiny_en, tmp_path: Path, jfk: np.ndarray
+) -> None:
+    """A stereo recording whose right channel is its left inverted (a wiring or phase fault)
+    mixes down to silence, and was transcribed to nothing without a word. Its louder channel
+    is heard instead, with a warning, from a file, bytes or (without PyAV) `read_pcm_wav`; a
+    stereo recording of one speaker a channel warns of nothing."""
+    from whisperforge.audio import read_pcm_wav
+
+    inverted = pcm_wav(np.stack([jfk, -jfk], axis=1))
+    (tmp_path / "inverted.wav").write_bytes(inverted)
+    for source in (tmp_path / "inverted.wav", inverted):
+        with pytest.warns(UserWarning, match="channels cancel out .* its left channel instead"):
+            assert np.array_equal(load_audio(source), jfk)
+    with pytest.warns(UserWarning, match="channels cancel out"):
+        segments, _ = tiny_en.transcribe(inverted, beam_size=1)
+    texts = [s.text for s in segments]
+    assert texts and texts == [s.text for s in tiny_en.transcribe(jfk, beam_size=1)[0]]
+    with pytest.warns(UserWarning, match="channels cancel out"):
+        assert np.array_equal(read_pcm_wav(io.BytesIO(inverted)), jfk)
+
+    stereo = DEV_DIR / "faster-whisper__stereo_diarization.wav"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_audio(stereo)
+        read_pcm_wav(stereo)
+
+
 def test_long_file_decodes_fast_and_lean() -> None:
     record = next(r for r in manifest() if r["audio"] == LONG_FILE.name)
     tracemalloc.start()

@@ -52,7 +52,9 @@ def decode_audio(
     float32 at `sampling_rate` (16 kHz, Whisper's), or with `split_stereo` to its (left, right)
     channels, as faster-whisper's `decode_audio`. Packets that fail to decode are skipped with
     a warning, as the ffmpeg command line does, so a damaged or cut-off recording still gives
-    the audio it holds. Without PyAV, only PCM WAV at `sampling_rate` is read (`read_pcm_wav`).
+    the audio it holds. A stereo file whose channels cancel out in the mono mix (one is the
+    other inverted) gives its louder channel instead, with a warning (`_cancelled_channel`).
+    Without PyAV, only PCM WAV at `sampling_rate` is read (`read_pcm_wav`).
     `max_seconds`: refuse longer audio as soon as the decode passes it (a server's guard: a
     few MB of compressed silence decode to hours, 0.23 GB of samples an hour). `on_samples` is
     called with the count of samples decoded so far after each packet; what it raises stops the
@@ -119,6 +121,7 @@ def decode_audio(
     next_check = MEMORY_CHECK_SAMPLES
     channels = 2 if split_stereo else 1
     max_samples = math.inf if max_seconds is None else max_seconds * sampling_rate * channels
+    energy = np.zeros(4)  # of the stereo frames, mixed to mono here: see _stereo_energy
     try:
         with av.open(input_file, mode="r", metadata_errors="ignore") as container:
             if not container.streams.audio:
@@ -142,6 +145,8 @@ def decode_audio(
                     n_bad += 1
                     continue
                 for frame in frames:
+                    if not split_stereo and len(frame.layout.channels) == 2:
+                        energy += _frame_energy(frame)
                     for out in resampler.resample(frame):
                         chunks.append(out.to_ndarray().reshape(-1))
                         n_samples += chunks[-1].size
@@ -179,11 +184,84 @@ def decode_audio(
         warn(_cut_off(name, promised, held, skipped))
     elif skipped:
         warn(f"{name}: {skipped} (the file may be damaged or cut off)")
+    louder = _cancelled_channel(energy)
+    if louder is not None:
+        again = _rewound(input_file)
+        warn(_cancelled(name, louder, again is not None))
+        # Decoded again as two channels: kept on every stereo decode, they would cost each one
+        # for a rare fault.
+        if again is not None:
+            chunks.clear()  # the mix, near-silence, is not held meanwhile
+            both = decode_audio(again, sampling_rate, split_stereo=True, max_seconds=max_seconds,
+                                on_samples=on_samples, on_warning=lambda _: None)  # fmt: skip
+            return both[louder]  # (what it warns of was warned of above)
     samples = np.concatenate(chunks, dtype=np.float32)  # straight to float32: no int16 copy
     samples *= 1.0 / 32768.0
     if split_stereo:  # s16 stereo comes interleaved: left, right, left, ...
         return samples[0::2], samples[1::2]
     return samples
+
+
+# A stereo recording whose mono mix has under this part of the RMS of its louder channel, and
+# that channel above SILENT_RMS, is one whose channels cancel out when mixed: near-opposites
+# (R = -L, a known wiring or phase fault). Its mix is near-silence, transcribed to nothing.
+CANCELLED_MIX = 0.1
+SILENT_RMS = 10 ** (-60 / 20)  # -60 dBFS
+
+
+def _stereo_energy(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """The sums of squares of two channels' float samples and of their mono mix (their mean,
+    as FFmpeg mixes stereo to mono), and the count of samples: added up over a file."""
+    mix = (left + right) / 2
+    return np.array([left @ left, right @ right, mix @ mix, left.size])
+
+
+def _frame_energy(frame: Any) -> np.ndarray:
+    """`_stereo_energy` of a decoded stereo frame (planar or interleaved, integer or float
+    samples as the codec gives them), in units of full scale."""
+    data = frame.to_ndarray().astype(np.float64)
+    if not frame.format.name.startswith(("flt", "dbl")):
+        data /= 2.0 ** (frame.format.bits - 1)
+    left, right = data if frame.format.is_planar else data.reshape(-1, 2).T
+    return _stereo_energy(left, right)
+
+
+def _cancelled_channel(energy: np.ndarray) -> int | None:
+    """The louder channel (0: left, 1: right) of a stereo recording whose mono mix cancels out,
+    by its `_stereo_energy`; None where the mix is sound (or silence, or there was no stereo)."""
+    left, right, mix, count = energy
+    louder = max(left, right)
+    if not count or louder < count * SILENT_RMS**2 or mix >= CANCELLED_MIX**2 * louder:
+        return None
+    return int(right > left)
+
+
+def _cancelled(name: str, louder: int, read_again: bool = True) -> str:
+    side = ("left", "right")[louder]
+    then = (
+        f"transcribing its {side} channel instead"
+        if read_again
+        else f"transcribing the mix: pass the file's path or bytes to have its {side} channel "
+        "transcribed instead"
+    )
+    return (
+        f"{name}: its two channels cancel out when mixed to mono (one is the other inverted: a "
+        f"wiring or phase fault), which leaves near-silence; {then}"
+    )
+
+
+def _rewound(source: str | BinaryIO) -> str | BinaryIO | None:
+    """`decode_audio`'s input, to be read again from its start; None where it cannot be (a
+    pipe, read once)."""
+    if isinstance(source, str):
+        return source if os.path.isfile(source) else None
+    try:
+        if source.seekable():
+            source.seek(0)  # its start: decode_audio refuses a file object that is not there
+            return source
+    except (AttributeError, OSError, ValueError):  # no seekable(), or closed
+        pass
+    return None
 
 
 # A WAV's (format tag, bits a sample) as FFmpeg's raw formats (8-bit PCM is unsigned).
@@ -351,7 +429,9 @@ def read_pcm_wav(
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """PCM WAV at `sampling_rate` (8, 16 or 32-bit, channels averaged; or its first two as
     (left, right), a mono file's twice) to float32 with the standard library's `wave`, for
-    installs without PyAV. Anything else needs PyAV."""
+    installs without PyAV. Anything else needs PyAV. A stereo file whose channels cancel out in
+    the mono mix gives its louder channel, with a warning, as `decode_audio` does."""
+    warn = on_warning or (lambda message: warnings.warn(message, stacklevel=4))  # our caller's
     try:
         with _open_wav(source) as wav:
             rate, channels, width = wav.getframerate(), wav.getnchannels(), wav.getsampwidth()
@@ -371,12 +451,16 @@ def read_pcm_wav(
         )
     whole = len(data) // (width * channels)  # a cut-off file can end inside a frame
     if whole < n_frames:
-        message = _cut_off(name, n_frames / rate, whole / rate)
-        on_warning(message) if on_warning else warnings.warn(message, stacklevel=3)
+        warn(_cut_off(name, n_frames / rate, whole / rate))
     data = data[: whole * width * channels]
     samples = to_float32(np.frombuffer(data, dtype=dtype).reshape(-1, channels))
     if split_stereo:
         return samples[:, 0].copy(), samples[:, min(1, channels - 1)].copy()
+    if channels == 2:
+        louder = _cancelled_channel(_stereo_energy(*samples.T.astype(np.float64)))
+        if louder is not None:
+            warn(_cancelled(name, louder))
+            return samples[:, louder].copy()
     return samples.mean(axis=1, dtype=np.float32)  # mono: each sample as it is
 
 
