@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import subprocess
 import sys
 import wave
@@ -100,17 +101,32 @@ def tiny_en(tiny_en_checkpoint):
 
 
 @pytest.fixture(scope="session")
-def tiny_en_greedy(tiny_en) -> dict[str, list]:
+def tiny_en_greedy(tiny_en, tmp_path_factory) -> dict[str, list]:
     """tiny.en's greedy segments (PyTorch, fp32) of every short English clip, by file name:
-    decoded once for the tests that compare other paths with them."""
+    decoded once for the tests that compare other paths with them. Under pytest-xdist the
+    first worker to need them decodes them and the others read its file (half a minute of a
+    core each): the run's base temporary folder is shared by its workers."""
+    from filelock import FileLock
+
     from whisperforge import load_audio
 
-    return {
-        clip["audio"]: list(
-            tiny_en.transcribe(load_audio(DEV_DIR / clip["audio"]), beam_size=1, temperature=0.0)[0]
-        )
-        for clip in short_english_clips()
-    }
+    def decode() -> dict[str, list]:
+        return {
+            clip["audio"]: list(
+                tiny_en.transcribe(
+                    load_audio(DEV_DIR / clip["audio"]), beam_size=1, temperature=0.0
+                )[0]
+            )
+            for clip in short_english_clips()
+        }
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return decode()
+    shared = tmp_path_factory.getbasetemp().parent / "tiny_en_greedy.pickle"
+    with FileLock(f"{shared}.lock"):
+        if not shared.is_file():
+            shared.write_bytes(pickle.dumps(decode()))
+        return pickle.loads(shared.read_bytes())
 
 
 @pytest.fixture(scope="session")

@@ -122,6 +122,7 @@ def decode_audio(
     channels = 2 if split_stereo else 1
     max_samples = math.inf if max_seconds is None else max_seconds * sampling_rate * channels
     energy = np.zeros(4)  # of the stereo frames, mixed to mono here: see _stereo_energy
+    n_frames = 0
     try:
         with av.open(input_file, mode="r", metadata_errors="ignore") as container:
             if not container.streams.audio:
@@ -145,8 +146,10 @@ def decode_audio(
                     n_bad += 1
                     continue
                 for frame in frames:
-                    if not split_stereo and len(frame.layout.channels) == 2:
+                    # every 8th frame: the same verdict at an eighth of the cost
+                    if not split_stereo and n_frames % 8 == 0 and len(frame.layout.channels) == 2:
                         energy += _frame_energy(frame)
+                    n_frames += 1
                     for out in resampler.resample(frame):
                         chunks.append(out.to_ndarray().reshape(-1))
                         n_samples += chunks[-1].size
