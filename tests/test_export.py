@@ -62,8 +62,10 @@ def greedy_tokens(model: WhisperModel, audio) -> list[int]:
 
 
 def test_onnx_greedy_is_token_identical_on_the_short_english_clips(tiny_en_greedy, onnx_tiny_en):
-    clips = [clip["audio"] for clip in short_english_clips()]
-    assert len(clips) >= 20
+    """Every second of the suite's short English clips (13 of 25); all 53 of 30 s or less are
+    benchmarks/export_cpu.py's."""
+    clips = [clip["audio"] for clip in short_english_clips()][::2]
+    assert len(clips) >= 12
     differ = []
     for clip in clips:
         expected = [t for s in tiny_en_greedy[clip] for t in s.tokens]
