@@ -762,3 +762,31 @@ def test_batch_command_refuses_what_the_batched_pipeline_cannot_do(options, erro
     assert main(["batch", str(_clips()[2]), "--output", str(out), "--model", "none", *options]) == 1
     assert error in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_parquet_manifests_dates_and_decimals_resume_into_parquet(tiny_en, tmp_path):
+    """A Parquet manifest's dates and decimals reach OUT's rows as their text, and a rerun into
+    the same .parquet OUT (a resume after Ctrl-C, or the manifest grown) goes on: it read the
+    finished rows' text back beside the manifest's dates and refused the column as one of
+    'values of several types', before any file."""
+    import datetime
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cards = [str(DEV_DIR / f"pocketsphinx__cards__00{n}.wav") for n in (1, 2)]
+    listing, out = tmp_path / "manifest.parquet", tmp_path / "out.parquet"
+    for paths in (cards[:1], cards):
+        columns = {
+            "path": paths,
+            "recorded": [datetime.date(2024, 5, 1)] * len(paths),
+            "gain": pa.array([decimal.Decimal("1.50")] * len(paths), pa.decimal128(4, 2)),
+        }
+        pq.write_table(pa.table(columns), listing)
+        summary = transcribe_corpus(str(listing), out, tiny_en, **OPTIONS)
+    assert (summary.skipped, summary.ok) == (1, 1)
+    table = pq.read_table(out)
+    assert table.select(["recorded", "gain"]).to_pylist() == [
+        {"recorded": "2024-05-01", "gain": "1.50"}] * 2  # fmt: skip
+    assert "queen" in table.to_pylist()[1]["text"].lower()

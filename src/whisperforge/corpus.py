@@ -273,9 +273,20 @@ def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
     sources = []
     for row in rows:
         own = (_own(row.get(c)) for c in PER_FILE_COLUMNS)
-        columns = {name: row.get(c) for c, name in carried.items()}
+        columns = {name: _as_json(row.get(c)) for c, name in carried.items()}
         sources.append(_located(listing.parent, row[column], *own, columns))
     return sources
+
+
+def _as_json(value: Any) -> Any:
+    """A manifest's value as OUT's rows hold it once written: a Parquet manifest's dates,
+    decimals, bytes, ... as their text (`Journal.write`'s default=str). Converted here, so
+    that a .parquet OUT's check before the job sees the type its merge will: a rerun read the
+    finished rows' dates back as text, beside the manifest's dates, and refused the column as
+    one of several types."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return json.loads(json.dumps(value, ensure_ascii=False, default=str))
 
 
 def _carried(listing: Path, rows: list[dict]) -> dict[str, str]:
