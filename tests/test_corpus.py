@@ -790,3 +790,17 @@ def test_a_parquet_manifests_dates_and_decimals_resume_into_parquet(tiny_en, tmp
     assert table.select(["recorded", "gain"]).to_pylist() == [
         {"recorded": "2024-05-01", "gain": "1.50"}] * 2  # fmt: skip
     assert "queen" in table.to_pylist()[1]["text"].lower()
+
+
+def test_a_manifest_column_parquet_cannot_hold_is_refused_before_the_job(tiny_en, tmp_path):
+    """A JSONL manifest's column of empty objects ({} in every row) is a struct with no
+    fields, which Parquet cannot write: the whole corpus was transcribed, then the merge
+    failed with pyarrow's traceback, and every rerun again. Refused before any file, named."""
+    card = DEV_DIR / "pocketsphinx__cards__001.wav"
+    listing = tmp_path / "manifest.jsonl"
+    listing.write_text(json.dumps({"path": str(card), "meta": {}}) + "\n")
+    with pytest.raises(WhisperforgeError, match=r"column `meta` .* \.jsonl OUT"):
+        transcribe_corpus(str(listing), tmp_path / "out.parquet", tiny_en, **OPTIONS)
+    assert not list(tmp_path.glob("out*"))
+    summary = transcribe_corpus(str(listing), tmp_path / "out.jsonl", tiny_en, **OPTIONS)
+    assert summary.ok == 1 and _rows(tmp_path / "out.jsonl")[str(card)]["meta"] == {}

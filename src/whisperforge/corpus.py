@@ -853,13 +853,23 @@ class Journal:
         for name in dict.fromkeys(k for row in rows for k in row if k not in types):
             try:
                 values = pa.array([row.get(name) for row in rows])
-                schema = schema.append(pa.field(name, values.type))
             except (pa.ArrowException, TypeError) as error:
                 raise WhisperforgeError(
                     f"the column `{name}` of INPUT's manifest (or of {self.path}'s rows) holds "
                     f"values of several types ({error}), which one Parquet column cannot; give "
                     "them one type (all text, or all numbers), or write a .jsonl OUT"
                 ) from None
+            column = pa.field(name, values.type)
+            try:  # a type Arrow has and Parquet has not: objects with no fields ({}) in every row
+                sink, one = pa.BufferOutputStream(), pa.schema([column])
+                _pyarrow_parquet().ParquetWriter(sink, one).close()
+            except pa.ArrowException as error:
+                raise WhisperforgeError(
+                    f"the column `{name}` of INPUT's manifest (or of {self.path}'s rows) cannot "
+                    f"be written to Parquet ({error}); give its empty objects ({{}}) a field, "
+                    "drop the column, or write a .jsonl OUT"
+                ) from None
+            schema = schema.append(column)
         try:
             return pa.Table.from_pylist(rows, schema=schema)
         except (pa.ArrowException, TypeError):
