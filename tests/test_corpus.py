@@ -804,3 +804,18 @@ def test_a_manifest_column_parquet_cannot_hold_is_refused_before_the_job(tiny_en
     assert not list(tmp_path.glob("out*"))
     summary = transcribe_corpus(str(listing), tmp_path / "out.jsonl", tiny_en, **OPTIONS)
     assert summary.ok == 1 and _rows(tmp_path / "out.jsonl")[str(card)]["meta"] == {}
+
+
+def test_a_csv_manifest_naming_a_column_twice_is_refused(tiny_en, tmp_path):
+    """A CSV header with a name twice (two `speaker` columns, pasted from two sheets) gave each
+    row the last one's value alone: the first column's values were lost from OUT without a
+    word. Refused before any file, by name; unnamed columns (indexes) may repeat."""
+    card = DEV_DIR / "pocketsphinx__cards__001.wav"
+    listing = tmp_path / "manifest.csv"
+    listing.write_text(f",,path,speaker,speaker\n0,0,{card},Ann,Bob\n")
+    with pytest.raises(WhisperforgeError, match="names the column `speaker` more than once"):
+        transcribe_corpus(str(listing), tmp_path / "out.jsonl", tiny_en, **OPTIONS)
+    listing.write_text(f",,path,speaker\n0,0,{card},Ann\n")
+    transcribe_corpus(str(listing), tmp_path / "out.jsonl", tiny_en, **OPTIONS)
+    row = _rows(tmp_path / "out.jsonl")[str(card)]
+    assert row["speaker"] == "Ann" and "clubs" in row["text"] and "" not in row

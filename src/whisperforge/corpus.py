@@ -341,7 +341,15 @@ def _csv_rows(listing: Path) -> list[dict]:
     try:
         delimiter = "\t" if listing.suffix.lower() == ".tsv" else ","
         with open(listing, newline="", encoding="utf-8-sig") as f:  # -sig: Excel's BOM
-            return list(csv.DictReader(f, delimiter=delimiter))
+            reader = csv.DictReader(f, delimiter=delimiter)
+            names = [name for name in reader.fieldnames or [] if name.strip()]
+            twice = next((name for name in names if names.count(name) > 1), None)
+            if twice is not None:  # a row would hold the last one's value alone, the others lost
+                raise WhisperforgeError(
+                    f"INPUT {listing}: its header names the column `{twice}` more than once; "
+                    "rename or drop all but one"
+                )
+            return list(reader)
     except (UnicodeDecodeError, csv.Error) as error:
         raise WhisperforgeError(
             f"INPUT {listing}: not a readable UTF-8 CSV file ({error})"
