@@ -9,6 +9,7 @@ import re
 import time
 import tracemalloc
 import warnings
+import wave
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -238,6 +239,27 @@ def test_stereo_whose_channels_cancel_out_is_heard_from_one(
         warnings.simplefilter("error")
         load_audio(stereo)
         read_pcm_wav(stereo)
+
+
+def test_8_bit_stereo_whose_channels_cancel_out_is_heard_from_one(
+    tiny_en, tmp_path: Path, jfk: np.ndarray
+) -> None:
+    """8-bit WAV is unsigned, centred on 128: its channels' energy was taken about 0, not 128,
+    so an inverted pair looked like two loud equal channels with a loud mix, and JFK as an
+    8-bit inverted stereo WAV decoded to silence and was transcribed to nothing, no warning."""
+    inverted = np.stack([jfk, -jfk], axis=1)
+    path = tmp_path / "inverted8.wav"
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(2)
+        wav.setsampwidth(1)
+        wav.setframerate(16000)
+        wav.writeframes(np.clip(np.round(inverted * 128) + 128, 0, 255).astype(np.uint8))
+    with pytest.warns(UserWarning, match="channels cancel out .* its left channel instead"):
+        audio = load_audio(path)
+    assert np.array_equal(audio, decode_audio(path, split_stereo=True)[0])
+    with pytest.warns(UserWarning, match="channels cancel out"):
+        segments, _ = tiny_en.transcribe(str(path), beam_size=1)
+    assert "ask not what your country can do for you" in "".join(s.text for s in segments)
 
 
 def test_long_file_decodes_fast_and_lean() -> None:

@@ -223,6 +223,8 @@ def _frame_energy(frame: Any) -> np.ndarray:
     """`_stereo_energy` of a decoded stereo frame (planar or interleaved, integer or float
     samples as the codec gives them), in units of full scale."""
     data = frame.to_ndarray().astype(np.float64)
+    if frame.format.name.startswith("u8"):  # unsigned (8-bit WAV): centred on 128, not 0
+        data -= 128
     if not frame.format.name.startswith(("flt", "dbl")):
         data /= 2.0 ** (frame.format.bits - 1)
     left, right = data if frame.format.is_planar else data.reshape(-1, 2).T
