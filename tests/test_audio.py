@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import threading
 import time
 import tracemalloc
 import warnings
@@ -260,6 +261,27 @@ def test_8_bit_stereo_whose_channels_cancel_out_is_heard_from_one(
     with pytest.warns(UserWarning, match="channels cancel out"):
         segments, _ = tiny_en.transcribe(str(path), beam_size=1)
     assert "ask not what your country can do for you" in "".join(s.text for s in segments)
+
+
+def test_a_wav_from_a_named_pipe_is_transcribed(tiny_en, tmp_path: Path) -> None:
+    """A WAV read from a named pipe (a FIFO; bash's <(...) passes /dev/fd/63) hung for ever:
+    once decoded, its header was read again by the path, to check that the file was whole,
+    and opening a pipe again waits for a writer that never comes."""
+    fifo = tmp_path / "jfk.wav"
+    os.mkfifo(fifo)
+    data = (DEV_DIR / "whisper.cpp__jfk.wav").read_bytes()
+    threading.Thread(target=fifo.write_bytes, args=(data,), daemon=True).start()
+    texts: list[str] = []
+    reader = threading.Thread(
+        target=lambda: texts.extend(s.text for s in tiny_en.transcribe(str(fifo), beam_size=1)[0]),
+        daemon=True,
+    )
+    reader.start()
+    reader.join(60)
+    if reader.is_alive():
+        fifo.write_bytes(b"")  # the writer it waits for, so that it ends
+        pytest.fail("a WAV from a named pipe: the decode waits for ever")
+    assert "ask not what your country can do for you" in "".join(texts)
 
 
 def test_long_file_decodes_fast_and_lean() -> None:

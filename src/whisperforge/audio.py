@@ -178,7 +178,9 @@ def decode_audio(
     held = n_samples / channels / sampling_rate
     if container.format.name == "wav":
         # FFmpeg sizes a WAV by the file, so a cut-off recording decodes without a complaint.
-        is_read_again = isinstance(input_file, (str, io.BytesIO))
+        # Not a named pipe's path (bash's <(...)): opened again, it waits for a writer for ever.
+        is_file = isinstance(input_file, str) and os.path.isfile(input_file)
+        is_read_again = is_file or isinstance(input_file, io.BytesIO)
         promised = _wav_promised_seconds(input_file) if is_read_again else None
         slack = 0.05  # the header counts the samples
     else:
