@@ -227,7 +227,9 @@ def test_stereo_whose_channels_cancel_out_is_heard_from_one(
     (tmp_path / "inverted.wav").write_bytes(inverted)
     for source in (tmp_path / "inverted.wav", inverted):
         with pytest.warns(UserWarning, match="channels cancel out .* its left channel instead"):
-            assert np.array_equal(load_audio(source), jfk)
+            audio = load_audio(source)
+        assert np.array_equal(audio, jfk)
+        assert audio.base is None  # its own samples, not a view holding both channels'
     with pytest.warns(UserWarning, match="channels cancel out"):
         segments, _ = tiny_en.transcribe(inverted, beam_size=1)
     texts = [s.text for s in segments]

@@ -199,7 +199,9 @@ def decode_audio(
             chunks.clear()  # the mix, near-silence, is not held meanwhile
             both = decode_audio(again, sampling_rate, split_stereo=True, max_seconds=max_seconds,
                                 on_samples=on_samples, on_warning=lambda _: None)  # fmt: skip
-            return both[louder]  # (what it warns of was warned of above)
+            # (What it warns of was warned of above.) A copy: the channel is a view into both,
+            # which would hold twice its memory while the file is transcribed.
+            return both[louder].copy()
     samples = np.concatenate(chunks, dtype=np.float32)  # straight to float32: no int16 copy
     samples *= 1.0 / 32768.0
     if split_stereo:  # s16 stereo comes interleaved: left, right, left, ...
