@@ -281,6 +281,20 @@ def test_words_committed_before_the_language_is_fixed_carry_their_language(base)
     assert final.to_dict()["language"] == "de"
 
 
+def test_a_commit_before_the_language_is_heard_does_not_fix_it(base):
+    """A client's commit after its first 1.5 s of Spanish (a short first utterance) fixed the
+    stream's language from them: Arabic, and the other 7 s of Spanish came out as nothing. Its
+    words are committed as heard, and the language is still detected from what follows."""
+    spanish = load_audio(DEV_DIR / "picovoice-leopard__test_es.wav")
+    stream = StreamingTranscriber(base, StreamingOptions())
+    stream.feed(spanish[: round(1.5 * SR)])
+    assert stream.commit().language is None  # still being detected
+    stream.feed(spanish[round(1.5 * SR) :])
+    stream.finish()
+    assert stream.language == "es"
+    assert "grano medio" in stream.text
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="min_chunk_s"):
         StreamingOptions(min_chunk_s=0)

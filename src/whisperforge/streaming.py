@@ -338,16 +338,18 @@ class StreamingTranscriber:
         """End of stream: decode what is left and commit the whole last hypothesis."""
         if self.finished:
             raise InvalidOptionError("finish() was already called on this stream")
-        event = self._update(final=True)
+        event = self._update(final=True, ending=True)
         self.finished = True
         assert event is not None
         return event
 
     def commit(self) -> StreamingEvent:
         """End of an utterance (OpenAI's `input_audio_buffer.commit`): decode what has arrived
-        and commit the whole hypothesis, as `finish` does (a language still being detected is
-        fixed by it), and go on. Its last words would otherwise stay tentative until the next
-        utterance's audio agreed on them. The event is not `final`: the stream is not over."""
+        and commit the whole hypothesis, as `finish` does, and go on. Its last words would
+        otherwise stay tentative until the next utterance's audio agreed on them. The event is not
+        `final`: the stream is not over. A language still being detected stays so (its words are
+        committed as heard) until `DETECTION_S` of audio: fixed by a commit after 1.5 s of
+        Spanish, it was Arabic, and the rest of the stream came out as nothing."""
         if self.finished:
             raise InvalidOptionError("this stream is finished; start a new StreamingTranscriber")
         event = self._update(final=True)
@@ -372,7 +374,9 @@ class StreamingTranscriber:
             check_integer_width(samples)
         return to_float32(samples)
 
-    def _update(self, final: bool) -> StreamingEvent | None:
+    def _update(self, final: bool, ending: bool = False) -> StreamingEvent | None:
+        """final: commit the whole hypothesis (`commit`, `finish`); ending: the stream ends
+        (`finish`), so a language still being detected is fixed with what was heard."""
         new_audio = np.concatenate(self._pending) if self._pending else np.zeros(0, np.float32)
         self._pending, self._pending_samples = [], 0
         self._buffer = np.concatenate([self._buffer, new_audio])
@@ -400,7 +404,7 @@ class StreamingTranscriber:
             # The last hypothesis already covers all the audio: commit it as it stands. (Not
             # after an update that raised, Ctrl-C in its decode: its audio is in the buffer,
             # unheard.)
-            agreed, self._tentative = self._commit(self._tentative), []
+            agreed, self._tentative = self._commit(self._tentative, ending), []
             return self._event(agreed, final, 0.0)
 
         started = time.perf_counter()
@@ -413,7 +417,7 @@ class StreamingTranscriber:
         # stream ends), then fixed: fixed at the first words, 1 s of German was "en" and 1 s of
         # Spanish "ml". Until then nothing is committed: its words would be in that language.
         detecting = self.language is None
-        heard = final or self._buffer.size >= self._detection_s * SAMPLE_RATE
+        heard = ending or self._buffer.size >= self._detection_s * SAMPLE_RATE
         if detecting and heard and any(s.words for s in segments):
             self.language, detecting = language, False
         words = [
@@ -440,7 +444,7 @@ class StreamingTranscriber:
             self._tentative = hypothesis[len(agreed) :]
         # Trimmed after a final update too: a client that commits more often than min_chunk_s
         # makes no other updates, and its buffer would grow past Whisper's 30 s.
-        agreed = self._commit(agreed) + self._trim(segments)
+        agreed = self._commit(agreed, ending or not final) + self._trim(segments)
         return self._event(agreed, final, compute)
 
     def _event(self, committed: list[Word], final: bool, compute: float) -> StreamingEvent:
@@ -462,10 +466,11 @@ class StreamingTranscriber:
             before = self.options.initial_prompt.strip() + " " + before.strip()
         return before.strip() or None
 
-    def _commit(self, words: list[Word]) -> list[Word]:
+    def _commit(self, words: list[Word], fix_language: bool = True) -> list[Word]:
         """Append `words` to the committed text, each starting where the one before it ends at
-        the earliest: words aligned in different hypotheses may overlap by a few frames."""
-        if words and self.language is None:
+        the earliest: words aligned in different hypotheses may overlap by a few frames.
+        fix_language False (a `commit` mid-stream): a language still being detected stays so."""
+        if words and self.language is None and fix_language:
             # Words committed before DETECTION_S of audio (the stream ended, or its silence
             # settled them) are in the language of the hypothesis they came from: the stream's
             # language from now on (its final event told None with words committed).
