@@ -680,6 +680,32 @@ def test_an_appends_audio_counts_in_the_backlog_as_a_binary_frames_does():
     asyncio.run(read())
 
 
+def test_text_messages_read_ahead_count_in_the_backlog():
+    """A client that sends bad messages (or commits) and reads no answers: each waited in the
+    queue with its error event, never counted, and the queue grew without bound (a million
+    one-byte messages: +600 MB of server memory). Each counts as STREAM_TEXT_BYTES of the
+    backlog, so the reader waits as it does for audio, and reads on as they are taken."""
+    from whisperforge.server import STREAM_TEXT_BYTES, _Inbox
+
+    class Client:
+        async def receive(self) -> dict:
+            await asyncio.sleep(0)
+            return {"type": "websocket.receive", "text": "x"}  # for ever, at once
+
+    async def read() -> None:
+        inbox = _Inbox(Client(), 16000, max_backlog=10 * STREAM_TEXT_BYTES)
+        reader = asyncio.create_task(inbox.read())
+        await asyncio.sleep(0.05)
+        assert inbox.queue.qsize() == 11 and not inbox.room.is_set()  # the next one waits
+        audio, message = await inbox.next()
+        assert audio == b"" and message["error"].status == 400 and inbox.room.is_set()
+        await asyncio.sleep(0.05)
+        assert inbox.queue.qsize() == 11 and not inbox.room.is_set()  # one more was read
+        reader.cancel()
+
+    asyncio.run(read())
+
+
 def test_websocket_commit_commits_the_words_heard_so_far(client):
     """input_audio_buffer.commit ends an utterance: the audio that has arrived is decoded and
     its words committed at once (with min_chunk_s=15 none were, until the stop), answered with

@@ -97,6 +97,11 @@ DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is
 # Audio a streaming client may send ahead of the decoding before the server stops reading
 # (5 minutes of 16 kHz s16le): bounds the memory of a client that sends faster than real time.
 STREAM_BACKLOG_BYTES = 300 * SAMPLE_RATE * 2
+# What a text message read ahead holds until the stream takes it (a command, or the error event
+# it is answered with: about 600 bytes), counted in the backlog as that many bytes of audio: a
+# client that sent bad messages and read no answers grew the queue without bound (a million
+# one-byte messages: +600 MB).
+STREAM_TEXT_BYTES = 1024
 # What a stream holds of the server's audio memory while it is open: its backlog, and its
 # buffer (at most `max_buffer_s`, which the WebSocket leaves at its default) as float32 samples.
 STREAM_AUDIO_BYTES = STREAM_BACKLOG_BYTES + int(StreamingOptions.max_buffer_s * SAMPLE_RATE * 4)
@@ -815,7 +820,7 @@ class _Inbox:
                 self.queue.put_nowait(message)
                 if message["type"] == "websocket.disconnect":
                     return
-                self.backlog += len(message.get("bytes") or b"")
+                self.backlog += _held(message)
                 if self.backlog > self.max_backlog:
                     self.room.clear()
         finally:  # a socket that failed ends the session as a disconnect does
@@ -830,7 +835,7 @@ class _Inbox:
             audio.append(message["bytes"])
             message = None if self.queue.empty() else self.queue.get_nowait()
         data = b"".join(audio)
-        self.backlog -= len(data)
+        self.backlog -= len(data) + (_held(message) if message is not None else 0)
         if self.backlog <= self.max_backlog:
             self.room.set()
         return data, message
@@ -855,6 +860,14 @@ class _Inbox:
             return receive.result()
         receive.cancel()  # (a message it was about to take stays in the queue)
         return await self.next_or_stop(idle_s, ending) if ending.is_set() else (b"", stop)
+
+
+def _held(message: dict[str, Any]) -> int:
+    """What a message `_Inbox` queues counts in its backlog: an audio message its bytes, a
+    text one `STREAM_TEXT_BYTES`, a disconnect (not counted when it was read) nothing."""
+    if message.get("bytes") is not None:
+        return len(message["bytes"])
+    return 0 if message["type"] == "websocket.disconnect" else STREAM_TEXT_BYTES
 
 
 async def _discard_rest(receive: Callable, deadline: float) -> None:
