@@ -293,6 +293,11 @@ def test_a_commit_before_the_language_is_heard_does_not_fix_it(base):
     stream.finish()
     assert stream.language == "es"
     assert "grano medio" in stream.text
+    # Ended with no more words, the stream's language is the one its committed words were heard in
+    # (the final event said null beside them).
+    short = StreamingTranscriber(base, StreamingOptions())
+    short.feed(spanish[: round(1.5 * SR)])
+    assert short.commit().committed and short.finish().language == short.language is not None
 
 
 def test_options_are_checked():

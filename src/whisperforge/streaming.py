@@ -470,10 +470,11 @@ class StreamingTranscriber:
         """Append `words` to the committed text, each starting where the one before it ends at
         the earliest: words aligned in different hypotheses may overlap by a few frames.
         fix_language False (a `commit` mid-stream): a language still being detected stays so."""
-        if words and self.language is None and fix_language:
+        if (words or self.committed) and self.language is None and fix_language:
             # Words committed before DETECTION_S of audio (the stream ended, or its silence
             # settled them) are in the language of the hypothesis they came from: the stream's
-            # language from now on (its final event told None with words committed).
+            # language from now on (its final event told None with words committed). So are
+            # those a `commit` committed, once the stream ends with no more words.
             self.language = self._heard_language
         end, done = self._committed_end(), []
         for word in words:
