@@ -235,6 +235,31 @@ def test_an_improbable_tail_window_is_not_committed_but_an_improbable_buffer_is(
     assert stream.text == " one two"
 
 
+def test_a_loop_the_prompt_led_into_is_decoded_again_without_it(tiny_en):
+    """Commits at the short pauses of a list ("copy, modify, merge, publish, distribute") left
+    each word with a full stop in the committed text that prompts the decoder, and base's next
+    decode of the licence's following 17 s was a loop ("submit." 112 times): a loop is not
+    used, so nothing was committed, and at the end of the stream those words were lost. (That
+    loop takes base 20 s on the CPU, and a cut 40 ms later has none: here tiny.en decodes, and
+    a prompted decode is such a loop.) Decoded again without the prompt, the words are there."""
+    decode = model_transcriber(tiny_en)
+
+    def looping_when_prompted(audio: np.ndarray, prompt: str | None, language: str | None):
+        if prompt:
+            return [segment([Word(i * 0.15, i * 0.15 + 0.15, " submit.", 0.9)
+                             for i in range(100)])], "en"  # fmt: skip
+        return decode(audio, prompt, language)
+
+    licence = load_audio(DEV_DIR / "faster-whisper__multilingual.mp3")[round(14.46 * SR) : 32 * SR]
+    prompt = "the rights to use, copy, modify. merge. publish. distribute."
+    options = StreamingOptions(language="en", min_chunk_s=15.0, initial_prompt=prompt)
+    stream = StreamingTranscriber(looping_when_prompted, options)
+    stream.feed(licence)
+    stream.finish()
+    assert "sell copies of the software" in plain_words(stream.text)
+    assert "submit" not in stream.text
+
+
 def test_silence_after_words_that_keep_changing_does_not_grow_the_buffer():
     """With the silence gate, words still tentative after two silent updates (a last word that
     changes at every decode) were kept waiting, and the buffer grew for as long as the silence

@@ -408,7 +408,7 @@ class StreamingTranscriber:
             return self._event(agreed, final, 0.0)
 
         started = time.perf_counter()
-        segments, language = self._transcribe(self._buffer, self._prompt(), self.language)
+        segments, language, hypothesis = self._decode()
         compute = time.perf_counter() - started
         self.updates += 1
         self._heard = self._received
@@ -420,13 +420,6 @@ class StreamingTranscriber:
         heard = ending or self._buffer.size >= self._detection_s * SAMPLE_RATE
         if detecting and heard and any(s.words for s in segments):
             self.language, detecting = language, False
-        words = [
-            Word(w.start + self._offset, w.end + self._offset, w.word, w.probability)
-            for s in _without_improbable_tail(segments, self.options.tail_log_prob_threshold)
-            for w in (s.words or [])
-        ]  # fmt: skip
-        hypothesis = _without_unspoken_tail(self._after_committed(words), self._buffer,
-                                            self._offset)  # fmt: skip
         if _repetitive(hypothesis, self.options.max_compression_ratio):
             # A decoding loop ("all right, all right, ..."): two loops agree all too well.
             # Nothing is committed from it; more audio usually breaks the loop.
@@ -451,6 +444,30 @@ class StreamingTranscriber:
         return StreamingEvent(
             committed, list(self._tentative), self.clock(), final, compute, self.language
         )
+
+    def _decode(self) -> tuple[list[Segment], str, list[Word]]:
+        """The buffer's segments, language and hypothesis (its words after the committed ones).
+        A hypothesis that is a decoding loop is decoded again without the prompt, which is what
+        most often leads Whisper into one (openai-whisper, too, stops conditioning on its
+        previous text after a window that looped at the low temperatures): commits at short
+        pauses left "modify. merge. publish." in the prompt, 27 s of speech came out as
+        "submit. submit. ...", a loop that is not used, and the stream's last 37 s had no words."""
+        prompt = self._prompt()
+        segments, language = self._transcribe(self._buffer, prompt, self.language)
+        hypothesis = self._hypothesis(segments)
+        if prompt and _repetitive(hypothesis, self.options.max_compression_ratio):
+            segments, language = self._transcribe(self._buffer, None, self.language)
+            hypothesis = self._hypothesis(segments)
+        return segments, language, hypothesis
+
+    def _hypothesis(self, segments: list[Segment]) -> list[Word]:
+        """A decode's words after those committed, in stream time, less an unspoken tail."""
+        words = [
+            Word(w.start + self._offset, w.end + self._offset, w.word, w.probability)
+            for s in _without_improbable_tail(segments, self.options.tail_log_prob_threshold)
+            for w in (s.words or [])
+        ]  # fmt: skip
+        return _without_unspoken_tail(self._after_committed(words), self._buffer, self._offset)
 
     def _prompt(self) -> str | None:
         """Committed text before the buffer (the buffer's own text will be decoded again),
