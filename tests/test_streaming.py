@@ -280,6 +280,26 @@ def test_silence_after_words_that_keep_changing_does_not_grow_the_buffer():
     assert plain_words(stream.text) in ("one cat", "one dog")
 
 
+def test_a_decoding_loop_that_goes_on_does_not_grow_the_buffer():
+    """A hypothesis that loops ("submit. submit. ...") is not used, and its update returned
+    before the buffer was trimmed: while the loop went on, the buffer grew without end (120 s
+    after 2 minutes, each update decoding all of it). The hard cap holds it to max_buffer_s."""
+    decoded: list[float] = []
+
+    def looping(audio, prompt, language):
+        decoded.append(audio.size / SR)
+        step = audio.size / SR / 100
+        return [segment([Word(i * step, (i + 1) * step, " submit.", 0.9)
+                         for i in range(100)])], "en"  # fmt: skip
+
+    stream = StreamingTranscriber(looping, StreamingOptions(language="en"))
+    noise = (0.1 * np.random.default_rng(0).standard_normal(SR)).astype(np.float32)
+    for _ in range(120):
+        stream.feed(noise)
+    assert max(decoded) <= stream.options.max_buffer_s and stream.buffer_s <= 30
+    assert stream.finish().committed == []  # and nothing of the loop is committed
+
+
 def test_a_multilingual_streams_language_is_heard_from_seconds_of_audio(base):
     """The language was fixed at the first update with words: 1 s of German was "en" (and 1 s
     of Spanish "ml"), and the stream came out in English."""

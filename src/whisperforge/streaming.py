@@ -422,9 +422,11 @@ class StreamingTranscriber:
             self.language, detecting = language, False
         if _repetitive(hypothesis, self.options.max_compression_ratio):
             # A decoding loop ("all right, all right, ..."): two loops agree all too well.
-            # Nothing is committed from it; more audio usually breaks the loop.
+            # Nothing is committed from it; more audio usually breaks the loop. Trimmed all the
+            # same: while the loop went on, the buffer grew past max_buffer_s without end (the
+            # stream's memory, and each update decoding all of it).
             if not final:
-                return self._event([], final, compute)
+                return self._event(self._trim(segments), final, compute)
             hypothesis = self._tentative
         if final:  # (older hypotheses too: after a `commit` the stream goes on)
             agreed, self._tentative, self._older = hypothesis, [], []
