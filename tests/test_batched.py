@@ -61,6 +61,23 @@ def test_times_end_with_the_audio(tiny_en, pipeline):
     assert times == [[(0.0, duration, " 10 of clubs.")]] * 4
 
 
+def test_words_timed_past_the_audios_end_are_kept_within_it(tiny_en, pipeline):
+    """The 0.96 s dev clip's beam search times its " Good job." at 1.0-2.0 s, past the audio
+    (its words lie at 0.72-0.88 s). Sequentially that segment came out at the audio's end with
+    no length (a cue no player shows), and the batched pipeline dropped it, words and all. It
+    is joined to the segment before it; with word timestamps each keeps its own times."""
+    clip = load_audio(DEV_DIR / "speech_recognition__chinese.flac")
+    duration = len(clip) / SR
+    runs = [tiny_en.transcribe(clip)[0], pipeline.transcribe(clip)[0]]
+    assert [[(s.start, s.end, s.text) for s in run] for run in runs] == [
+        [(0.0, duration, " That's it. Good job.")]] * 2  # fmt: skip
+    for run in (tiny_en.transcribe(clip, word_timestamps=True)[0],
+                pipeline.transcribe(clip, word_timestamps=True)[0]):  # fmt: skip
+        segments = list(run)
+        assert [s.text for s in segments] == [" That's it.", " Good job."]
+        assert all(0 < s.start < s.end < duration for s in segments)
+
+
 def test_silence_returns_nothing(pipeline):
     segments, info = pipeline.transcribe(np.zeros(60 * SR, dtype=np.float32))
     assert list(segments) == [] and info.duration_after_vad == 0

@@ -53,6 +53,7 @@ from .transcribe import (
     clip_spans,
     good_enough,
     is_no_speech,
+    joined_past_end,
     locked,
     options_of,
     parse_clip_timestamps,
@@ -692,16 +693,13 @@ class BatchedInferencePipeline:
         # A decode may put timestamps past the window's audio, into its padding (a sampled
         # fallback especially): there the file's timeline would map them past later windows, or
         # a segment's start past its end. They end at the window's end; a segment left with no
-        # length is dropped below.
+        # length is dropped below (but past the file's end, joined to the one before it).
         window_end = (seek + size) * HOP_LENGTH / SAMPLE_RATE
         for segment in segments:
             segment.start, segment.end = (
                 min(segment.start, window_end),
                 min(segment.end, window_end),
             )
-            # faster-whisper's batched pipeline gives each segment its own text's ratio (the
-            # window-level figure stays on the window's decode, where the fallback reads it).
-            segment.compression_ratio = compression_ratio(segment.text)
         rest = None
         if 0 < consumed and size - consumed >= MIN_CONTINUATION_FRAMES:
             start = window.start + consumed * HOP_LENGTH
@@ -715,7 +713,11 @@ class BatchedInferencePipeline:
                 options.append_punctuations,
             )  # fmt: skip
         duration = len(file.samples) / SAMPLE_RATE
-        segments = [within_audio(segment, duration) for segment in segments]
+        segments = [within_audio(s, duration) for s in joined_past_end(segments, duration)]
+        for segment in segments:
+            # faster-whisper's batched pipeline gives each segment its own text's ratio (the
+            # window-level figure stays on the window's decode, where the fallback reads it).
+            segment.compression_ratio = compression_ratio(segment.text)
         return [s for s in segments if s.start < s.end and s.text.strip()], rest
 
 

@@ -1094,12 +1094,12 @@ class WhisperModel:
                 or result.temperature > options.prompt_reset_on_temperature
             ):
                 prompt_reset_since = len(all_tokens)  # a high-temperature window is no good context
-            for segment in current:
+            timed = [s if timeline is None else restore_times(s, timeline) for s in current]
+            for segment in joined_past_end(timed, duration):
                 if segment.text or options.keep_empty_segments:
                     segment.id = segment_id
                     segment_id += 1
-                    timed = segment if timeline is None else restore_times(segment, timeline)
-                    yield within_audio(timed, duration)
+                    yield within_audio(segment, duration)
 
 
 def locked(items: Iterator[T], lock: threading.RLock) -> Iterator[T]:
@@ -1303,6 +1303,27 @@ def within_audio(segment: Segment, duration: float) -> Segment:
     for word in segment.words or []:
         word.start, word.end = min(word.start, duration), min(word.end, duration)
     return segment
+
+
+def joined_past_end(segments: list[Segment], duration: float) -> list[Segment]:
+    """A window's `segments`, each with text that starts at or after the end of the audio (of
+    `duration` seconds) joined to the last one before it with text. A short clip's timestamp
+    tokens may run past its audio: the 0.96 s dev clip's " Good job." came at 1.0-2.0 s (its
+    words lie at 0.72-0.88 s). Timed within the audio (`within_audio`), such a segment had no
+    length, a cue no player shows; dropped (as the batched pipeline dropped it), its words
+    were lost."""
+    joined: list[Segment] = []
+    for segment in segments:
+        before = next((s for s in reversed(joined) if s.text), None)
+        if before is None or not segment.text or segment.start < duration:
+            joined.append(segment)
+            continue
+        before.text += segment.text
+        before.tokens = before.tokens + segment.tokens
+        before.end = max(before.end, segment.end)
+        if segment.words is not None:
+            before.words = (before.words or []) + segment.words
+    return joined
 
 
 def _no_windows() -> LongForm:
