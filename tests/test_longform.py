@@ -33,7 +33,7 @@ def reference(tiny_en, tiny_en_checkpoint, tmp_path_factory):
 @pytest.fixture(scope="module")
 def lecture_pair(tiny_en, reference):
     """Our and the reference's greedy transcripts with word timestamps (fallback ladder on), of
-    the lecture's first 80 s: three windows, the last of them short."""
+    the lecture's first 80 s: three windows or more, the last of them short."""
     audio = load_audio(LECTURE)[: 80 * 16000]
     expected = whisper.transcribe(reference, audio, fp16=False, word_timestamps=True)
     segments, _ = tiny_en.transcribe(audio, beam_size=1, word_timestamps=True)
