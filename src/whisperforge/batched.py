@@ -53,7 +53,6 @@ from .transcribe import (
     clip_spans,
     good_enough,
     is_no_speech,
-    joined_past_end,
     locked,
     options_of,
     parse_clip_timestamps,
@@ -713,7 +712,7 @@ class BatchedInferencePipeline:
                 options.append_punctuations,
             )  # fmt: skip
         duration = len(file.samples) / SAMPLE_RATE
-        segments = [within_audio(s, duration) for s in joined_past_end(segments, duration)]
+        segments = within_audio(segments, duration)
         for segment in segments:
             # faster-whisper's batched pipeline gives each segment its own text's ratio (the
             # window-level figure stays on the window's decode, where the fallback reads it).

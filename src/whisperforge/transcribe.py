@@ -1095,11 +1095,11 @@ class WhisperModel:
             ):
                 prompt_reset_since = len(all_tokens)  # a high-temperature window is no good context
             timed = [s if timeline is None else restore_times(s, timeline) for s in current]
-            for segment in joined_past_end(timed, duration):
+            for segment in within_audio(timed, duration):
                 if segment.text or options.keep_empty_segments:
                     segment.id = segment_id
                     segment_id += 1
-                    yield within_audio(segment, duration)
+                    yield segment
 
 
 def locked(items: Iterator[T], lock: threading.RLock) -> Iterator[T]:
@@ -1293,25 +1293,15 @@ def restore_times(segment: Segment, timeline: TimelineMap) -> Segment:
     return segment
 
 
-def within_audio(segment: Segment, duration: float) -> Segment:
-    """`segment`, its times and its words' ending no later than the audio, of `duration`
-    seconds. Timestamp tokens come in 20 ms steps, and a window's last may point into its
-    padding: the 1.095 s card's one segment ended at 2.0 s (as openai-whisper's does), or
-    batched, at 1.1 s. Every path's segments pass here once made (`window_steps`, the batched
-    pipeline's windows), so none ends after the audio."""
-    segment.start, segment.end = min(segment.start, duration), min(segment.end, duration)
-    for word in segment.words or []:
-        word.start, word.end = min(word.start, duration), min(word.end, duration)
-    return segment
-
-
-def joined_past_end(segments: list[Segment], duration: float) -> list[Segment]:
-    """A window's `segments`, each with text that starts at or after the end of the audio (of
-    `duration` seconds) joined to the last one before it with text. A short clip's timestamp
-    tokens may run past its audio: the 0.96 s dev clip's " Good job." came at 1.0-2.0 s (its
-    words lie at 0.72-0.88 s). Timed within the audio (`within_audio`), such a segment had no
-    length, a cue no player shows; dropped (as the batched pipeline dropped it), its words
-    were lost."""
+def within_audio(segments: list[Segment], duration: float) -> list[Segment]:
+    """A window's `segments` timed within the audio, of `duration` seconds: every path's
+    segments pass here once made (`window_steps`, the batched pipeline's windows), so none
+    ends after the audio. Timestamp tokens come in 20 ms steps, and a window's last may point
+    into its padding: the 1.095 s card's one segment ended at 2.0 s (as openai-whisper's does),
+    or batched, at 1.1 s. A segment with text that starts at or after the end is joined to the
+    last one before it with text: the 0.96 s dev clip's " Good job." came at 1.0-2.0 s (its
+    words lie at 0.72-0.88 s), and clamped alone it had no length, a cue no player shows;
+    dropped (as the batched pipeline dropped it), its words were lost."""
     joined: list[Segment] = []
     for segment in segments:
         before = next((s for s in reversed(joined) if s.text), None)
@@ -1323,6 +1313,10 @@ def joined_past_end(segments: list[Segment], duration: float) -> list[Segment]:
         before.end = max(before.end, segment.end)
         if segment.words is not None:
             before.words = (before.words or []) + segment.words
+    for segment in joined:
+        segment.start, segment.end = min(segment.start, duration), min(segment.end, duration)
+        for word in segment.words or []:
+            word.start, word.end = min(word.start, duration), min(word.end, duration)
     return joined
 
 
