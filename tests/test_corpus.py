@@ -819,3 +819,23 @@ def test_a_csv_manifest_naming_a_column_twice_is_refused(tiny_en, tmp_path):
     transcribe_corpus(str(listing), tmp_path / "out.jsonl", tiny_en, **OPTIONS)
     row = _rows(tmp_path / "out.jsonl")[str(card)]
     assert row["speaker"] == "Ann" and "clubs" in row["text"] and "" not in row
+
+
+def test_a_manifests_unsigned_64_bit_ids_reach_parquet(tiny_en, tmp_path):
+    """Integers past int64's range (unsigned 64-bit ids or hashes, a Parquet manifest's uint64)
+    made Arrow's type inference overflow: an OverflowError traceback before the job, for a
+    .parquet OUT. They are a uint64 column; past that too, the column is named."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    card = str(DEV_DIR / "pocketsphinx__cards__001.wav")
+    listing, out = tmp_path / "manifest.jsonl", tmp_path / "out.parquet"
+    listing.write_text(json.dumps({"path": card, "hash": 2**64 - 1}) + "\n")
+    transcribe_corpus(str(listing), out, tiny_en, **OPTIONS)
+    table = pq.read_table(out)
+    assert table.schema.field("hash").type == pa.uint64()
+    (row,) = table.to_pylist()
+    assert row["hash"] == 2**64 - 1 and "clubs" in row["text"]
+    listing.write_text(json.dumps({"path": card, "hash": 2**64}) + "\n")
+    with pytest.raises(WhisperforgeError, match="column `hash` of INPUT's manifest"):
+        transcribe_corpus(str(listing), tmp_path / "past.parquet", tiny_en, **OPTIONS)

@@ -859,13 +859,17 @@ class Journal:
         }  # fmt: skip
         schema = pa.schema([(name, types[name]) for name in ROW_FIELDS])
         for name in dict.fromkeys(k for row in rows for k in row if k not in types):
+            column = [row.get(name) for row in rows]
             try:
-                values = pa.array([row.get(name) for row in rows])
-            except (pa.ArrowException, TypeError) as error:
+                try:
+                    values = pa.array(column)
+                except OverflowError:  # integers past int64's: unsigned 64-bit ids, hashes
+                    values = pa.array(column, type=pa.uint64())
+            except (pa.ArrowException, TypeError, OverflowError) as error:
                 raise WhisperforgeError(
                     f"the column `{name}` of INPUT's manifest (or of {self.path}'s rows) holds "
                     f"values of several types ({error}), which one Parquet column cannot; give "
-                    "them one type (all text, or all numbers), or write a .jsonl OUT"
+                    "them one type (all text, or all numbers of 64 bits), or write a .jsonl OUT"
                 ) from None
             column = pa.field(name, values.type)
             try:  # a type Arrow has and Parquet has not: objects with no fields ({}) in every row
