@@ -286,6 +286,25 @@ def test_a_wav_from_a_named_pipe_is_transcribed(tiny_en, tmp_path: Path) -> None
     assert "ask not what your country can do for you" in "".join(texts)
 
 
+def test_a_stream_whose_channels_cancel_out_is_told_of(jfk: np.ndarray) -> None:
+    """Stereo arriving through a pipe (cat inverted.wav | whisperforge stream -) is decoded as
+    it comes and cannot be read again for its louder channel: its mix, near-silence, was
+    transcribed to nothing without a word. It is told of, once, saying what to pass instead;
+    a stereo recording of one speaker a channel is not."""
+    from whisperforge.audio import decode_arriving
+
+    inverted = io.BytesIO(pcm_wav(np.stack([jfk, -jfk], axis=1)))
+    head = inverted.read(44)
+    with pytest.warns(UserWarning, match="channels cancel out .* path or bytes") as caught:
+        pcm = b"".join(decode_arriving("stdin", head, inverted.read))
+    assert len(caught) == 1
+    assert np.abs(np.frombuffer(pcm, "<i2")).max() <= 1  # the mix, as FFmpeg makes it
+    stereo = io.BytesIO((DEV_DIR / "faster-whisper__stereo_diarization.wav").read_bytes())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert b"".join(decode_arriving("stdin", stereo.read(44), stereo.read))
+
+
 def test_long_file_decodes_fast_and_lean() -> None:
     record = next(r for r in manifest() if r["audio"] == LONG_FILE.name)
     tracemalloc.start()

@@ -354,11 +354,21 @@ def decode_arriving(
     if raw is not None:
         options |= {"sample_rate": str(raw[1]), "ch_layout": f"{raw[2]}c"}
     resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+    # A stereo stream whose channels cancel out in the mix (`_cancelled_channel`) is told of,
+    # once, after a second of it: gone by, its audio cannot be decoded again as decode_audio
+    # does, and it was transcribed to nothing without a word.
+    energy, told = np.zeros(4), False
     try:
         with av.open(source, format=raw and raw[0], options=options) as container:
             if not container.streams.audio:
                 raise AudioError(f"{name}: no audio stream in it; pass audio")
             for frame in container.decode(container.streams.audio[0]):
+                if not told and len(frame.layout.channels) == 2:
+                    energy += _frame_energy(frame)
+                    louder = _cancelled_channel(energy)
+                    if louder is not None and energy[3] >= frame.sample_rate:
+                        warnings.warn(_cancelled(name, louder, read_again=False), stacklevel=2)
+                        told = True
                 for out in resampler.resample(frame):
                     yield out.to_ndarray().tobytes()
             for out in resampler.resample(None):
