@@ -479,9 +479,11 @@ def test_a_ray_address_where_nothing_listens_is_refused_at_once(tmp_path):
     assert not out.exists()
 
 
-def test_ctrl_c_says_the_done_files_are_kept(tmp_path):
+def test_a_running_job_holds_its_output_and_ctrl_c_keeps_its_files(tmp_path, capsys):
     """Ctrl-C on a long job exited 130 without a word, a .parquet OUT not written: the command
-    now says how many files are kept and where (the journal), and that a rerun goes on."""
+    now says how many files are kept and where (the journal), and that a rerun goes on. While
+    the job runs, a second one to the same OUT is refused at once: the two transcribed every
+    file and wrote each row twice."""
     out = tmp_path / "out.parquet"
     listing = tmp_path / "files.txt"
     listing.write_text(f"{_clips()[2]}\n{LONG_FILE}\n")  # the 19-minute file: still running
@@ -497,12 +499,20 @@ def test_ctrl_c_says_the_done_files_are_kept(tmp_path):
         assert time.monotonic() < deadline, "no row after 300 s"
         time.sleep(0.05)
     time.sleep(0.5)  # the row written is also counted (just after) before Ctrl-C comes
+    rows = journal.read_text()
+    other = tmp_path / "other.txt"  # a short job: without the lock it ran, and wrote to OUT
+    other.write_text(f"{_clips()[1]}\n")
+    assert main(["batch", str(other), "--output", str(out), "--beam-size", "1"]) == 1
+    assert f"--output {out}: another job is writing it now" in capsys.readouterr().err
+    assert journal.read_text() == rows and job.poll() is None
     job.send_signal(signal.SIGINT)
     assert job.wait(timeout=120) == 130
     err = job.stderr.read()
     job.stderr.close()
     assert f"interrupted: 1 file(s) done in this run are kept in {journal}" in err, err
     assert "rerun the same command" in err and not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "files.txt", "other.txt", "out.parquet.journal.jsonl"]  # fmt: skip
 
 
 def test_a_window_too_big_for_the_gpu_stops_the_job_saying_what_to_lower(

@@ -26,7 +26,8 @@ file's own language and task); a rerun that would make a row done otherwise stil
 warns that it does. A `.parquet` OUT is the journal `OUT.journal.jsonl` merged into Parquet
 when the job ends, its rows in INPUT's order (the journal's are as files finished, grouped by
 language); the journal is then removed (a rerun seeds it from the Parquet file). A job
-that dies before the merge leaves the journal, and the rerun merges it.
+that dies before the merge leaves the journal, and the rerun merges it. One job at a time
+writes OUT (`OutputLock`): a second is refused before it loads a model.
 
 Without `ray_address` everything runs in this process: files are decoded a few ahead on
 threads and transcribed by `BatchedInferencePipeline.transcribe_many`, files of one language
@@ -729,6 +730,45 @@ def _user_error(error: BaseException | None) -> WhisperforgeError | None:
 # --- OUT -------------------------------------------------------------------------------------
 
 
+class OutputLock:
+    """OUT held by one job at a time: two jobs appending to one journal each transcribed every
+    file and wrote its row twice. An exclusive `flock` on `JOURNAL.lock`, taken without waiting
+    (the second job is refused at once, before any model loads) and dropped by the kernel when
+    the process dies, so a crashed job never leaves OUT locked. The file is removed on release.
+    (Where `fcntl` is missing, Windows, nothing is locked.)"""
+
+    def __init__(self, journal: Path, output: str | Path):
+        self.path = journal.with_name(journal.name + ".lock")
+        self.fd: int | None = None
+        try:
+            import fcntl
+        except ImportError:
+            return
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise WhisperforgeError(
+                    f"--output {output}: another job is writing it now; wait for that job to "
+                    "end (a rerun then skips the files it did), or write to another --output"
+                ) from None
+            try:  # the file we locked may have been removed by a job releasing it meanwhile
+                if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                    self.fd = fd
+                    return
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)  # before unlocking: no job locks a removed file
+            os.close(self.fd)
+            self.fd = None
+
+
 class Journal:
     """OUT as an append-only JSONL journal (see the module's docstring)."""
 
@@ -755,6 +795,13 @@ class Journal:
                                     "pick another path")  # fmt: skip
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.lock = OutputLock(self.path, output)
+        except OSError as error:
+            raise WhisperforgeError(
+                f"--output {output}: cannot write there ({error.strerror or error}); "
+                "pick a writable path"
+            ) from None
+        try:
             self.created = not self.path.exists()  # removed again if no row comes
             rows = self._load()
             if retry_errors and any(r.get("error") for r in rows):
@@ -763,11 +810,14 @@ class Journal:
             if self.parquet is not None:  # a row the merge would fail on: said before the job
                 self._table(rows + list(carried))
             self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed in close()
-        except OSError as error:
-            raise WhisperforgeError(
-                f"--output {output}: cannot write there ({error.strerror or error}); "
-                "pick a writable path"
-            ) from None
+        except BaseException as error:
+            self.lock.release()
+            if isinstance(error, OSError):
+                raise WhisperforgeError(
+                    f"--output {output}: cannot write there ({error.strerror or error}); "
+                    "pick a writable path"
+                ) from None
+            raise
         self.done = {r["path"] for r in rows}
         # The file each row is of, resolved (rows before session 51 have none): a rerun from
         # another folder finds a folder's or glob's rows by it, not by names relative to where
@@ -825,12 +875,15 @@ class Journal:
     def close(self, merge: bool = True, order: Iterable[str] = ()) -> None:
         """Close the journal; a .parquet OUT's is merged into it when `merge`, its rows in the
         input's `order` of paths (the journal's: as files finished, grouped by language)."""
-        self.file.close()
-        if self.created and not self.written and self.path.stat().st_size == 0:
-            self.path.unlink()  # a job that stopped before its first row leaves no empty file
-            return
-        if merge and self.parquet is not None:
-            self._merge(self.parquet, order)
+        try:
+            self.file.close()
+            if self.created and not self.written and self.path.stat().st_size == 0:
+                self.path.unlink()  # a job that stopped before its first row leaves no empty file
+                return
+            if merge and self.parquet is not None:
+                self._merge(self.parquet, order)
+        finally:
+            self.lock.release()
 
     def _table(self, rows: list[dict]) -> Any:
         """`rows` as a .parquet OUT's table: its fixed columns, then the manifest's carried
@@ -972,32 +1025,37 @@ def transcribe_corpus(
     settings = _settings_of(sources, model, compute_type, options)
     carried = {source.path: source.columns for source in sources}
     journal = Journal(output, retry_errors, [columns for columns in carried.values() if columns])
-    done = _rows_of(sources, files, journal, folder)
-    # Rows made otherwise (another model, language, ...) are still skipped as done: say so.
-    pairs = dict.fromkeys((journal.settings[row], settings[path]) for path, row in done.items())
-    other = next((pair for pair in pairs if _differ(*pair)), None)  # a corpus has few pairs
-    if other is not None:
-        warnings.warn(
-            f"--output {output} holds rows made with other settings ({other[0]}; now "
-            f"{other[1]}): those files are skipped as done; write to another --output to "
-            "transcribe them with these settings",
-            stacklevel=2,
+    try:  # OUT is locked now: unlocked whatever stops the job
+        done = _rows_of(sources, files, journal, folder)
+        # Rows made otherwise (another model, language, ...) are still skipped as done: say so.
+        pairs = dict.fromkeys((journal.settings[row], settings[path]) for path, row in done.items())
+        other = next((pair for pair in pairs if _differ(*pair)), None)  # a corpus has few pairs
+        if other is not None:
+            warnings.warn(
+                f"--output {output} holds rows made with other settings ({other[0]}; now "
+                f"{other[1]}): those files are skipped as done; write to another --output to "
+                "transcribe them with these settings",
+                stacklevel=2,
+            )
+        # Files of one language and task one after another: their windows share batches.
+        todo = sorted(
+            (s for s in sources if s.path not in done),
+            key=lambda s: (s.language or "", s.task or ""),
         )
-    # Files of one language and task one after another: their windows share batches.
-    todo = sorted(
-        (s for s in sources if s.path not in done), key=lambda s: (s.language or "", s.task or "")
-    )
-    if options.get("word_timestamps") and any(
-        (s.task or options.get("task")) == "translate" for s in todo
-    ):
-        from .timing import TRANSLATED_WORD_TIMES  # openai-whisper's warning
+        if options.get("word_timestamps") and any(
+            (s.task or options.get("task")) == "translate" for s in todo
+        ):
+            from .timing import TRANSLATED_WORD_TIMES  # openai-whisper's warning
 
-        warnings.warn(TRANSLATED_WORD_TIMES, stacklevel=2)
-    summary = Summary(
-        listed=len(sources), skipped=len(sources) - len(todo),
-        skipped_failed=sum(row in journal.failed for row in done.values()),
-    )  # fmt: skip
-    bar = Progress(len(todo), progress)
+            warnings.warn(TRANSLATED_WORD_TIMES, stacklevel=2)
+        summary = Summary(
+            listed=len(sources), skipped=len(sources) - len(todo),
+            skipped_failed=sum(row in journal.failed for row in done.values()),
+        )  # fmt: skip
+        bar = Progress(len(todo), progress)
+    except BaseException:
+        journal.close(merge=False)
+        raise
     finished = False
     try:
         if not todo:
