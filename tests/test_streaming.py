@@ -358,8 +358,9 @@ def test_options_are_checked():
     for bad in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match="min_chunk_s"):
             StreamingOptions(min_chunk_s=bad)
-    with pytest.raises(ValueError, match="silence_db"):
-        StreamingOptions(silence_db=float("nan"))
+    for bad in (float("nan"), 0.0, -10.0):  # 0: all speech was taken for silence, no words
+        with pytest.raises(ValueError, match="silence_db"):
+            StreamingOptions(silence_db=bad)
     stream = StreamingTranscriber(Scripted([]), StreamingOptions())
     # A chunk with NaN is refused before it is kept: the stream goes on.
     with pytest.raises(AudioError, match="NaN"):

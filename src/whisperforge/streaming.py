@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 SENTENCE_END = (".", "?", "!", "。", "？", "！")
 # Audio a stream's language is detected from, where it is not given (offline: 30 s).
 DETECTION_S = 3.0
+# The highest silence gate (dBFS): the dev set's quietest speech peaks at -30, its loudest at -3.
+MAX_SILENCE_DB = -20.0
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,8 @@ class StreamingOptions:
         topic), as openai-whisper's `initial_prompt`: it conditions the decoder before the
         committed text, which takes its place once there are `prompt_chars` of it.
     silence_db: energy gate: new audio whose loudest 30 ms frame is below this (dBFS) costs
-        no update, unless words are still tentative. None: every update is decoded.
+        no update, unless words are still tentative. None: every update is decoded. At most
+        MAX_SILENCE_DB: above it, speech itself is taken for silence.
     max_compression_ratio: a hypothesis whose text gzips better than this is a decoding loop
         and is not used (Whisper's own threshold for repetitive output).
     agreement: how many consecutive hypotheses must agree on a word before it is committed
@@ -102,8 +105,14 @@ class StreamingOptions:
             raise InvalidOptionError(f"unknown task {self.task!r}; use transcribe or translate")
         for name, least in (("agreement", 2), ("beam_size", 1), ("prompt_chars", 0)):
             check_whole_number(name, getattr(self, name), minimum=least)
-        if self.silence_db is not None and not -math.inf < self.silence_db <= 0:
-            raise InvalidOptionError(f"silence_db is a level in dBFS (<= 0), got {self.silence_db}")
+        # A gate near 0 dBFS took all speech (its loudest 30 ms lie at -30 to -3 dBFS on the
+        # dev set) for silence: the stream gave no words, and no sign why.
+        if self.silence_db is not None and not -math.inf < self.silence_db <= MAX_SILENCE_DB:
+            raise InvalidOptionError(
+                f"silence_db is the level in dBFS under which audio is silence, at most "
+                f"{MAX_SILENCE_DB:g} (speech lies above it; -60 to -40 is usual), "
+                f"got {self.silence_db}"
+            )
         if self.initial_prompt is not None and not isinstance(self.initial_prompt, str):
             raise InvalidOptionError(
                 f"initial_prompt must be text, e.g. 'ComfyUI, Subiaco', not {self.initial_prompt!r}"
