@@ -831,6 +831,28 @@ def test_a_csv_manifest_naming_a_column_twice_is_refused(tiny_en, tmp_path):
     assert row["speaker"] == "Ann" and "clubs" in row["text"] and "" not in row
 
 
+def test_a_manifests_missing_numbers_are_null_in_the_rows(tiny_en, tmp_path):
+    """A Parquet manifest's NaN (a missing value, as pandas writes one) went into a JSONL OUT's
+    rows as `NaN`, which is not JSON: strict readers (jq, JavaScript, Go) refused the file. It
+    is null there, in lists too, and in a .parquet OUT."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def strict(line: str) -> dict:
+        return json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in {line}"))
+
+    listing = tmp_path / "manifest.parquet"
+    columns = {"path": [str(DEV_DIR / "pocketsphinx__cards__001.wav")], "snr": [float("nan")],
+               "gains": pa.array([[1.5, float("inf")]])}  # fmt: skip
+    pq.write_table(pa.table(columns), listing)
+    transcribe_corpus(str(listing), tmp_path / "out.jsonl", tiny_en, **OPTIONS)
+    (row,) = [strict(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert row["snr"] is None and row["gains"] == [1.5, None] and "clubs" in row["text"]
+    transcribe_corpus(str(listing), tmp_path / "out.parquet", tiny_en, **OPTIONS)
+    (row,) = pq.read_table(tmp_path / "out.parquet").select(["snr", "gains"]).to_pylist()
+    assert row == {"snr": None, "gains": [1.5, None]}
+
+
 def test_a_manifests_unsigned_64_bit_ids_reach_parquet(tiny_en, tmp_path):
     """Integers past int64's range (unsigned 64-bit ids or hashes, a Parquet manifest's uint64)
     made Arrow's type inference overflow: an OverflowError traceback before the job, for a

@@ -48,6 +48,7 @@ import glob
 import inspect
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -284,10 +285,14 @@ def _as_json(value: Any) -> Any:
     decimals, bytes, ... as their text (`Journal.write`'s default=str). Converted here, so
     that a .parquet OUT's check before the job sees the type its merge will: a rerun read the
     finished rows' dates back as text, beside the manifest's dates, and refused the column as
-    one of several types."""
-    if value is None or isinstance(value, (str, int, float, bool)):
+    one of several types. NaN and the infinities (a missing value, as pandas writes one) are
+    null: JSON has no such numbers, and a JSONL OUT holding `NaN` was not JSON to its readers."""
+    if value is None or isinstance(value, (str, int, bool)):
         return value
-    return json.loads(json.dumps(value, ensure_ascii=False, default=str))
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return json.loads(text, parse_constant=lambda _: None)
 
 
 def _carried(listing: Path, rows: list[dict]) -> dict[str, str]:
