@@ -12,6 +12,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -306,6 +307,40 @@ def test_ray_actors_decode_with_the_jobs_options(ray_cluster, option_run, tmp_pa
     assert ours["settings"] == theirs["settings"]
     assert "English-only and cannot transcribe German" in written[mfa]["error"]
     assert "cannot translate" in written[jfk]["error"]
+
+
+def test_a_parquet_shard_holding_its_audio_is_transcribed(ray_cluster, tiny_en, tmp_path):
+    """Hugging Face datasets' Parquet shards hold each file in an `audio` struct, {"bytes":
+    ..., "path": ...}: the job printed the row's 35 kB of bytes as "not a file's path". Each
+    row is its file now, named by the struct's path (two under one name get a row each, one
+    with none is named by the shard's row), in one process and on Ray alike."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cards = [DEV_DIR / f"pocketsphinx__cards__00{n}.wav" for n in (1, 2, 3)]
+    held = [{"bytes": c.read_bytes(), "path": name} for c, name in
+            zip(cards, ("cards.wav", "cards.wav", None))]  # fmt: skip
+    held.append({"bytes": b"RIFF not audio", "path": "corrupt.wav"})
+    listing = tmp_path / "train-00000-of-00001.parquet"
+    pq.write_table(pa.table({"audio": held, "speaker": [1, 2, 3, 4]}), listing)
+    by_path = _rows_of_run([str(c) for c in cards], tmp_path / "files.jsonl", tiny_en)
+    names = ["cards.wav", "cards.wav#2", f"{listing.name}#3", "corrupt.wav"]
+    for out, model, ray in ((tmp_path / "local.jsonl", tiny_en, None),
+                            (tmp_path / "ray.jsonl", "tiny.en", "local")):  # fmt: skip
+        summary = transcribe_corpus(str(listing), out, model, ray_address=ray, **OPTIONS)
+        assert (summary.ok, summary.failed) == (3, 1)
+        rows = _rows(out)
+        assert [rows[n]["text"] for n in names[:3]] == [by_path[str(c)] for c in cards]
+        assert [rows[n]["speaker"] for n in names] == [1, 2, 3, 4]
+        assert "not a readable audio file" in rows["corrupt.wav"]["error"]
+    summary = transcribe_corpus(str(listing), tmp_path / "local.jsonl", tiny_en, **OPTIONS)
+    assert (summary.skipped, summary.ok) == (4, 0)  # a rerun finds every row
+
+
+def _rows_of_run(files: list[str], out: Path, model: Any) -> dict[str, str]:
+    """The text of each of `files` transcribed by its path."""
+    transcribe_corpus(files, out, model, **OPTIONS)
+    return {path: row["text"] for path, row in _rows(out).items()}
 
 
 def test_ray_actor_killed_mid_run(ray_cluster, corpus, local_rows, tmp_path):

@@ -1,7 +1,8 @@
 """Corpus transcription: `whisperforge batch INPUT --output OUT`, in one process or on Ray.
 
 INPUT is a folder (audio files by extension, recursive), a glob, a text file of paths, a
-Parquet or JSONL manifest (column `path` or `audio`), or one audio file. Relative paths in a
+Parquet or JSONL manifest (column `path` or `audio`), or one audio file. A Parquet manifest's
+`audio` may hold the files themselves, as Hugging Face datasets' shards do (`_embedded`). Relative paths in a
 list or manifest are relative to the list's folder. A row's `path` is the input's own name for
 the file (as the list or manifest writes it). A manifest's `language` and `task` columns are
 each file's own: where a row gives one it wins over the job's `language` and `task`, which are
@@ -99,6 +100,8 @@ class Source:
     task: str | None = None
     # Its manifest row's other columns (speaker, split, ...), by their names in OUT's row.
     columns: dict[str, Any] = field(default_factory=dict)
+    # The file itself, where a Parquet manifest holds it (`_embedded`): read instead of location.
+    data: bytes | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -265,19 +268,48 @@ def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
     column = next((c for c in ("path", "audio") if any(c in row for row in rows)), None)
     if column is None:
         raise WhisperforgeError(f"INPUT {listing}: the manifest needs a `path` or `audio` column")
-    for number, row in enumerate(rows, 1):
-        if not isinstance(row.get(column), str) or not row[column].strip():
-            raise WhisperforgeError(
-                f"INPUT {listing}, row {number}: its `{column}` is {row.get(column)!r}, not a "
-                "file's path; fix or drop the row"
-            )
     carried = _carried(listing, rows)
-    sources = []
-    for row in rows:
+    sources: list[Source] = []
+    held: set[str] = set()  # the names of the files the manifest holds
+    for number, row in enumerate(rows, 1):
+        data = _embedded(row.get("audio"))
+        path = row.get(column)
+        if isinstance(path, dict):  # an `audio` struct: the name of the file it holds or names
+            path = path.get("path")
+        if data is not None and (not isinstance(path, str) or not path.strip()):
+            path = f"{listing.name}#{number}"
+        if not isinstance(path, str) or not path.strip():
+            raise WhisperforgeError(
+                f"INPUT {listing}, row {number}: its `{column}` is {_shown(row.get(column))}, "
+                "not a file's path (nor a Hugging Face audio struct holding the file's bytes); "
+                "fix or drop the row"
+            )
         own = (_own(row.get(c)) for c in PER_FILE_COLUMNS)
         columns = {name: _as_json(row.get(c)) for c, name in carried.items()}
-        sources.append(_located(listing.parent, row[column], *own, columns))
+        if data is None:
+            sources.append(_located(listing.parent, path, *own, columns))
+            continue
+        if path in held:  # two files held under one name: a row each
+            path = f"{path}#{number}"
+        held.add(path)
+        # The manifest's row is the file: `_files` tells two rows apart by it.
+        sources.append(Source(path, f"{listing}#{number}", *own, columns, data))
     return sources
+
+
+def _embedded(value: Any) -> bytes | None:
+    """The bytes of the file a manifest's `audio` value holds: Hugging Face datasets' Audio
+    feature in Parquet, {"bytes": ..., "path": ...} (LibriSpeech, Common Voice, ... shards). A
+    struct with only a path names a file, as a plain `audio` path does."""
+    if isinstance(value, dict) and isinstance(value.get("bytes"), (bytes, bytearray)):
+        return bytes(value["bytes"]) or None
+    return None
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """`value`'s repr, cut to `limit` characters: a row's bytes were printed whole (200 kB)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _as_json(value: Any) -> Any:
@@ -364,14 +396,15 @@ def _csv_rows(listing: Path) -> list[dict]:
 
 def _parquet_rows(listing: Path, manifest: bool = True) -> list[dict]:
     """The rows of a Parquet file; of a `manifest`, without its `audio` column where it has a
-    `path` (the audio itself, maybe: the path is what is read)."""
+    `path` and that column holds no file (`_embedded`: a struct with the file's bytes)."""
     pq = _pyarrow_parquet()
     import pyarrow as pa
 
     try:
-        names = pq.read_schema(listing).names
-        skipped = {"audio"} if manifest and "path" in names else set()
-        read = [name for name in names if name not in skipped]
+        schema = pq.read_schema(listing)
+        holds_files = "audio" in schema.names and pa.types.is_struct(schema.field("audio").type)
+        skipped = {"audio"} if manifest and "path" in schema.names and not holds_files else set()
+        read = [name for name in schema.names if name not in skipped]
         return pq.read_table(listing, columns=read).to_pylist()
     except (pa.ArrowException, OSError) as error:
         raise WhisperforgeError(f"{listing}: not a readable Parquet file ({error})") from None
@@ -390,11 +423,15 @@ def _pyarrow_parquet() -> Any:
 # --- decoding --------------------------------------------------------------------------------
 
 
-def read_audio(location: str, on_warning: Callable[[str], None] | None = None) -> np.ndarray:
-    """16 kHz mono float32. `.npy` files hold 16 kHz samples (int16 or float) and are read with
-    numpy, so corpora of arrays need no FFmpeg."""
+def read_audio(
+    location: str | bytes, on_warning: Callable[[str], None] | None = None
+) -> np.ndarray:
+    """16 kHz mono float32, of a file or its bytes. `.npy` files hold 16 kHz samples (int16 or
+    float) and are read with numpy, so corpora of arrays need no FFmpeg."""
     from .audio import load_audio  # torch is slow to import: only where audio is read
 
+    if isinstance(location, bytes):
+        return load_audio(location, on_warning=on_warning)
     if location.lower().endswith(".npy"):
         return load_audio(np.load(location, allow_pickle=False))
     return load_audio(location, on_warning=on_warning)
@@ -406,7 +443,8 @@ def decode(source: Source) -> Decoded:
     start = time.perf_counter()
     warned: list[str] = []
     try:
-        audio, error = read_audio(source.location, warned.append), None
+        held = source.data if source.data is not None else source.location
+        audio, error = read_audio(held, warned.append), None
     except (WhisperforgeError, OSError, ValueError) as exc:
         audio, error = None, f"{type(exc).__name__}: {exc}"
     for message in warned:
@@ -560,7 +598,8 @@ def _import_ray() -> Any:
 def _decode_batch(batch: dict[str, np.ndarray]) -> dict[str, Any]:
     """Ray Data CPU stage: paths in, 16 kHz float32 arrays out (empty where decoding failed);
     each file's own language and task ("": the job's) passed on."""
-    done = [decode(Source(str(p), str(loc))) for p, loc in zip(batch["path"], batch["location"])]
+    files = zip(batch["path"], batch["location"], batch["data"])
+    done = [decode(Source(str(p), str(loc), data=bytes(d) or None)) for p, loc, d in files]
     return {
         "path": np.array([d.source.path for d in done]),
         "audio": [d.audio if d.audio is not None else np.zeros(0, np.float32) for d in done],
@@ -663,8 +702,8 @@ def run_ray(
         decode_cpus, device = threads, "cpu"
     # Absolute paths: Ray's workers may run in another folder (on a cluster: a shared disk).
     items = [
-        {"path": s.path, "location": os.path.abspath(s.location), "language": s.language or "",
-         "task": s.task or ""}
+        {"path": s.path, "location": os.path.abspath(s.location), "data": s.data or b"",
+         "language": s.language or "", "task": s.task or ""}
         for s in sources
     ]  # fmt: skip
     blocks = min(len(items), MAX_DECODE_TASKS)
