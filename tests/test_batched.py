@@ -78,6 +78,26 @@ def test_words_timed_past_the_audios_end_are_kept_within_it(tiny_en, pipeline):
         assert all(0 < s.start < s.end < duration for s in segments)
 
 
+def test_a_windows_only_segment_past_the_end_keeps_its_words_and_a_length():
+    """A window's only segment with text timed wholly past the audio's end (no dev clip has one
+    under tiny.en; beam search put the 0.96 s clip's second there) had nothing to be joined to:
+    it came out with no length at the end, sequentially, and the batched pipeline dropped it,
+    words and all. It spans from its first word, or without word times, from the window's
+    start, to the end. (Times only: the segments are made here.)"""
+    from whisperforge import Segment, Word
+    from whisperforge.transcribe import within_audio
+
+    def past_the_end(words: list[Word] | None) -> Segment:
+        return Segment(1, 0, 11.0, 12.0, " Good job.", [1], -0.2, 1.0, 0.1, words)
+
+    words = [Word(10.72, 10.8, " Good", 0.9), Word(10.8, 11.3, " job.", 0.9)]
+    (timed,) = within_audio([past_the_end(words)], 10.0, 10.96)
+    assert (timed.start, timed.end, timed.text) == (10.72, 10.96, " Good job.")
+    assert [(w.start, w.end) for w in timed.words] == [(10.72, 10.8), (10.8, 10.96)]
+    (timed,) = within_audio([past_the_end(None)], 10.0, 10.96)
+    assert (timed.start, timed.end) == (10.0, 10.96)
+
+
 def test_silence_returns_nothing(pipeline):
     segments, info = pipeline.transcribe(np.zeros(60 * SR, dtype=np.float32))
     assert list(segments) == [] and info.duration_after_vad == 0

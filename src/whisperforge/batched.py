@@ -712,7 +712,7 @@ class BatchedInferencePipeline:
                 options.append_punctuations,
             )  # fmt: skip
         duration = len(file.samples) / SAMPLE_RATE
-        segments = within_audio(segments, duration)
+        segments = within_audio(segments, window.start / SAMPLE_RATE, duration)
         for segment in segments:
             # faster-whisper's batched pipeline gives each segment its own text's ratio (the
             # window-level figure stays on the window's decode, where the fallback reads it).

@@ -1095,7 +1095,8 @@ class WhisperModel:
             ):
                 prompt_reset_since = len(all_tokens)  # a high-temperature window is no good context
             timed = [s if timeline is None else restore_times(s, timeline) for s in current]
-            for segment in within_audio(timed, duration):
+            window_start = time_offset if timeline is None else timeline.original_time(time_offset)
+            for segment in within_audio(timed, window_start, duration):
                 if segment.text or options.keep_empty_segments:
                     segment.id = segment_id
                     segment_id += 1
@@ -1293,19 +1294,26 @@ def restore_times(segment: Segment, timeline: TimelineMap) -> Segment:
     return segment
 
 
-def within_audio(segments: list[Segment], duration: float) -> list[Segment]:
-    """A window's `segments` timed within the audio, of `duration` seconds: every path's
-    segments pass here once made (`window_steps`, the batched pipeline's windows), so none
-    ends after the audio. Timestamp tokens come in 20 ms steps, and a window's last may point
-    into its padding: the 1.095 s card's one segment ended at 2.0 s (as openai-whisper's does),
-    or batched, at 1.1 s. A segment with text that starts at or after the end is joined to the
-    last one before it with text: the 0.96 s dev clip's " Good job." came at 1.0-2.0 s (its
-    words lie at 0.72-0.88 s), and clamped alone it had no length, a cue no player shows;
-    dropped (as the batched pipeline dropped it), its words were lost."""
+def within_audio(segments: list[Segment], start: float, duration: float) -> list[Segment]:
+    """A window's `segments` timed within the audio, of `duration` seconds (the window starts
+    at `start`): every path's segments pass here once made (`window_steps`, the batched
+    pipeline's windows), so none ends after the audio. Timestamp tokens come in 20 ms steps,
+    and a window's last may point into its padding: the 1.095 s card's one segment ended at
+    2.0 s (as openai-whisper's does), or batched, at 1.1 s. A segment with text that starts at
+    or after the end is joined to the last one before it with text: the 0.96 s dev clip's
+    " Good job." came at 1.0-2.0 s (its words lie at 0.72-0.88 s), and clamped alone it had no
+    length, a cue no player shows; dropped (as the batched pipeline dropped it), its words were
+    lost. With none before it, it holds all the window's words: it starts at its first word, or
+    without word times, with the window."""
     joined: list[Segment] = []
     for segment in segments:
+        if not segment.text or segment.start < duration:
+            joined.append(segment)
+            continue
         before = next((s for s in reversed(joined) if s.text), None)
-        if before is None or not segment.text or segment.start < duration:
+        if before is None:
+            heard = [w.start for w in segment.words or [] if w.start < duration]
+            segment.start = heard[0] if heard else start
             joined.append(segment)
             continue
         before.text += segment.text
