@@ -312,8 +312,8 @@ def test_ray_actors_decode_with_the_jobs_options(ray_cluster, option_run, tmp_pa
 def test_a_parquet_shard_holding_its_audio_is_transcribed(ray_cluster, tiny_en, tmp_path):
     """Hugging Face datasets' Parquet shards hold each file in an `audio` struct, {"bytes":
     ..., "path": ...}: the job printed the row's 35 kB of bytes as "not a file's path". Each
-    row is its file now, named by the struct's path (two under one name get a row each, one
-    with none is named by the shard's row), in one process and on Ray alike."""
+    row is its file now, named by the struct's path (a name taken already, or none: by the
+    shard's row), in one process and on Ray alike; a glob of shards reads them all."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -324,7 +324,7 @@ def test_a_parquet_shard_holding_its_audio_is_transcribed(ray_cluster, tiny_en, 
     listing = tmp_path / "train-00000-of-00001.parquet"
     pq.write_table(pa.table({"audio": held, "speaker": [1, 2, 3, 4]}), listing)
     by_path = _rows_of_run([str(c) for c in cards], tmp_path / "files.jsonl", tiny_en)
-    names = ["cards.wav", "cards.wav#2", f"{listing.name}#3", "corrupt.wav"]
+    names = ["cards.wav", f"{listing}#2", f"{listing}#3", "corrupt.wav"]
     for out, model, ray in ((tmp_path / "local.jsonl", tiny_en, None),
                             (tmp_path / "ray.jsonl", "tiny.en", "local")):  # fmt: skip
         summary = transcribe_corpus(str(listing), out, model, ray_address=ray, **OPTIONS)
@@ -335,6 +335,18 @@ def test_a_parquet_shard_holding_its_audio_is_transcribed(ray_cluster, tiny_en, 
         assert "not a readable audio file" in rows["corrupt.wav"]["error"]
     summary = transcribe_corpus(str(listing), tmp_path / "local.jsonl", tiny_en, **OPTIONS)
     assert (summary.skipped, summary.ok) == (4, 0)  # a rerun finds every row
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for n, part in enumerate((held[:1], held[1:2])):  # a dataset's shards: cards.wav in both
+        pq.write_table(pa.table({"audio": part}), shards / f"train-0000{n}-of-00002.parquet")
+    with pytest.raises(WhisperforgeError, match=r"manifests .* as a glob in quotes"):
+        transcribe_corpus(str(shards), tmp_path / "shards.jsonl", tiny_en, **OPTIONS)
+    transcribe_corpus(str(shards / "*.parquet"), tmp_path / "shards.jsonl", tiny_en, **OPTIONS)
+    rows = _rows(tmp_path / "shards.jsonl")
+    assert {p: r["text"] for p, r in rows.items()} == {
+        "cards.wav": by_path[str(cards[0])],
+        f"{shards / 'train-00001-of-00002.parquet'}#1": by_path[str(cards[1])]}  # fmt: skip
 
 
 def _rows_of_run(files: list[str], out: Path, model: Any) -> dict[str, str]:

@@ -1,8 +1,9 @@
 """Corpus transcription: `whisperforge batch INPUT --output OUT`, in one process or on Ray.
 
-INPUT is a folder (audio files by extension, recursive), a glob, a text file of paths, a
-Parquet or JSONL manifest (column `path` or `audio`), or one audio file. A Parquet manifest's
-`audio` may hold the files themselves, as Hugging Face datasets' shards do (`_embedded`). Relative paths in a
+INPUT is a folder (audio files by extension, recursive), a glob (of audio files, or of
+manifests: a dataset's shards), a text file of paths, a Parquet, JSONL or CSV manifest (column
+`path` or `audio`), or one audio file. A Parquet manifest's `audio` may hold the files
+themselves, as Hugging Face datasets' shards do (`_embedded`). Relative paths in a
 list or manifest are relative to the list's folder. A row's `path` is the input's own name for
 the file (as the list or manifest writes it). A manifest's `language` and `task` columns are
 each file's own: where a row gives one it wins over the job's `language` and `task`, which are
@@ -77,6 +78,7 @@ AUDIO_EXTENSIONS = frozenset(
     {".wav", ".flac", ".mp3", ".m4a", ".ogg", ".oga", ".opus", ".webm", ".mp4", ".m4v", ".mkv",
      ".mka", ".mov", ".aac", ".wma", ".aif", ".aiff", ".amr", ".npy"}
 )  # fmt: skip
+MANIFEST_EXTENSIONS = frozenset({".parquet", ".jsonl", ".ndjson", ".csv", ".tsv"})
 # A manifest's columns that set a file's own language and task (empty: the job's).
 PER_FILE_COLUMNS = ("language", "task")
 # An output row's fields, in the order of a .parquet OUT's columns; a manifest's other columns
@@ -171,29 +173,44 @@ def _listing(spec: str | Iterable[str]) -> tuple[dict[str, Source], Path | None]
         )
         sources = [Source(str(p), str(p)) for p in found]
     elif path.is_file():
-        suffix = path.suffix.lower()
-        if suffix == ".parquet":
-            rows = _parquet_rows(path)  # a file that is not Parquet: refused there
-            sources, folder = _manifest(path, rows), path.parent
-        elif suffix in (".jsonl", ".ndjson"):
-            sources, folder = _manifest(path, _jsonl_rows(path)), path.parent
-        elif suffix in (".csv", ".tsv"):
-            sources, folder = _manifest(path, _csv_rows(path)), path.parent
+        if _is_manifest(path):
+            sources, folder = _manifest(path, set()), path.parent
         elif _is_audio(path):
             sources = [Source(spec, spec)]
         else:
             sources, folder = _path_list(path), path.parent
     elif glob.has_magic(spec):
         found = sorted(p for p in glob.glob(os.path.expanduser(spec), recursive=True))
-        sources = [Source(p, p) for p in found if os.path.isfile(p) or os.path.islink(p)]
-        if not sources:
+        found = [p for p in found if os.path.isfile(p) or os.path.islink(p)]
+        if not found:
             raise WhisperforgeError(f"INPUT {spec}: the glob matches no files; check the pattern")
+        manifests = [Path(p) for p in found if _is_manifest(Path(p))]
+        if manifests and len(manifests) < len(found):
+            raise WhisperforgeError(
+                f"INPUT {spec}: the glob matches manifests ({manifests[0]}) and other files; "
+                "match the audio files or the manifests (a dataset's Parquet shards), not both"
+            )
+        if manifests:  # a dataset's shards: their rows, one shard after another
+            taken: set[str] = set()
+            sources = [s for manifest in manifests for s in _manifest(manifest, taken)]
+            folders = {m.parent for m in manifests}
+            folder = folders.pop() if len(folders) == 1 else None
+        else:
+            sources = [Source(p, p) for p in found]
     else:
         raise WhisperforgeError(
             f"INPUT {spec}: no such file or folder; pass a folder, a glob in quotes, a text file "
             "of paths, or a .parquet/.jsonl/.csv manifest"
         )
     if not sources:
+        shard = (
+            next((p for p in path.rglob("*") if _is_manifest(p)), None) if path.is_dir() else None
+        )
+        if shard is not None:  # a dataset's folder of Parquet shards
+            raise WhisperforgeError(
+                f"INPUT {spec}: no audio files in it, but manifests ({shard}); pass them as a "
+                f"glob in quotes, e.g. '{path / ('**/*' + shard.suffix)}'"
+            )
         raise WhisperforgeError(
             f"INPUT {spec}: no audio files in it (extensions read from folders: "
             f"{' '.join(sorted(AUDIO_EXTENSIONS))})"
@@ -203,6 +220,10 @@ def _listing(spec: str | Iterable[str]) -> tuple[dict[str, Source], Path | None]
 
 def _is_audio(path: Path) -> bool:
     return path.suffix.lower() in AUDIO_EXTENSIONS
+
+
+def _is_manifest(path: Path) -> bool:
+    return path.suffix.lower() in MANIFEST_EXTENSIONS
 
 
 def _unique(sources: list[Source]) -> dict[str, Source]:
@@ -260,9 +281,16 @@ def _path_list(listing: Path) -> list[Source]:
     return [_located(listing.parent, n) for n in names if n and not n.startswith("#")]
 
 
-def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
+def _manifest(listing: Path, taken: set[str]) -> list[Source]:
     """The files of a manifest's rows, each with its own language and task if it has them, and
-    its other columns (`_carried`), every row with every column (None where it has none)."""
+    its other columns (`_carried`), every row with every column (None where it has none).
+    `taken`: the names of the files held in the manifests read before (`_embedded`), added to;
+    a file held under a name already taken, or none, is named by its row, `MANIFEST#ROW`."""
+    suffix = listing.suffix.lower()
+    if suffix == ".parquet":
+        rows = _parquet_rows(listing)  # a file that is not Parquet: refused there
+    else:
+        rows = _csv_rows(listing) if suffix in (".csv", ".tsv") else _jsonl_rows(listing)
     if not rows:
         raise WhisperforgeError(f"INPUT {listing}: the manifest has no rows")
     column = next((c for c in ("path", "audio") if any(c in row for row in rows)), None)
@@ -270,14 +298,13 @@ def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
         raise WhisperforgeError(f"INPUT {listing}: the manifest needs a `path` or `audio` column")
     carried = _carried(listing, rows)
     sources: list[Source] = []
-    held: set[str] = set()  # the names of the files the manifest holds
     for number, row in enumerate(rows, 1):
         data = _embedded(row.get("audio"))
         path = row.get(column)
         if isinstance(path, dict):  # an `audio` struct: the name of the file it holds or names
             path = path.get("path")
-        if data is not None and (not isinstance(path, str) or not path.strip()):
-            path = f"{listing.name}#{number}"
+        if data is not None and (not isinstance(path, str) or not path.strip() or path in taken):
+            path = f"{listing}#{number}"
         if not isinstance(path, str) or not path.strip():
             raise WhisperforgeError(
                 f"INPUT {listing}, row {number}: its `{column}` is {_shown(row.get(column))}, "
@@ -289,9 +316,7 @@ def _manifest(listing: Path, rows: list[dict]) -> list[Source]:
         if data is None:
             sources.append(_located(listing.parent, path, *own, columns))
             continue
-        if path in held:  # two files held under one name: a row each
-            path = f"{path}#{number}"
-        held.add(path)
+        taken.add(path)
         # The manifest's row is the file: `_files` tells two rows apart by it.
         sources.append(Source(path, f"{listing}#{number}", *own, columns, data))
     return sources
