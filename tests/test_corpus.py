@@ -313,28 +313,32 @@ def test_a_parquet_shard_holding_its_audio_is_transcribed(ray_cluster, tiny_en, 
     """Hugging Face datasets' Parquet shards hold each file in an `audio` struct, {"bytes":
     ..., "path": ...}: the job printed the row's 35 kB of bytes as "not a file's path". Each
     row is its file now, named by the struct's path (a name taken already, or none: by the
-    shard's row), in one process and on Ray alike; a glob of shards reads them all."""
+    shard's row), in one process and on Ray alike; a glob of shards reads them all. The bytes
+    are read as files are decoded, not with the manifest."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    cards = [DEV_DIR / f"pocketsphinx__cards__00{n}.wav" for n in (1, 2, 3)]
+    cards = [DEV_DIR / f"pocketsphinx__cards__00{n}.wav" for n in (1, 2, 3, 4)]
     held = [{"bytes": c.read_bytes(), "path": name} for c, name in
             zip(cards, ("cards.wav", "cards.wav", None))]  # fmt: skip
+    (tmp_path / "beside.wav").write_bytes(cards[3].read_bytes())
+    held.append({"bytes": None, "path": "beside.wav"})  # a file beside the shard, by its path
     held.append({"bytes": b"RIFF not audio", "path": "corrupt.wav"})
     listing = tmp_path / "train-00000-of-00001.parquet"
-    pq.write_table(pa.table({"audio": held, "speaker": [1, 2, 3, 4]}), listing)
+    speakers = list(range(len(held)))  # in row groups of 2 rows: read a group at a time
+    pq.write_table(pa.table({"audio": held, "speaker": speakers}), listing, row_group_size=2)
     by_path = _rows_of_run([str(c) for c in cards], tmp_path / "files.jsonl", tiny_en)
-    names = ["cards.wav", f"{listing}#2", f"{listing}#3", "corrupt.wav"]
+    names = ["cards.wav", f"{listing}#2", f"{listing}#3", "beside.wav", "corrupt.wav"]
     for out, model, ray in ((tmp_path / "local.jsonl", tiny_en, None),
                             (tmp_path / "ray.jsonl", "tiny.en", "local")):  # fmt: skip
         summary = transcribe_corpus(str(listing), out, model, ray_address=ray, **OPTIONS)
-        assert (summary.ok, summary.failed) == (3, 1)
+        assert (summary.ok, summary.failed) == (4, 1)
         rows = _rows(out)
-        assert [rows[n]["text"] for n in names[:3]] == [by_path[str(c)] for c in cards]
-        assert [rows[n]["speaker"] for n in names] == [1, 2, 3, 4]
+        assert [rows[n]["text"] for n in names[:4]] == [by_path[str(c)] for c in cards]
+        assert [rows[n]["speaker"] for n in names] == speakers
         assert "not a readable audio file" in rows["corrupt.wav"]["error"]
     summary = transcribe_corpus(str(listing), tmp_path / "local.jsonl", tiny_en, **OPTIONS)
-    assert (summary.skipped, summary.ok) == (4, 0)  # a rerun finds every row
+    assert (summary.skipped, summary.ok) == (5, 0)  # a rerun finds every row
 
     shards = tmp_path / "shards"
     shards.mkdir()

@@ -45,6 +45,7 @@ stay.
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import glob
 import inspect
@@ -55,6 +56,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 import warnings
 from collections import deque
@@ -67,7 +69,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import errors
-from .errors import GPU_OUT_OF_MEMORY, InvalidOptionError, WhisperforgeError, is_out_of_memory
+from .errors import (
+    GPU_OUT_OF_MEMORY,
+    AudioError,
+    InvalidOptionError,
+    WhisperforgeError,
+    is_out_of_memory,
+)
 
 if TYPE_CHECKING:
     from .batched import BatchedInferencePipeline, FileTranscription
@@ -102,8 +110,9 @@ class Source:
     task: str | None = None
     # Its manifest row's other columns (speaker, split, ...), by their names in OUT's row.
     columns: dict[str, Any] = field(default_factory=dict)
-    # The file itself, where a Parquet manifest holds it (`_embedded`): read instead of location.
-    data: bytes | None = field(default=None, repr=False)
+    # Where a Parquet manifest holds the file itself (`HeldFile`): its row there (from 0);
+    # location is then SHARD#ROW (a row's own, for `_files`), and the file is read from SHARD.
+    row: int | None = None
 
 
 @dataclass
@@ -299,36 +308,36 @@ def _manifest(listing: Path, taken: set[str]) -> list[Source]:
     carried = _carried(listing, rows)
     sources: list[Source] = []
     for number, row in enumerate(rows, 1):
-        data = _embedded(row.get("audio"))
+        held = row.get("audio")
         path = row.get(column)
-        if isinstance(path, dict):  # an `audio` struct: the name of the file it holds or names
-            path = path.get("path")
-        if data is not None and (not isinstance(path, str) or not path.strip() or path in taken):
-            path = f"{listing}#{number}"
-        if not isinstance(path, str) or not path.strip():
-            raise WhisperforgeError(
-                f"INPUT {listing}, row {number}: its `{column}` is {_shown(row.get(column))}, "
-                "not a file's path (nor a Hugging Face audio struct holding the file's bytes); "
-                "fix or drop the row"
-            )
+        if isinstance(path, HeldFile):
+            path = path.name
         own = (_own(row.get(c)) for c in PER_FILE_COLUMNS)
         columns = {name: _as_json(row.get(c)) for c, name in carried.items()}
-        if data is None:
+        if isinstance(held, HeldFile):
+            if not isinstance(path, str) or not path.strip() or path in taken:
+                path = f"{listing}#{number}"
+            taken.add(path)
+            sources.append(Source(path, f"{listing}#{number}", *own, columns, number - 1))
+        elif isinstance(path, str) and path.strip():
             sources.append(_located(listing.parent, path, *own, columns))
-            continue
-        taken.add(path)
-        # The manifest's row is the file: `_files` tells two rows apart by it.
-        sources.append(Source(path, f"{listing}#{number}", *own, columns, data))
+        else:
+            raise WhisperforgeError(
+                f"INPUT {listing}, row {number}: its `{column}` is {_shown(row.get(column))}, "
+                "not a file's path; fix or drop the row"
+            )
     return sources
 
 
-def _embedded(value: Any) -> bytes | None:
-    """The bytes of the file a manifest's `audio` value holds: Hugging Face datasets' Audio
-    feature in Parquet, {"bytes": ..., "path": ...} (LibriSpeech, Common Voice, ... shards). A
-    struct with only a path names a file, as a plain `audio` path does."""
-    if isinstance(value, dict) and isinstance(value.get("bytes"), (bytes, bytearray)):
-        return bytes(value["bytes"]) or None
-    return None
+@dataclass(frozen=True)
+class HeldFile:
+    """A Parquet manifest's `audio` value that holds the file itself: Hugging Face datasets'
+    Audio feature, a struct {"bytes": ..., "path": ...} (LibriSpeech, Common Voice, ...
+    shards), `name` its path. Only names are read with the manifest: the bytes are read as
+    each file is decoded (`ShardReader`), so a glob over a dataset's 60 GB of shards does not
+    hold them in memory."""
+
+    name: str | None
 
 
 def _shown(value: Any, limit: int = 80) -> str:
@@ -420,19 +429,61 @@ def _csv_rows(listing: Path) -> list[dict]:
 
 
 def _parquet_rows(listing: Path, manifest: bool = True) -> list[dict]:
-    """The rows of a Parquet file; of a `manifest`, without its `audio` column where it has a
-    `path` and that column holds no file (`_embedded`: a struct with the file's bytes)."""
+    """The rows of a Parquet file. A `manifest`'s `audio` column is not read where it has a
+    `path` (the audio itself, maybe: the path is what is read), but where it holds the files
+    (a struct with their `bytes`), each row's is a `HeldFile`, by name only."""
     pq = _pyarrow_parquet()
     import pyarrow as pa
 
     try:
         schema = pq.read_schema(listing)
-        holds_files = "audio" in schema.names and pa.types.is_struct(schema.field("audio").type)
-        skipped = {"audio"} if manifest and "path" in schema.names and not holds_files else set()
+        audio = schema.field("audio").type if "audio" in schema.names else pa.null()
+        holds = manifest and pa.types.is_struct(audio) and audio.get_field_index("bytes") >= 0
+        skipped = {"audio"} if manifest and ("path" in schema.names or holds) else set()
         read = [name for name in schema.names if name not in skipped]
-        return pq.read_table(listing, columns=read).to_pylist()
+        rows = pq.read_table(listing, columns=read).to_pylist()
+        if holds:
+            names = [None] * len(rows)
+            if audio.get_field_index("path") >= 0:  # read apart: a `path` column has its name
+                names = pq.read_table(listing, columns=["audio.path"]).column(0).to_pylist()
+            for row, name in zip(rows, names):
+                row["audio"] = HeldFile(name)
+        return rows
     except (pa.ArrowException, OSError) as error:
         raise WhisperforgeError(f"{listing}: not a readable Parquet file ({error})") from None
+
+
+class ShardReader:
+    """The files a Parquet manifest holds (`HeldFile`), read a row group at a time, the last
+    one kept: files are decoded in their shard's order (a few at once on threads, or a block
+    of rows per Ray task), so each group is read about once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.shard: str | None = None
+        self.starts: list[int] = []  # the first row of each row group
+        self.group: tuple[int, list[dict]] | None = None  # (index, its rows' audio structs)
+
+    def read(self, location: str, row: int) -> bytes | str:
+        """The bytes of the file held at `row` of the shard `location` names (SHARD#ROW), or
+        the path its struct gives where it holds no bytes (relative to the shard's folder)."""
+        pq = _pyarrow_parquet()
+        shard = location.rpartition("#")[0]
+        with self.lock:
+            if shard != self.shard:
+                metadata = pq.read_metadata(shard)
+                sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+                self.shard, self.starts, self.group = shard, np.cumsum([0, *sizes]).tolist(), None
+            index = bisect.bisect_right(self.starts, row) - 1
+            if self.group is None or self.group[0] != index:
+                table = pq.ParquetFile(shard).read_row_group(index, columns=["audio"])
+                self.group = (index, table.column(0).to_pylist())
+            held = self.group[1][row - self.starts[index]] or {}
+        if held.get("bytes"):
+            return bytes(held["bytes"])
+        if held.get("path"):
+            return str(Path(shard).parent / held["path"])
+        raise AudioError(f"{location}: the row holds no audio (no bytes, no path); drop the row")
 
 
 def _pyarrow_parquet() -> Any:
@@ -462,13 +513,16 @@ def read_audio(
     return load_audio(location, on_warning=on_warning)
 
 
+SHARDS = ShardReader()  # this process's
+
+
 def decode(source: Source) -> Decoded:
     """A file's audio, or its error; what decoding it warned of is warned of and kept for its
     row (a cut-off recording transcribes what is there: its row says so)."""
     start = time.perf_counter()
     warned: list[str] = []
     try:
-        held = source.data if source.data is not None else source.location
+        held = source.location if source.row is None else SHARDS.read(source.location, source.row)
         audio, error = read_audio(held, warned.append), None
     except (WhisperforgeError, OSError, ValueError) as exc:
         audio, error = None, f"{type(exc).__name__}: {exc}"
@@ -623,8 +677,8 @@ def _import_ray() -> Any:
 def _decode_batch(batch: dict[str, np.ndarray]) -> dict[str, Any]:
     """Ray Data CPU stage: paths in, 16 kHz float32 arrays out (empty where decoding failed);
     each file's own language and task ("": the job's) passed on."""
-    files = zip(batch["path"], batch["location"], batch["data"])
-    done = [decode(Source(str(p), str(loc), data=bytes(d) or None)) for p, loc, d in files]
+    files = zip(batch["path"], batch["location"], batch["row"])
+    done = [decode(Source(str(p), str(loc), row=int(r) if r >= 0 else None)) for p, loc, r in files]
     return {
         "path": np.array([d.source.path for d in done]),
         "audio": [d.audio if d.audio is not None else np.zeros(0, np.float32) for d in done],
@@ -727,8 +781,8 @@ def run_ray(
         decode_cpus, device = threads, "cpu"
     # Absolute paths: Ray's workers may run in another folder (on a cluster: a shared disk).
     items = [
-        {"path": s.path, "location": os.path.abspath(s.location), "data": s.data or b"",
-         "language": s.language or "", "task": s.task or ""}
+        {"path": s.path, "location": os.path.abspath(s.location), "language": s.language or "",
+         "task": s.task or "", "row": -1 if s.row is None else s.row}
         for s in sources
     ]  # fmt: skip
     blocks = min(len(items), MAX_DECODE_TASKS)
