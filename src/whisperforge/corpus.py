@@ -3,7 +3,7 @@
 INPUT is a folder (audio files by extension, recursive), a glob (of audio files, or of
 manifests: a dataset's shards), a text file of paths, a Parquet, JSONL or CSV manifest (column
 `path` or `audio`), or one audio file. A Parquet manifest's `audio` may hold the files
-themselves, as Hugging Face datasets' shards do (`_embedded`). Relative paths in a
+themselves, as Hugging Face datasets' shards do (`HeldFile`). Relative paths in a
 list or manifest are relative to the list's folder. A row's `path` is the input's own name for
 the file (as the list or manifest writes it). A manifest's `language` and `task` columns are
 each file's own: where a row gives one it wins over the job's `language` and `task`, which are
@@ -293,7 +293,7 @@ def _path_list(listing: Path) -> list[Source]:
 def _manifest(listing: Path, taken: set[str]) -> list[Source]:
     """The files of a manifest's rows, each with its own language and task if it has them, and
     its other columns (`_carried`), every row with every column (None where it has none).
-    `taken`: the names of the files held in the manifests read before (`_embedded`), added to;
+    `taken`: the names of the files held in the manifests read before (`HeldFile`), added to;
     a file held under a name already taken, or none, is named by its row, `MANIFEST#ROW`."""
     suffix = listing.suffix.lower()
     if suffix == ".parquet":
