@@ -345,6 +345,21 @@ def test_a_commit_before_the_language_is_heard_does_not_fix_it(base):
     assert short.commit().committed and short.finish().language == short.language is not None
 
 
+def test_the_update_after_a_commit_does_not_fix_a_language_still_being_heard():
+    """A commit before DETECTION_S of audio leaves the language being detected (its words are
+    committed as heard), but the update after it fixed the language from its buffer, 2.4 s:
+    only at the stream's end do committed words fix it, under DETECTION_S."""
+    fake = Scripted(script(6))
+    fake.is_multilingual = True  # type: ignore[attr-defined]
+    stream = StreamingTranscriber(fake, StreamingOptions(min_chunk_s=1.0))
+    stream.feed(ramp(0, round(1.2 * SR)))
+    assert stream.commit().committed_text == " w0 w1 w2" and stream.language is None
+    (event,) = stream.feed(ramp(round(1.2 * SR), round(2.4 * SR)))
+    assert event.language is None and event.committed == []
+    (event,) = stream.feed(ramp(round(2.4 * SR), round(3.6 * SR)))
+    assert event.language == stream.language == "en"  # DETECTION_S heard
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="min_chunk_s"):
         StreamingOptions(min_chunk_s=0)

@@ -447,8 +447,10 @@ class StreamingTranscriber:
             self._older = [h[len(agreed) :] for h in history][len(history) - keep :] if keep else []
             self._tentative = hypothesis[len(agreed) :]
         # Trimmed after a final update too: a client that commits more often than min_chunk_s
-        # makes no other updates, and its buffer would grow past Whisper's 30 s.
-        agreed = self._commit(agreed, ending or not final) + self._trim(segments)
+        # makes no other updates, and its buffer would grow past Whisper's 30 s. The language
+        # is fixed here only at the end: while it is being detected nothing is agreed, and an
+        # update after a `commit` fixed it from its buffer, under DETECTION_S of audio.
+        agreed = self._commit(agreed, ending) + self._trim(segments)
         return self._event(agreed, final, compute)
 
     def _event(self, committed: list[Word], final: bool, compute: float) -> StreamingEvent:
