@@ -14,7 +14,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -724,6 +724,113 @@ def test_websocket_commit_commits_the_words_heard_so_far(client):
         final = until_final(ws)[-1]
     assert final["text"].startswith(committed["committed_text"].strip())
     assert plain_wer(JFK_TEXT, final["text"]) < 0.15
+
+
+def events_until(ws, last: Callable[[dict], bool]) -> list[dict]:
+    """The stream's events up to the first that is the `last`."""
+    events: list[dict] = []
+    for _ in range(100):  # bounded: one event per update at most
+        events.append(ws.receive_json())
+        if last(events[-1]):
+            return events
+    raise AssertionError(f"no such event in {events}")
+
+
+def test_websocket_commit_is_answered_with_openai_committed_events(client):
+    """As OpenAI's realtime API answers input_audio_buffer.commit: input_audio_buffer.committed,
+    whose item_id names the utterance and previous_item_id the one before it (null for the
+    first), after the transcript.update the commit was answered with before. Every event the
+    stream sends has an event_id of its own."""
+    pcm = s16le(load_audio(JFK))
+    cuts = (0, 2 * round(3.0 * 16000), 2 * round(7.9 * 16000))  # after "Americans", "for you"
+    with client.websocket_connect(ONE_DECODE) as ws:
+        for start, end in itertools.pairwise(cuts):
+            ws.send_text(append(pcm[start:end]))
+            ws.send_text('{"type": "input_audio_buffer.commit"}')
+        ws.send_text("stop")
+        events = until_final(ws)
+    assert events[0]["type"] == "session.created"
+    committed = [e for e in events if e["type"] == "input_audio_buffer.committed"]
+    assert [(e["item_id"], e["previous_item_id"]) for e in committed] == [
+        ("item_1", None),
+        ("item_2", "item_1"),
+    ]
+    assert [e["type"] for e in events[1:5]] == [
+        "transcript.update", "input_audio_buffer.committed",
+        "transcript.update", "input_audio_buffer.committed",
+    ]  # fmt: skip
+    ids = [e["event_id"] for e in events]
+    assert all(isinstance(i, str) and i.startswith("event_") for i in ids)
+    assert len(set(ids)) == len(ids)
+    first, second = (e["committed_text"] for e in events[1:5:2])
+    assert events[-1]["text"] == (first + second).strip()  # the stop had nothing more to commit
+    assert plain_words(second) == " ".join(JFK_TEXT.split()[5:14])  # "ask not ... for you"
+
+
+def test_websocket_clear_drops_the_audio_not_committed(client, tiny_en):
+    """input_audio_buffer.clear (OpenAI's realtime API; it was an error event): the words said
+    since the last commit, tentative in the update that heard them, are dropped with their
+    audio, and the stream goes on: its text is the committed words and the next clip's, each
+    word timed where it is in all the audio sent (the dropped audio counts in the clock). The
+    audio sent just before the clear goes with it, decoded or not."""
+    jfk, other = load_audio(JFK), load_audio(DEV_DIR / "coqui-tts-ljspeech__LJ001-0004.wav")
+    said, heard_to = round(3.0 * 16000), round(7.9 * 16000)  # after "Americans", "for you"
+    cleared_at = heard_to + 8000  # and 0.5 s more, under min_chunk_s: no update of its own
+    segments, _ = tiny_en.transcribe(other, beam_size=1, word_timestamps=True)
+    offline = [w for s in segments for w in s.words]
+    with client.websocket_connect(f"{STREAM}?min_chunk_s=1") as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_bytes(s16le(jfk[:said]))  # one frame: one update
+        ws.send_text('{"type": "input_audio_buffer.commit"}')
+        # up to the commit's transcript.update, with nothing tentative
+        updates = events_until(
+            ws, lambda e: e["type"] == "transcript.update" and not e["tentative"]
+        )
+        committed = "".join(e["committed_text"] for e in updates)
+        ws.send_bytes(s16le(jfk[said:heard_to]))  # the first update after a commit commits none
+        heard = events_until(ws, lambda e: e["type"] == "transcript.update")[-1]
+        assert heard["committed"] == [] and heard["tentative"]
+        ws.send_bytes(s16le(jfk[heard_to:cleared_at]))
+        ws.send_text('{"type": "input_audio_buffer.clear"}')
+        assert ws.receive_json()["type"] == "input_audio_buffer.cleared"
+        ws.send_bytes(s16le(other))
+        ws.send_text("stop")
+        events = until_final(ws)
+    text, words = events[-1]["text"], [w for e in events for w in e["committed"]]
+    dropped = set(plain_words(heard["tentative_text"]).split())
+    assert dropped and not dropped & set(plain_words(text).split())
+    assert plain_words(text) == plain_words(committed + "".join(w.word for w in offline))
+    # The other clip's words, where they are after the dropped audio, as offline times them.
+    assert len(words) == len(offline)
+    for streamed, alone in zip(words, offline):
+        assert streamed["start"] == pytest.approx(alone.start + cleared_at / 16000, abs=0.3)
+        assert streamed["end"] == pytest.approx(alone.end + cleared_at / 16000, abs=0.3)
+
+
+def test_websocket_errors_say_the_event_id_of_the_client_event_they_answer(client):
+    """As OpenAI's realtime error events do, an error's `error` says the event_id of the client
+    event it answers (null where it gave none, or one that is not a short string), so a client
+    can tell which of its events failed; the error event has an event_id of its own."""
+    sent = {
+        '{"type": "session.update", "event_id": "evt_update"}': "evt_update",
+        '{"type": "input_audio_buffer.append", "event_id": "evt_append"}': "evt_append",
+        '{"type": "input_audio_buffer.append", "audio": "not base64!"}': None,
+        '{"type": "session.update", "event_id": 7}': None,
+        json.dumps({"type": "session.update", "event_id": "e" * 1000}): None,  # not kept
+        "hello": None,
+    }
+    with client.websocket_connect(ONE_DECODE) as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        for text, event_id in sent.items():
+            ws.send_text(text)
+            event = ws.receive_json()
+            assert event["type"] == "error" and event["error"]["event_id"] == event_id, event
+            assert set(event["error"]) == {"message", "type", "param", "code", "event_id"}
+            assert event["event_id"].startswith("event_")
+        ws.send_text('{"type": "input_audio_buffer.clear", "event_id": "evt_clear"}')
+        assert ws.receive_json()["type"] == "input_audio_buffer.cleared"  # no error
+        ws.send_text('{"type": "stop", "event_id": "evt_stop"}')
+        assert until_final(ws)[-1]["text"] == ""
 
 
 def test_websocket_streams_committed_words(client):

@@ -157,6 +157,37 @@ def test_local_agreement_commits_the_common_prefix_and_never_changes_it():
     assert stream.text == " And so my fellow Americans, ask"
 
 
+@pytest.mark.parametrize("silence_db", [None, -100.0])  # (the ramp is about -80 dBFS)
+def test_clear_drops_the_tentative_words_and_keeps_what_was_committed(silence_db):
+    """`clear` (the server's input_audio_buffer.clear) drops the tentative words and the audio
+    not committed, undecoded, keeps the words a `commit` committed (and the prompt they make),
+    and the clock goes on over the dropped audio; a multilingual stream whose words a commit
+    made before its language was heard still ends with their language (it ended with words
+    and language None: an empty buffer, or one gated as silent, skipped the commit that fixes
+    it)."""
+    fake = Scripted(script(6))
+    fake.is_multilingual = True  # type: ignore[attr-defined]  # (DETECTION_S: 3 s)
+    options = StreamingOptions(min_chunk_s=1.0, silence_db=silence_db)
+    stream = StreamingTranscriber(fake, options)
+    stream.feed(ramp(0, round(1.2 * SR)))
+    said = stream.commit().committed_text
+    assert said == " w0 w1 w2" and stream.language is None
+    assert stream.feed(ramp(round(1.2 * SR), round(2.4 * SR)))[0].tentative_text == " w3 w4 w5"
+    calls = fake.calls
+    stream.clear(ramp(round(2.4 * SR), round(2.6 * SR)))  # and the audio that came with it
+    assert fake.calls == calls and stream.received_s == 2.6 and stream.buffer_s == 0
+    # The next words, where they are in all the audio (w6 began before the clear).
+    (event,) = stream.feed(ramp(round(2.6 * SR), 4 * SR))
+    timed = [[(round(w.start, 3), round(w.end, 3), w.word) for w in ws]
+             for ws in (event.tentative, fake.words[7:10])]  # fmt: skip
+    assert event.committed == [] and timed[0] == timed[1]
+    assert fake.prompts[-1] == said.strip() and stream.language is None  # 1.4 s heard since
+    stream.clear()
+    final = stream.finish()
+    assert final.committed == [] and stream.text == said
+    assert final.language == stream.language == "en"
+
+
 def test_any_chunk_size_and_odd_byte_splits_give_the_same_samples():
     rng = np.random.default_rng(0)
     pcm = rng.integers(-32768, 32767, size=SR * 3, dtype=np.int16).astype("<i2").tobytes()
@@ -343,6 +374,20 @@ def test_a_commit_before_the_language_is_heard_does_not_fix_it(base):
     short = StreamingTranscriber(base, StreamingOptions())
     short.feed(spanish[: round(1.5 * SR)])
     assert short.commit().committed and short.finish().language == short.language is not None
+
+
+def test_a_clear_before_anything_is_committed_hears_the_language_again(base):
+    """`clear` (the server's input_audio_buffer.clear) drops audio the client took back; a
+    language detected from it, with nothing committed, stayed the stream's: German heard and
+    dropped, then English came out as "Und so my fellow Americans!". It is detected again from
+    what follows; the clock goes on over the dropped audio."""
+    german = load_audio(DEV_DIR / "picovoice-leopard__test_de.wav")[: 4 * SR]
+    stream = StreamingTranscriber(base, StreamingOptions())
+    assert [(e.language, e.committed) for e in stream.feed(german)] == [("de", [])]
+    stream.clear()
+    assert stream.language is None and stream.buffer_s == 0 and stream.received_s == 4.0
+    final = stream.finish()  # nothing heard since: nothing committed, no language
+    assert (final.language, final.committed, final.time) == (None, [], 4.0)
 
 
 def test_the_update_after_a_commit_does_not_fix_a_language_still_being_heard():

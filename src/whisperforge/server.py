@@ -8,8 +8,16 @@
     WS   /v1/audio/stream           s16le mono PCM in (binary frames, or OpenAI's realtime
                                     input_audio_buffer.append events), JSON events out
 
+The stream's client events: binary PCM frames, and OpenAI realtime's input_audio_buffer.append,
+.commit (commit the words heard so far) and .clear (drop the audio not committed), and "stop"
+(or {"type": "stop"}). Its server events, each with an `event_id` of its own: session.created;
+transcript.update (committed and tentative words) after updates and commits; after a commit,
+OpenAI's input_audio_buffer.committed (item_id, previous_item_id); input_audio_buffer.cleared;
+error; and transcript.final at the end.
+
 Errors use OpenAI's schema, {"error": {"message", "type", "param", "code"}}, with a 4xx status
-for anything the client can fix; the server keeps serving.
+for anything the client can fix; the server keeps serving. On the stream, as an event of
+{"type": "error"}, whose `error` also says the `event_id` of the client event it answers.
 
 One worker thread owns the model (`engine.Engine`): requests from all clients, file uploads and
 streaming updates alike, become `Job`s on its queue, run by its `Backend` (see `engine.py`):
@@ -102,6 +110,9 @@ STREAM_BACKLOG_BYTES = 300 * SAMPLE_RATE * 2
 # client that sent bad messages and read no answers grew the queue without bound (a million
 # one-byte messages: +600 MB).
 STREAM_TEXT_BYTES = 1024
+# The longest client `event_id` said back in the error event that answers its event (OpenAI's
+# are "event_" and a few letters): a longer one is not kept beside it.
+MAX_EVENT_ID = 256
 # What a stream holds of the server's audio memory while it is open: its backlog, and its
 # buffer (at most `max_buffer_s`, which the WebSocket leaves at its default) as float32 samples.
 STREAM_AUDIO_BYTES = STREAM_BACKLOG_BYTES + int(StreamingOptions.max_buffer_s * SAMPLE_RATE * 4)
@@ -640,26 +651,32 @@ class App:
         {"type": "input_audio_buffer.append", "audio": BASE64}, whose bytes are taken as a binary
         frame's. {"type": "input_audio_buffer.commit"} ends an utterance: what has arrived is
         decoded and all its words committed (`StreamingTranscriber.commit`), answered with a
-        `transcript.update` with nothing tentative; the stream goes on. "stop" (or
-        {"type": "stop"}) ends the stream with its `transcript.final`. Anything else gets an
-        error event, and the stream goes on with the audio it has."""
+        `transcript.update` with nothing tentative, then OpenAI's `input_audio_buffer.committed`
+        (`item_id` "item_1", "item_2", ... one a commit, and the `previous_item_id`, null for
+        the first); the stream goes on. {"type": "input_audio_buffer.clear"} drops the audio and
+        tentative words not committed (`StreamingTranscriber.clear`), answered with
+        `input_audio_buffer.cleared`; the stream goes on. "stop" (or {"type": "stop"}) ends the
+        stream with its `transcript.final`. Anything else gets an error event, and the stream
+        goes on with the audio it has. Each event sent has an `event_id` of its own ("event_1",
+        ...); an error's `error.event_id` is that of the client event it answers (null: none)."""
         from starlette.concurrency import run_in_threadpool
         from starlette.websockets import WebSocketDisconnect
 
         params = ws.query_params
+        events = _ServerEvents(ws)
         authorized = self.authorized(ws.headers.get("authorization"), params.get("api_key"))
         await ws.accept()  # (closed before it, the client saw a bare HTTP 403, no reason)
         if not authorized:
             error = APIError(401, "missing or incorrect API key; send it as 'Authorization: "
                              "Bearer KEY' or ?api_key=KEY", None, "invalid_api_key")  # fmt: skip
-            await ws.send_json({"type": "error", **error.body()})
+            await events.error(error)
             await ws.close(code=1008, reason="invalid API key")
             return
         try:
             options = self.stream_options(params)
             resample = PcmResampler(stream_sample_rate(params))
         except APIError as error:
-            await ws.send_json({"type": "error", **error.body()})
+            await events.error(error)
             await ws.close(code=1008)
             return
         # Counted with the requests' audio: many streams once held memory without a limit.
@@ -671,7 +688,7 @@ class App:
                                "start it with a larger --max-audio-memory-mb")  # fmt: skip
             memory.cover(STREAM_AUDIO_BYTES)
         except APIError as error:
-            await ws.send_json({"type": "error", **error.body()})
+            await events.error(error)
             await ws.close(code=1013 if error.status == 503 else 1008)  # 1013: try again later
             return
         stream = StreamingTranscriber(self.buffer_transcriber(options), options)
@@ -679,8 +696,10 @@ class App:
         reader = asyncio.create_task(inbox.read())
         ending = asyncio.Event()
         self.streams.add(ending)
+        items = 0  # input_audio_buffer.committed's item ids: one a commit
+        answering: str | None = None  # the event_id of the client event being carried out
         try:
-            await ws.send_json(
+            await events.send(
                 {
                     "type": "session.created",
                     "sample_rate": resample.rate,
@@ -690,31 +709,43 @@ class App:
                 }
             )  # null: it will be detected
             while True:
+                answering = None  # (the audio's updates answer no one event)
                 audio, message = await inbox.next_or_stop(self.config.request_timeout_s, ending)
                 command = message.get("text") if message else None  # `_client_text`'s
                 stop = command == "stop"
                 # at the stop, with the last samples the resampler holds
-                if pcm := resample(audio) + (resample.flush() if stop else b""):
+                pcm = resample(audio) + (resample.flush() if stop else b"")
+                if command == "clear":  # the audio that came before it goes with it, undecoded
+                    stream.clear(pcm)
+                    await events.send({"type": "input_audio_buffer.cleared"})
+                    continue
+                if pcm:
                     for event in await run_in_threadpool(stream.feed, pcm):
-                        await ws.send_json(event.to_dict())
+                        await events.send(event.to_dict())
                 if message is None:
                     continue
                 if message["type"] == "websocket.disconnect":
                     return
+                answering = message.get("event_id")
                 if stop:
                     final: StreamingEvent = await run_in_threadpool(stream.finish)
-                    await ws.send_json({**final.to_dict(), "text": stream.text.strip()})
+                    await events.send({**final.to_dict(), "text": stream.text.strip()})
                     await ws.close(code=1012 if ending.is_set() else 1000)  # 1012: restarting
                     return
                 if command == "commit":
                     committed: StreamingEvent = await run_in_threadpool(stream.commit)
-                    await ws.send_json(committed.to_dict())
+                    await events.send(committed.to_dict())  # as before there were items
+                    items += 1
+                    previous = f"item_{items - 1}" if items > 1 else None
+                    await events.send({"type": "input_audio_buffer.committed",
+                                       "item_id": f"item_{items}",
+                                       "previous_item_id": previous})  # fmt: skip
                     continue
-                await ws.send_json({"type": "error", **message["error"].body()})
+                await events.error(message["error"], answering)
         except WebSocketDisconnect:
             return
         except APIError as error:
-            await ws.send_json({"type": "error", **error.body()})
+            await events.error(error, answering)
             await ws.close(code=1011)
         finally:
             self.streams.discard(ending)
@@ -794,6 +825,25 @@ class App:
         if header and header.lower().startswith("bearer "):
             given = header[7:].strip()
         return hmac.compare_digest(given.encode(), key.encode())
+
+
+class _ServerEvents:
+    """What a stream sends its client: each event with an `event_id` of its own ("event_1",
+    "event_2", ...), as OpenAI's realtime server events have one; an error's `error` object
+    says the `event_id` of the client event it answers, as OpenAI's does (null: none, or one
+    the client did not give)."""
+
+    def __init__(self, ws: Any):
+        self.ws, self.sent = ws, 0
+
+    async def send(self, event: dict[str, Any]) -> None:
+        self.sent += 1
+        await self.ws.send_json({"event_id": f"event_{self.sent}", **event})
+
+    async def error(self, error: APIError, event_id: str | None = None) -> None:
+        body = error.body()
+        body["error"]["event_id"] = event_id
+        await self.send({"type": "error", **body})
 
 
 class _Inbox:
@@ -909,26 +959,34 @@ def stream_sample_rate(params: Any) -> int:
 
 def _client_text(text: str, rate: int) -> dict[str, Any]:
     """A stream's text frame as `_Inbox` queues it: an input_audio_buffer.append's audio as a
-    binary frame's bytes (so it joins the frames around it and counts in the backlog), "stop"
-    or "commit" as the text of that word, anything else as the error it is answered with (its
-    text, up to a frame's 16 MB, is not kept)."""
-    message: dict[str, Any] = {"type": "websocket.receive"}
+    binary frame's bytes (so it joins the frames around it and counts in the backlog), "stop",
+    "commit" or "clear" as the text of that word, anything else as the error it is answered
+    with (its text, up to a frame's 16 MB, is not kept); those three and an error with the
+    client event's `event_id`, where it gave one (a string of at most `MAX_EVENT_ID`
+    characters; another is not said back, and the event is carried out all the same)."""
     try:
         event = json.loads(text)
     except (ValueError, RecursionError):  # (RecursionError: "[[[...", a traceback once)
         event = None
     kind = event.get("type") if isinstance(event, dict) else None
-    if text.strip().lower() in ("stop", "eof") or kind == "stop":
-        return {**message, "text": "stop"}
-    if kind == "input_audio_buffer.commit":
-        return {**message, "text": "commit"}
+    event_id = event.get("event_id") if isinstance(event, dict) else None
+    if not isinstance(event_id, str) or len(event_id) > MAX_EVENT_ID:
+        event_id = None
+    message: dict[str, Any] = {"type": "websocket.receive", "event_id": event_id}
+    commands = {"stop": "stop", "input_audio_buffer.commit": "commit",
+                "input_audio_buffer.clear": "clear"}  # fmt: skip
+    if text.strip().lower() in ("stop", "eof"):
+        kind = "stop"
+    if isinstance(kind, str) and kind in commands:  # (a "type" may be a list: unhashable)
+        return {**message, "text": commands[kind]}
     if kind == "input_audio_buffer.append":
         audio = event.get("audio")
         if not isinstance(audio, str):
             problem = "is missing" if audio is None else f"is a {type(audio).__name__}"
         else:
             try:
-                return {**message, "bytes": base64.b64decode(audio, validate=True)}
+                audio_bytes = base64.b64decode(audio, validate=True)
+                return {"type": "websocket.receive", "bytes": audio_bytes}
             except ValueError as bad:  # binascii.Error, or a character past ASCII
                 problem = f"is not base64 ({bad})"
         error = APIError(400, f"input_audio_buffer.append's audio {problem}: send the base64 "
@@ -937,7 +995,8 @@ def _client_text(text: str, rate: int) -> dict[str, Any]:
         error = APIError(400, f"send audio as binary s16le mono frames at {rate} Hz (or as "
                          'OpenAI\'s {"type": "input_audio_buffer.append", "audio": BASE64} '
                          'events), {"type": "input_audio_buffer.commit"} to commit the words '
-                         'heard so far, and "stop" (or {"type": "stop"}) to end the stream',
+                         'heard so far, {"type": "input_audio_buffer.clear"} to drop the audio '
+                         'not committed, and "stop" (or {"type": "stop"}) to end the stream',
                          "type" if kind is not None else None)  # fmt: skip
     return {**message, "error": error}
 

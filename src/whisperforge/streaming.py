@@ -17,6 +17,10 @@ on a simulated clock, so tests and benchmarks are fast and give the same figures
         for event in stream.feed(chunk):
             print(event.committed_text, end="", flush=True)
     print(stream.finish().committed_text)
+
+`commit()` ends an utterance (its words are committed at once) and `clear()` drops what is not
+committed yet (OpenAI realtime's input_audio_buffer.commit and .clear; the server's WebSocket
+takes both); the stream goes on after either.
 """
 
 from __future__ import annotations
@@ -296,6 +300,7 @@ class StreamingTranscriber:
         multilingual = getattr(model, "is_multilingual", None)
         if self.language is None and multilingual is False:
             self.language = "en"  # nothing to detect: words are committed from the start
+        self._given_language = self.language  # what `clear` goes back to (None: detect it)
         self._detection_s = DETECTION_S if multilingual else 0.0
         self.committed: list[Word] = []  # everything committed, in order, absolute times
         self.finished = False
@@ -365,6 +370,33 @@ class StreamingTranscriber:
         assert event is not None
         return replace(event, final=False)
 
+    def clear(self, audio: np.ndarray | bytes | bytearray | memoryview | None = None) -> None:
+        """Drop what has not been committed (OpenAI's `input_audio_buffer.clear`): the tentative
+        words, and the audio received since the committed words (in the buffer, or waiting for
+        an update); the stream goes on with the audio fed next. Committed words never change,
+        so those committed since the last `commit` (by agreement) stay, and go on prompting the
+        decoder. audio: what arrived just before the clear and goes with it, as `feed` takes
+        it, not decoded (a `feed` of it could make an update and commit its words).
+
+        The clock goes on: dropped audio counts in `received_s`, so the words that follow are
+        timed where they are in all the audio the stream was fed. Half a sample of bytes waiting
+        for its other byte is kept: a byte stream cut anywhere goes on after the clear. Where
+        nothing is committed yet, a language detected from the dropped audio is detected
+        again from what follows (it was heard in audio the client took back: noise, another
+        speaker)."""
+        if self.finished:
+            raise InvalidOptionError("this stream is finished; start a new StreamingTranscriber")
+        if audio is not None:
+            self._received += self._to_samples(audio).size
+        self._pending, self._pending_samples = [], 0
+        self._buffer = np.zeros(0, dtype=np.float32)
+        self._offset = self.received_s  # the next audio fed starts the buffer
+        self._first_in_buffer = len(self.committed)  # all committed text is before it now
+        self._heard = self._received
+        self._tentative, self._older, self._silent_updates = [], [], 0
+        if not self.committed:
+            self.language, self._heard_language = self._given_language, None
+
     # --- one update -------------------------------------------------------------------------
 
     def _to_samples(self, audio: np.ndarray | bytes | bytearray | memoryview) -> np.ndarray:
@@ -396,7 +428,8 @@ class StreamingTranscriber:
             self._silent_updates += 1
             if not self._tentative:  # nothing waits on this audio: drop it, keep 0.5 s
                 self._cut(max(self._offset, self.received_s - 0.5))
-                return self._event([], final, 0.0) if final else None
+                # (at the end, words a commit made as heard still fix the language)
+                return self._event(self._commit([], ending), final, 0.0) if final else None
             if self._silent_updates > 2 and not final:
                 # Two updates of silence did not settle them (hypotheses that keep changing
                 # their last word): committed as they stand, as at the end of a stream, and the
@@ -407,8 +440,8 @@ class StreamingTranscriber:
                 return self._event(agreed, final, 0.0) if agreed else None
         else:
             self._silent_updates = 0
-        if self._buffer.size == 0:
-            return self._event([], final, 0.0)
+        if self._buffer.size == 0:  # (a `clear` with no audio since: as above)
+            return self._event(self._commit([], ending), final, 0.0)
         if final and self.updates and self._heard == self._received:
             # The last hypothesis already covers all the audio: commit it as it stands. (Not
             # after an update that raised, Ctrl-C in its decode: its audio is in the buffer,
