@@ -30,6 +30,7 @@ from conftest import (
     pcm_wav,
     plain_wer,
     plain_words,
+    run_script,
 )
 
 from whisperforge import AudioError, Segment, TranscriptionInfo, WhisperModel, load_audio
@@ -295,6 +296,22 @@ def test_api_key(tiny_en, monkeypatch):
         # The stream says why it closes (refused before its accept, it was a bare HTTP 403).
         with c.websocket_connect("/v1/audio/stream?api_key=nope") as ws:
             assert ws.receive_json()["error"]["code"] == "invalid_api_key"
+
+
+def test_a_server_without_python_multipart_is_refused_at_its_start():
+    """`whisperforge serve` without python-multipart started, and every upload was a 500,
+    "internal error AssertionError: The `python-multipart` library must be installed ...;
+    please report it": refused at the start, as a missing FastAPI is, saying what to install."""
+    run_script(
+        "import sys\n"
+        "sys.modules['python_multipart'] = sys.modules['multipart'] = None  # not installed\n"
+        "from whisperforge.server import ServerConfig, create_app\n"
+        "try:\n"
+        "    create_app(ServerConfig())\n"
+        "except ImportError as error:\n"
+        "    assert 'python-multipart' in str(error) and 'whisperforge[server]' in str(error)\n"
+        "    print('ok')\n"
+    )
 
 
 def test_cors_is_off_unless_origins_are_given(tiny_en):

@@ -1057,6 +1057,11 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
         from fastapi.middleware.cors import CORSMiddleware
         from fastapi.responses import JSONResponse
         from starlette.exceptions import HTTPException
+
+        try:  # the form parser: starlette only asks for it at a request's first upload (a 500)
+            import python_multipart  # noqa: F401  (python-multipart 0.0.13 and later)
+        except ModuleNotFoundError:
+            import multipart  # noqa: F401  (its earlier name)
     except ImportError as error:
         raise ImportError(
             f"the server needs FastAPI, uvicorn and python-multipart ({error}); install them "
