@@ -406,6 +406,20 @@ def test_batch_command_translates_with_a_multilingual_model_only(tmp_path, capsy
     assert "warning: Word-level timestamps on translations" in capsys.readouterr().err
 
 
+def test_batch_command_takes_the_files_of_a_glob_the_shell_expanded(local_rows, tmp_path, capsys):
+    """`whisperforge batch recordings/*.wav --output out.jsonl`, the glob unquoted, was refused
+    with "unrecognized arguments: recordings/b.wav ...": the shell's files are the corpus."""
+    out, clips = tmp_path / "out.jsonl", [str(c) for c in _clips()[1:]]
+    assert main(["batch", *clips, "--output", str(out), "--beam-size", "1"]) == 0
+    rows = _rows(out)
+    assert sorted(rows) == sorted(clips)
+    assert all(rows[c]["text"] == local_rows[c]["text"] for c in clips)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not audio")
+    assert main(["batch", clips[0], str(notes), "--output", str(tmp_path / "x.jsonl")]) == 1
+    assert "notes.txt: of several INPUTs each is an audio file" in capsys.readouterr().err
+
+
 def test_batch_command_reads_model_dir_and_fp16(local_rows, tmp_path, monkeypatch):
     """The model options `transcribe` honours, `batch` honours too: --model-dir is where a hub
     name is found (a cache holding tiny.en's files) and --fp16 False computes in float32."""

@@ -1325,7 +1325,8 @@ def _read_settings(settings: str) -> dict[str, Any]:
 
 BATCH_EPILOG = """\
 INPUT: a folder (audio files by extension, recursive), a glob in quotes, a text file of paths,
-  or a .parquet/.jsonl/.csv/.tsv manifest with a `path` or `audio` column (a CSV's in its
+  audio files (one, or several: a glob the shell expanded, recordings/*.wav), or a
+  .parquet/.jsonl/.csv/.tsv manifest with a `path` or `audio` column (a CSV's in its
   header line; relative paths are relative to the list's folder); .npy files hold 16 kHz
   samples. A manifest's `language` (en, de, pt-BR, ...) and `task` (transcribe, translate)
   columns are each file's own: a row's value wins over --language and --task, which are the
@@ -1370,7 +1371,9 @@ def add_batch_parser(commands: Any) -> None:
         epilog=BATCH_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    b.add_argument("input", metavar="INPUT", help="folder, glob, list of paths or manifest")
+    b.add_argument("input", metavar="INPUT", nargs="+",
+                   help="folder, glob, list of paths or manifest; or audio files (as a shell "
+                   "expands a glob left unquoted)")  # fmt: skip
     b.add_argument("--output", required=True, metavar="OUT", help=".jsonl or .parquet")
     b.add_argument("--retry-errors", action="store_true",
                    help="transcribe again the files whose rows in OUT hold an error")  # fmt: skip
@@ -1416,6 +1419,14 @@ def run_batch(args: Any) -> int:
 
     if args.local and args.ray_address:
         raise WhisperforgeError("--local and --ray-address contradict each other; drop one")
+    inputs = args.input[0] if len(args.input) == 1 else args.input
+    if len(args.input) > 1:  # `batch recordings/*.wav`: the files of a glob the shell expanded
+        other = next((p for p in args.input if not _is_audio(Path(p))), None)
+        if other is not None:
+            raise WhisperforgeError(
+                f"INPUT {other}: of several INPUTs each is an audio file (as a shell expands a "
+                "glob), and this is not one; pass one folder, glob in quotes, list or manifest"
+            )
     # Options the batched pipeline cannot honour: refused, not ignored.
     if args.clip_timestamps != "0":
         raise InvalidOptionError(
@@ -1434,7 +1445,7 @@ def run_batch(args: Any) -> int:
     written: list[str] = []
     try:
         summary = transcribe_corpus(
-            args.input, args.output, args.model, device=args.device,
+            inputs, args.output, args.model, device=args.device,
             compute_type=_compute_type(args), threads=args.threads,
             download_root=args.model_dir, batch_size=args.batch_size,
             retry_errors=args.retry_errors, ray_address=args.ray_address, actors=args.actors,
