@@ -351,6 +351,10 @@ def test_a_parquet_shard_holding_its_audio_is_transcribed(ray_cluster, tiny_en, 
     assert {p: r["text"] for p, r in rows.items()} == {
         "cards.wav": by_path[str(cards[0])],
         f"{shards / 'train-00001-of-00002.parquet'}#1": by_path[str(cards[1])]}  # fmt: skip
+    # The glob unquoted: the shell names the shards.
+    transcribe_corpus(sorted(str(p) for p in shards.iterdir()), tmp_path / "listed.jsonl",
+                      tiny_en, **OPTIONS)  # fmt: skip
+    assert _rows(tmp_path / "listed.jsonl").keys() == rows.keys()
 
 
 def _rows_of_run(files: list[str], out: Path, model: Any) -> dict[str, str]:
@@ -417,7 +421,8 @@ def test_batch_command_takes_the_files_of_a_glob_the_shell_expanded(local_rows, 
     notes = tmp_path / "notes.txt"
     notes.write_text("not audio")
     assert main(["batch", clips[0], str(notes), "--output", str(tmp_path / "x.jsonl")]) == 1
-    assert "notes.txt: of several INPUTs each is an audio file" in capsys.readouterr().err
+    assert "notes.txt: of several INPUTs all are audio files, or all manifests" in (
+        capsys.readouterr().err)  # fmt: skip
 
 
 def test_batch_command_reads_model_dir_and_fp16(local_rows, tmp_path, monkeypatch):

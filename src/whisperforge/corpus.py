@@ -172,7 +172,10 @@ def _listing(spec: str | Iterable[str]) -> tuple[dict[str, Source], Path | None]
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
     if not isinstance(spec, str):
-        return _unique([Source(str(p), str(p)) for p in spec]), None
+        names = [os.fspath(p) for p in spec]
+        if names and all(_is_manifest(Path(n)) for n in names):  # shards the shell listed
+            return _unique(_manifests([Path(n) for n in names])[0]), None
+        return _unique([Source(n, n) for n in names]), None
     folder = None
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -199,11 +202,8 @@ def _listing(spec: str | Iterable[str]) -> tuple[dict[str, Source], Path | None]
                 f"INPUT {spec}: the glob matches manifests ({manifests[0]}) and other files; "
                 "match the audio files or the manifests (a dataset's Parquet shards), not both"
             )
-        if manifests:  # a dataset's shards: their rows, one shard after another
-            taken: set[str] = set()
-            sources = [s for manifest in manifests for s in _manifest(manifest, taken)]
-            folders = {m.parent for m in manifests}
-            folder = folders.pop() if len(folders) == 1 else None
+        if manifests:
+            sources, folder = _manifests(manifests)
         else:
             sources = [Source(p, p) for p in found]
     else:
@@ -233,6 +233,15 @@ def _is_audio(path: Path) -> bool:
 
 def _is_manifest(path: Path) -> bool:
     return path.suffix.lower() in MANIFEST_EXTENSIONS
+
+
+def _manifests(paths: list[Path]) -> tuple[list[Source], Path | None]:
+    """A dataset's shards (a glob of manifests): their rows, one shard after another, and the
+    folder that relative names are relative to (None where the shards are in several)."""
+    taken: set[str] = set()
+    sources = [source for path in paths for source in _manifest(path, taken)]
+    folders = {path.parent for path in paths}
+    return sources, folders.pop() if len(folders) == 1 else None
 
 
 def _unique(sources: list[Source]) -> dict[str, Source]:
@@ -1420,12 +1429,15 @@ def run_batch(args: Any) -> int:
     if args.local and args.ray_address:
         raise WhisperforgeError("--local and --ray-address contradict each other; drop one")
     inputs = args.input[0] if len(args.input) == 1 else args.input
-    if len(args.input) > 1:  # `batch recordings/*.wav`: the files of a glob the shell expanded
-        other = next((p for p in args.input if not _is_audio(Path(p))), None)
+    # `batch recordings/*.wav`, `batch shards/*.parquet`: the files of a glob the shell expanded
+    if len(args.input) > 1:
+        kind = _is_manifest if _is_manifest(Path(args.input[0])) else _is_audio
+        other = next((p for p in args.input if not kind(Path(p))), None)
         if other is not None:
             raise WhisperforgeError(
-                f"INPUT {other}: of several INPUTs each is an audio file (as a shell expands a "
-                "glob), and this is not one; pass one folder, glob in quotes, list or manifest"
+                f"INPUT {other}: of several INPUTs all are audio files, or all manifests (as a "
+                "shell expands a glob), and this is not one; pass one folder, glob in quotes, "
+                "list or manifest"
             )
     # Options the batched pipeline cannot honour: refused, not ignored.
     if args.clip_timestamps != "0":
