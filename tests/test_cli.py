@@ -551,6 +551,14 @@ def test_usage_errors_exit_2(capsys):
     assert cli.main(["serve", "--max-upload-mb", "-1"]) == 2
     assert cli.main(["serve", "--request-timeout", "nan"]) == 2
     assert "usage:" in capsys.readouterr().err
+    # A mistyped flag: the command's usage, one line, not the top parser's (nor 30 lines of
+    # every option) above the error.
+    for command in (["transcribe", str(JFK)], [str(JFK)], ["batch", str(JFK), "--output", "o"]):
+        assert cli.main([*command, "--bogus"]) == 2
+        usage, error = capsys.readouterr().err.splitlines()
+        name = command[0] if command[0] == "batch" else "transcribe"
+        assert usage.startswith(f"usage: whisperforge {name} ") and "--help lists" in usage
+        assert error == f"whisperforge {name}: error: unrecognized arguments: --bogus"
     assert cli.main(["transcribe", "--help"]) == 0
     assert "printed to stdout" in capsys.readouterr().out
 

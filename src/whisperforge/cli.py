@@ -182,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         "transcribe",
         help="transcribe (or translate) audio files",
         description="Transcribe audio files (any format FFmpeg reads).",
+        usage=short_usage("FILE [FILE ...]"),
         epilog=TRANSCRIBE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -590,6 +591,7 @@ def _add_stream_parser(commands: Any) -> None:
     s = commands.add_parser(
         "stream",
         help="live transcription of a stream: prints text as it becomes final",
+        usage=short_usage("FILE|-"),
         description="Transcribe audio as it arrives (LocalAgreement-2); committed text is "
         "printed once and never changes.",
         epilog=STREAM_EPILOG,
@@ -669,6 +671,7 @@ def _add_serve_parser(commands: Any) -> None:
     v = commands.add_parser(
         "serve",
         help="run an OpenAI-compatible HTTP server (/v1/audio/transcriptions, ...)",
+        usage=short_usage(),
         description="Serve /v1/audio/transcriptions, /v1/audio/translations, /v1/models, "
         "/health and the WebSocket /v1/audio/stream (needs: pip install 'whisperforge[server]').",
     )
@@ -1506,6 +1509,12 @@ def _openai_spelling(argv: Sequence[str], flags: set[str]) -> list[str]:
     return out
 
 
+def short_usage(arguments: str = "") -> str:
+    """A command's usage line, shown above a usage error: its every option made a 30-line
+    block."""
+    return f"%(prog)s {arguments + ' ' if arguments else ''}[options]  (%(prog)s --help lists them)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -1518,7 +1527,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv.insert(0, "transcribe")  # `whisper talk.flac`, as openai-whisper users type it
     argv = _openai_spelling(argv, _option_strings(parser))
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the command's parser: the top one showed its own usage
+            command = _commands(parser).get(getattr(args, "command", None) or "", parser)
+            command.error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as exit_:  # usage errors (2) and --help (0) as a return value
         return exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 2
     if hasattr(sys.stdout, "reconfigure"):

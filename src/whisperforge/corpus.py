@@ -1370,11 +1370,18 @@ examples:
 
 def add_batch_parser(commands: Any) -> None:
     """`whisperforge batch`, for cli.py."""
-    from .cli import _add_model_options, _positive_float, _positive_int, add_decoding_options
+    from .cli import (
+        _add_model_options,
+        _positive_float,
+        _positive_int,
+        add_decoding_options,
+        short_usage,
+    )
 
     b = commands.add_parser(
         "batch",
         help="transcribe a corpus into one JSONL/Parquet file, resumable; on Ray if asked",
+        usage=short_usage("INPUT [INPUT ...] --output OUT"),
         description="Transcribe many files with the batched pipeline (VAD-cut windows of many "
         "files share batches), in this process or over a Ray cluster's GPUs.",
         epilog=BATCH_EPILOG,
