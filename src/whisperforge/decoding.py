@@ -582,8 +582,9 @@ def check_context_room(start_length: int, sample_len: int | None, n_ctx: int) ->
             "text context, leaving no room for the transcript; use a shorter prefix"
         )
     raise InvalidOptionError(
-        f"max_new_tokens (sample_len) {sample_len} and the {start_length} tokens a window "
-        f"starts with (prompt, previous text, prefix) exceed the model's {n_ctx}-token text "
+        f"max_new_tokens (sample_len) {sample_len} and the {start_length} "
+        f"token{'s' if start_length != 1 else ''} a window starts with (prompt, previous "
+        f"text, prefix) exceed the model's {n_ctx}-token text "
         f"context; use max_new_tokens of at most {room}, or a shorter prompt or prefix"
     )
 
