@@ -314,6 +314,25 @@ def test_a_server_without_python_multipart_is_refused_at_its_start():
     )
 
 
+def test_a_server_without_websockets_says_its_stream_is_off():
+    """Without websockets (or wsproto) `serve` started and /v1/audio/stream answered 404, told
+    only by uvicorn's log line; the server says so at its start, and serves HTTP."""
+    run_script(
+        "import sys, warnings\n"
+        "sys.modules['websockets'] = sys.modules['wsproto'] = None  # not installed\n"
+        "from whisperforge.server import ServerConfig, create_app\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    try:\n"
+        "        create_app(ServerConfig(model='no-such-model'))  # stops after the warning\n"
+        "    except Exception:\n"
+        "        pass\n"
+        "(message,) = [str(w.message) for w in caught if 'websockets' in str(w.message)]\n"
+        "assert '/v1/audio/stream answers 404' in message and 'whisperforge[server]' in message\n"
+        "print('ok')\n"
+    )
+
+
 def test_cors_is_off_unless_origins_are_given(tiny_en):
     """A web page's script on another origin can call the API only where --cors-origin allows
     its origin; a preflight was a bare 405 (the browser then refuses), now one that says how."""

@@ -33,6 +33,7 @@ import contextlib
 import copy
 import functools
 import hmac
+import importlib
 import json
 import logging
 import math
@@ -40,6 +41,7 @@ import os
 import re
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -1047,6 +1049,14 @@ def verbose_json(segments: list[Segment], info: TranscriptionInfo, task: str, wo
 # --- the app --------------------------------------------------------------------------------
 
 
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
 def create_app(config: ServerConfig | None = None, model: WhisperModel | None = None,
                backend: Backend | None = None) -> FastAPI:  # fmt: skip
     """The FastAPI app. `model` (already loaded) and `backend` are seams for tests; by default
@@ -1067,6 +1077,12 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
             f"the server needs FastAPI, uvicorn and python-multipart ({error}); install them "
             "with: pip install 'whisperforge[server]'"
         ) from None
+    if not any(_importable(name) for name in ("websockets", "wsproto")):  # uvicorn's WebSockets
+        warnings.warn(
+            "websockets is not installed: the streaming WebSocket /v1/audio/stream answers 404 "
+            "(the HTTP API works); install it with: pip install 'whisperforge[server]'",
+            stacklevel=2,
+        )
 
     config = config or ServerConfig()
     if config.api_key is None:
