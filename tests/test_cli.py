@@ -105,12 +105,14 @@ def test_a_file_first_is_transcribed_and_a_language_no_model_knows_is_refused_fi
     model, monkeypatch, capsys
 ):
     """`whisperforge talk.wav`, as openai-whisper's `whisper talk.wav` (was "invalid choice");
-    --language xx was refused only once the model had loaded (7 s for base); --version."""
-    assert cli.main([str(JFK), *FAST]) == 0
+    --language xx was refused only once the model had loaded (7 s for base); --language auto
+    (whisper.cpp's, and the server stream's) detects it, where it was refused; --version."""
+    assert cli.main([str(JFK), *FAST, "--language", "auto"]) == 0
     assert JFK_WORDS in capsys.readouterr().out.lower()
     monkeypatch.setattr(cli, "load_model", lambda args: pytest.fail("loaded a model"))
     assert cli.main([str(JFK), "--language", "xx"]) == 2
-    assert "unknown language 'xx'" in capsys.readouterr().err
+    assert "unknown language 'xx'; use a code such as en, de, fr, or auto to detect it" in (
+        capsys.readouterr().err)  # fmt: skip
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("whisperforge ")
     # A path that is not there is said to be missing (the commands were listed); a mistyped

@@ -98,15 +98,16 @@ def _bool(text: str) -> bool:
 
 
 def _language(text: str) -> str | None:
-    """--language: a code or name, or none to detect it, as openai-whisper's --help says. One
-    no model knows is refused here, before a model loads (base took 7 s to say "xx" is
-    unknown); whether the model knows it is checked where the model reads it."""
-    if text.strip().lower() == "none":
+    """--language: a code or name, or none to detect it, as openai-whisper's --help says (or
+    auto, as whisper.cpp's -l and the server's stream take it). One no model knows is refused
+    here, before a model loads (base took 7 s to say "xx" is unknown); whether the model knows
+    it is checked where the model reads it."""
+    if text.strip().lower() in ("none", "auto"):
         return None
     try:
         normalize_language(text, tuple(LANGUAGES))
     except InvalidOptionError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+        raise argparse.ArgumentTypeError(f"{error}, or auto to detect it") from None
     return text
 
 
