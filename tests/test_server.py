@@ -775,8 +775,9 @@ def events_until(ws, last: Callable[[dict], bool]) -> list[dict]:
 def test_websocket_commit_is_answered_with_openai_committed_events(client):
     """As OpenAI's realtime API answers input_audio_buffer.commit: input_audio_buffer.committed,
     whose item_id names the utterance and previous_item_id the one before it (null for the
-    first), after the transcript.update the commit was answered with before. Every event the
-    stream sends has an event_id of its own."""
+    first), after the transcript.update the commit was answered with before, then the item's
+    conversation.item.input_audio_transcription.completed. Every event the stream sends has an
+    event_id of its own."""
     pcm = s16le(load_audio(JFK))
     cuts = (0, 2 * round(3.0 * 16000), 2 * round(7.9 * 16000))  # after "Americans", "for you"
     with client.websocket_connect(ONE_DECODE) as ws:
@@ -791,16 +792,20 @@ def test_websocket_commit_is_answered_with_openai_committed_events(client):
         ("item_1", None),
         ("item_2", "item_1"),
     ]
-    assert [e["type"] for e in events[1:5]] == [
-        "transcript.update", "input_audio_buffer.committed",
-        "transcript.update", "input_audio_buffer.committed",
+    completed = "conversation.item.input_audio_transcription.completed"
+    assert [e["type"] for e in events[1:7]] == [
+        "transcript.update", "input_audio_buffer.committed", completed,
+        "transcript.update", "input_audio_buffer.committed", completed,
     ]  # fmt: skip
     ids = [e["event_id"] for e in events]
     assert all(isinstance(i, str) and i.startswith("event_") for i in ids)
     assert len(set(ids)) == len(ids)
-    first, second = (e["committed_text"] for e in events[1:5:2])
+    first, second = (e["committed_text"] for e in events[1:7:3])
     assert events[-1]["text"] == (first + second).strip()  # the stop had nothing more to commit
     assert plain_words(second) == " ".join(JFK_TEXT.split()[5:14])  # "ask not ... for you"
+    # Each item's transcript, as OpenAI's transcription clients wait for it.
+    items = [(e["item_id"], e["content_index"], e["transcript"]) for e in events[3:7:3]]
+    assert items == [("item_1", 0, first.strip()), ("item_2", 0, second.strip())]
 
 
 def test_websocket_clear_drops_the_audio_not_committed(client, tiny_en):

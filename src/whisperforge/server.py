@@ -12,7 +12,9 @@ The stream's client events: binary PCM frames, and OpenAI realtime's input_audio
 .commit (commit the words heard so far) and .clear (drop the audio not committed), and "stop"
 (or {"type": "stop"}). Its server events, each with an `event_id` of its own: session.created;
 transcript.update (committed and tentative words) after updates and commits; after a commit,
-OpenAI's input_audio_buffer.committed (item_id, previous_item_id); input_audio_buffer.cleared;
+OpenAI's input_audio_buffer.committed (item_id, previous_item_id) and
+conversation.item.input_audio_transcription.completed (item_id, transcript: the words committed
+since the commit before); input_audio_buffer.cleared;
 error; and transcript.final at the end.
 
 Errors use OpenAI's schema, {"error": {"message", "type", "param", "code"}}, with a 4xx status
@@ -115,6 +117,8 @@ STREAM_TEXT_BYTES = 1024
 # The longest client `event_id` said back in the error event that answers its event (OpenAI's
 # are "event_" and a few letters): a longer one is not kept beside it.
 MAX_EVENT_ID = 256
+# OpenAI realtime's event for an item's transcript, which its transcription clients wait for.
+TRANSCRIPTION_COMPLETED = "conversation.item.input_audio_transcription.completed"
 # What a stream holds of the server's audio memory while it is open: its backlog, and its
 # buffer (at most `max_buffer_s`, which the WebSocket leaves at its default) as float32 samples.
 STREAM_AUDIO_BYTES = STREAM_BACKLOG_BYTES + int(StreamingOptions.max_buffer_s * SAMPLE_RATE * 4)
@@ -655,7 +659,8 @@ class App:
         decoded and all its words committed (`StreamingTranscriber.commit`), answered with a
         `transcript.update` with nothing tentative, then OpenAI's `input_audio_buffer.committed`
         (`item_id` "item_1", "item_2", ... one a commit, and the `previous_item_id`, null for
-        the first); the stream goes on. {"type": "input_audio_buffer.clear"} drops the audio and
+        the first) and `conversation.item.input_audio_transcription.completed` (the item's
+        `transcript`: the words committed since the commit before); the stream goes on. {"type": "input_audio_buffer.clear"} drops the audio and
         tentative words not committed (`StreamingTranscriber.clear`), answered with
         `input_audio_buffer.cleared`; the stream goes on. "stop" (or {"type": "stop"}) ends the
         stream with its `transcript.final`. Anything else gets an error event, and the stream
@@ -699,6 +704,7 @@ class App:
         ending = asyncio.Event()
         self.streams.add(ending)
         items = 0  # input_audio_buffer.committed's item ids: one a commit
+        item_start = 0  # where the words of the next item begin, in `stream.committed`
         answering: str | None = None  # the event_id of the client event being carried out
         try:
             await events.send(
@@ -742,6 +748,12 @@ class App:
                     await events.send({"type": "input_audio_buffer.committed",
                                        "item_id": f"item_{items}",
                                        "previous_item_id": previous})  # fmt: skip
+                    # The item's words: all committed since the last commit, by agreement too.
+                    words = stream.committed[item_start:]
+                    item_start = len(stream.committed)
+                    await events.send({"type": TRANSCRIPTION_COMPLETED, "item_id": f"item_{items}",
+                                       "content_index": 0,
+                                       "transcript": "".join(w.word for w in words).strip()})  # fmt: skip
                     continue
                 await events.error(message["error"], answering)
         except WebSocketDisconnect:
