@@ -360,6 +360,50 @@ def test_packaged_vocabularies_encode_as_openai_whispers(name: str, request) -> 
         assert ours.encode(" " + text) == theirs.encode(" " + text), text
 
 
+@pytest.mark.parametrize(
+    ("multilingual", "num_languages", "language", "task"),
+    [
+        (False, 99, None, None),  # tiny.en's tokenizer.json
+        (False, 99, "de", "translate"),  # English-only: language and task are dropped
+        (True, 99, None, None),  # base's tokenizer.json; English and transcribe by default
+        (True, 99, "German", "translate"),
+        (True, 100, "yue", "transcribe"),  # large-v3's count: openai-whisper's vocabulary files
+    ],
+)
+def test_get_tokenizer_is_openai_whispers(
+    multilingual: bool, num_languages: int, language: str | None, task: str | None
+) -> None:
+    """`whisper.tokenizer.get_tokenizer(...)` under `import whisperforge as whisper` (it was an
+    AttributeError): the same ids, special tokens and start sequence as openai-whisper's."""
+    import whisper.tokenizer as reference
+
+    import whisperforge as whisper
+
+    options = {"num_languages": num_languages, "language": language, "task": task}
+    ours = whisper.tokenizer.get_tokenizer(multilingual, **options)
+    theirs = reference.get_tokenizer(multilingual, **options)
+    assert isinstance(ours, whisper.tokenizer.Tokenizer)
+    assert (ours.language, ours.task) == (theirs.language, theirs.task)
+    names = ["sot", "eot", "transcribe", "translate", "sot_prev", "sot_lm", "no_speech",
+             "no_timestamps", "timestamp_begin", "sot_sequence",
+             "sot_sequence_including_notimestamps", "non_speech_tokens"]  # fmt: skip
+    for name in names:
+        assert getattr(ours, name) == getattr(theirs, name), name
+    # openai-whisper's language tokens come in its special-token set's order (the hash's)
+    languages = dict(zip(ours.all_language_codes, ours.all_language_tokens, strict=True))
+    assert languages == dict(zip(theirs.all_language_codes, theirs.all_language_tokens))
+    if multilingual:
+        assert ours.language_token == theirs.language_token
+        assert ours.to_language_token("fr") == theirs.to_language_token("fr")
+    for text in [row["text"] for row in manifest()[:40]]:
+        tokens = ours.encode(" " + text)
+        assert tokens == theirs.encode(" " + text), text
+        assert ours.decode(tokens) == theirs.decode(tokens)
+        timed = [ours.timestamp_begin, *tokens, ours.timestamp_begin + 75]
+        assert ours.decode_with_timestamps(timed) == theirs.decode_with_timestamps(timed)
+        assert ours.split_to_word_tokens(timed) == theirs.split_to_word_tokens(timed)
+
+
 # --- errors -----------------------------------------------------------------------------------
 
 

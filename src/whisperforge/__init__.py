@@ -1,6 +1,7 @@
 """whisperforge: OpenAI Whisper speech recognition, reference-exact and fast."""
 
-from . import utils  # openai-whisper's `whisper.utils.get_writer`
+# openai-whisper's `whisper.tokenizer.get_tokenizer` and `whisper.utils.get_writer`
+from . import tokenizer, utils
 from .audio import decode_audio, load_audio, log_mel_spectrogram, pad_or_trim
 from .batched import BatchedInferencePipeline
 from .checkpoints import available_models, download_model
@@ -45,6 +46,7 @@ __all__ = [
     "load_model",
     "log_mel_spectrogram",
     "pad_or_trim",
+    "tokenizer",
     "transcribe",
     "utils",
 ]

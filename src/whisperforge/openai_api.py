@@ -191,7 +191,7 @@ class OpenAIWhisper:
         with self.model.lock:
             features = self._features(self.model, mel)
             codes, probs = languages_of(self.model.model, self.model.tokenizer, features)
-        tokens = torch.tensor([self.model.tokenizer.language_token(code) for code in codes])
+        tokens = torch.tensor([self.model.tokenizer.to_language_token(code) for code in codes])
         return (tokens[0], probs[0]) if single else (tokens, probs)
 
     def decode(

@@ -14,7 +14,7 @@ import re
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Protocol
 
@@ -179,17 +179,18 @@ class Tokenizer:
     multilingual: bool
     num_languages: int
     language: str | None = None
-    task: str = "transcribe"
+    task: str | None = "transcribe"  # None: no task token (openai-whisper's English tokenizer)
     sot_sequence: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.task not in TASKS:
+        if self.task is not None and self.task not in TASKS:
             raise InvalidOptionError(f"unknown task {self.task!r}; use one of {TASKS}")
         sequence = [self.sot]
         if self.multilingual:
             if self.language is not None:
-                sequence.append(self.language_token(self.language))
-            sequence.append(self.transcribe if self.task == "transcribe" else self.translate)
+                sequence.append(self.to_language_token(self.language))
+            if self.task is not None:
+                sequence.append(self.transcribe if self.task == "transcribe" else self.translate)
         self.sot_sequence = tuple(sequence)
 
     def with_options(self, language: str | None, task: str) -> Tokenizer:
@@ -247,9 +248,17 @@ class Tokenizer:
     def all_language_tokens(self) -> tuple[int, ...]:
         return tuple(self.sot + 1 + i for i in range(self.num_languages))
 
-    def language_token(self, language: str) -> int:
+    def to_language_token(self, language: str) -> int:
+        """The token of a language (a code, a name or a locale)."""
         code = normalize_language(language, self.all_language_codes)
         return self.sot + 1 + self.all_language_codes.index(code)
+
+    @cached_property
+    def language_token(self) -> int:
+        """The token of this tokenizer's language (openai-whisper's property)."""
+        if self.language is None:
+            raise ValueError("This tokenizer does not have language token configured")
+        return self.to_language_token(self.language)
 
     @property
     def sot_sequence_including_notimestamps(self) -> tuple[int, ...]:
@@ -352,6 +361,39 @@ class Tokenizer:
                 current = []
                 offset += len(decoded)
         return words, word_tokens
+
+
+@cache
+def _vocabulary(multilingual: bool, num_languages: int) -> TextCodec:
+    """Whisper's English-only or multilingual vocabulary with `num_languages` language tokens:
+    the installed tiny.en's or base's tokenizer.json where it has that many (99), else
+    openai-whisper's vocabulary files (which need openai-whisper and tiktoken)."""
+    from .checkpoints import packaged_model_folders
+
+    folders = packaged_model_folders("base" if multilingual else "tiny.en")
+    if num_languages == 99 and folders and (folders[0] / "tokenizer.json").is_file():
+        return HuggingFaceCodec(folders[0] / "tokenizer.json")
+    return TiktokenCodec(multilingual, num_languages)
+
+
+@cache
+def get_tokenizer(
+    multilingual: bool,
+    *,
+    num_languages: int = 99,
+    language: str | None = None,
+    task: str | None = None,
+) -> Tokenizer:
+    """openai-whisper's `whisper.tokenizer.get_tokenizer`: a multilingual tokenizer defaults to
+    English and transcribe; an English-only one has neither (its sot_sequence is sot alone)."""
+    if language is not None:
+        language = normalize_language(language, tuple(LANGUAGES))
+    if multilingual:
+        language, task = language or "en", task or "transcribe"
+    else:
+        language, task = None, None
+    codec = _vocabulary(bool(multilingual), num_languages)
+    return Tokenizer(codec, bool(multilingual), num_languages, language, task)
 
 
 def parse_token_ids(text: str) -> list[int]:
