@@ -156,6 +156,25 @@ def test_arrow_in_text_cannot_break_a_cue():
     assert vtt_cues(render("vtt", tricky))[0].text == "a -> b"
 
 
+def test_blank_line_in_text_cannot_end_a_cue():
+    """A blank or whitespace-only line inside a cue's text ended the cue there in every player:
+    the lines after it were lost (or read as a broken cue of their own)."""
+    plain = [
+        segment(0, 0.0, 1.0, " a\n\nb"),
+        segment(1, 1.0, 2.0, " c\n \r\n\t\nd\ne"),
+        segment(2, 2.0, 3.0, " f"),
+    ]
+    words = [Word(0.0, 0.5, " g", 0.9), Word(0.5, 1.0, "\n\nh", 0.9)]
+    worded = [segment(0, 0.0, 1.0, " g\n\nh", words)]
+    for segments, expected in [(plain, ["a\nb", "c\nd\ne", "f"]), (worded, ["g\nh"])]:
+        assert [c.content for c in srt_cues(render("srt", segments))] == expected
+        assert [c.text for c in vtt_cues(render("vtt", segments))] == expected
+    highlighted = ["<u>g</u>\nh", "g\n<u>h</u>"]
+    srt_text, vtt_text = (render(fmt, worded, highlight_words=True) for fmt in ("srt", "vtt"))
+    assert [c.content for c in srt_cues(srt_text)] == highlighted
+    assert [c.raw_text for c in vtt_cues(vtt_text)] == highlighted
+
+
 def test_word_segments_keep_segment_cues():
     cues = srt_cues(render("srt", WORDS))
     assert [c.content for c in cues] == [s.text.strip() for s in WORDS]

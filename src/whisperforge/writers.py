@@ -3,7 +3,7 @@
 Each writer takes the segments, a dict of facts about the audio (its language) and a text
 stream, and writes what openai-whisper's writer of that format writes from its result dict
 (`openai_result`), byte for byte; they differ only where openai-whisper's file would break (a
-line break in a tsv row, "-->" in a cue's words). `write_result` names the files after the
+line break in a tsv row, "-->" or a blank line in a cue's words). `write_result` names the files after the
 input (`jfk.flac` -> `jfk.srt`) and refuses to overwrite the input or to write outside the
 output folder.
 """
@@ -244,9 +244,11 @@ def _cues(
 ) -> Iterator[tuple[str, str, str]]:
     """(start, end, text) per subtitle cue, timestamps already formatted."""
 
-    # "-->" in the text would end the cue's timing line early for every subtitle parser.
+    # "-->" in the text would end the cue's timing line early for every subtitle parser, and a
+    # blank (or whitespace-only) line would end the cue itself: the lines after it were lost.
     def clean(text: str) -> str:
-        return text.replace("-->", "->")
+        lines = text.replace("-->", "->").split("\n")
+        return "\n".join(line for line in lines if line.strip()) if len(lines) > 1 else lines[0]
 
     if not segments or any(segment.words is None for segment in segments):
         for segment in segments:
