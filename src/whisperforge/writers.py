@@ -3,9 +3,9 @@
 Each writer takes the segments, a dict of facts about the audio (its language) and a text
 stream, and writes what openai-whisper's writer of that format writes from its result dict
 (`openai_result`), byte for byte; they differ only where openai-whisper's file would break (a
-line break in a tsv row, "-->" or a blank line in a cue's words). `write_result` names the files after the
-input (`jfk.flac` -> `jfk.srt`) and refuses to overwrite the input or to write outside the
-output folder.
+line break in a tsv row, "-->" or a blank line in a cue's words). `write_result` names the
+files after the input (`jfk.flac` -> `jfk.srt`) and refuses to overwrite the input or to write
+outside the output folder.
 """
 
 from __future__ import annotations
