@@ -357,6 +357,39 @@ def test_a_parquet_shard_holding_its_audio_is_transcribed(ray_cluster, tiny_en, 
     assert _rows(tmp_path / "listed.jsonl").keys() == rows.keys()
 
 
+def test_a_shards_files_are_read_without_the_rest_of_its_audio_struct(tiny_en, tmp_path):
+    """Listing a shard read every row's whole `audio` struct to find the files' names (2 GB of
+    memory for a 540 MB shard, all of a glob's shards read before the first file was
+    decoded), and decoding a file read its row's other fields too (a decoded `array`, ...).
+    Only the names are read with the manifest now, and only a row group's bytes and paths as
+    its files are decoded: Arrow's memory peaks below one row's `array`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cards = [DEV_DIR / f"pocketsphinx__cards__00{n}.wav" for n in (1, 2, 3)]
+    minute = 60 * 16000
+    samples = load_audio(LONG_FILE)[: len(cards) * minute]  # a minute each, beside the file
+    held = [
+        {"bytes": c.read_bytes(), "path": c.name, "array": samples[i * minute : (i + 1) * minute],
+         "sampling_rate": 16000}
+        for i, c in enumerate(cards)
+    ]  # fmt: skip
+    listing = tmp_path / "train-00000-of-00001.parquet"
+    pq.write_table(pa.table({"audio": held}), listing, row_group_size=1)
+    by_path = _rows_of_run([str(c) for c in cards], tmp_path / "files.jsonl", tiny_en)
+    pool = pa.proxy_memory_pool(pa.default_memory_pool())
+    before = pa.default_memory_pool()
+    pa.set_memory_pool(pool)
+    try:
+        summary = transcribe_corpus(str(listing), tmp_path / "out.jsonl", tiny_en, **OPTIONS)
+    finally:
+        pa.set_memory_pool(before)
+    assert (summary.ok, summary.failed) == (3, 0)
+    rows = _rows(tmp_path / "out.jsonl")
+    assert {p: r["text"] for p, r in rows.items()} == {c.name: by_path[str(c)] for c in cards}
+    assert pool.max_memory() < minute * 4 / 2, pool.max_memory()
+
+
 def _rows_of_run(files: list[str], out: Path, model: Any) -> dict[str, str]:
     """The text of each of `files` transcribed by its path."""
     transcribe_corpus(files, out, model, **OPTIONS)

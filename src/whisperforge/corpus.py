@@ -445,18 +445,24 @@ def _parquet_rows(listing: Path, manifest: bool = True) -> list[dict]:
     import pyarrow as pa
 
     try:
-        schema = pq.read_schema(listing)
-        audio = schema.field("audio").type if "audio" in schema.names else pa.null()
-        holds = manifest and pa.types.is_struct(audio) and audio.get_field_index("bytes") >= 0
-        skipped = {"audio"} if manifest and ("path" in schema.names or holds) else set()
-        read = [name for name in schema.names if name not in skipped]
-        rows = pq.read_table(listing, columns=read).to_pylist()
-        if holds:
-            names = [None] * len(rows)
-            if audio.get_field_index("path") >= 0:  # read apart: a `path` column has its name
-                names = pq.read_table(listing, columns=["audio.path"]).column(0).to_pylist()
-            for row, name in zip(rows, names):
-                row["audio"] = HeldFile(name)
+        # ParquetFile's reads, not read_table's: asked for `audio.path`, read_table read the
+        # whole struct, the files' bytes too (2 GB of memory to list a 540 MB shard).
+        with pq.ParquetFile(listing) as file:
+            schema = file.schema_arrow
+            audio = schema.field("audio").type if "audio" in schema.names else pa.null()
+            holds = manifest and pa.types.is_struct(audio) and audio.get_field_index("bytes") >= 0
+            skipped = {"audio"} if manifest and ("path" in schema.names or holds) else set()
+            read = [name for name in schema.names if name not in skipped]
+            rows = file.read(columns=read).to_pylist()
+            if holds:
+                names = [None] * len(rows)
+                if audio.get_field_index("path") >= 0:  # read apart: a `path` column has its name
+                    names = [
+                        (held or {}).get("path")
+                        for held in file.read(columns=["audio.path"]).column(0).to_pylist()
+                    ]
+                for row, name in zip(rows, names):
+                    row["audio"] = HeldFile(name)
         return rows
     except (pa.ArrowException, OSError) as error:
         raise WhisperforgeError(f"{listing}: not a readable Parquet file ({error})") from None
@@ -485,7 +491,14 @@ class ShardReader:
                 self.shard, self.starts, self.group = shard, np.cumsum([0, *sizes]).tolist(), None
             index = bisect.bisect_right(self.starts, row) - 1
             if self.group is None or self.group[0] != index:
-                table = pq.ParquetFile(shard).read_row_group(index, columns=["audio"])
+                with pq.ParquetFile(shard) as file:
+                    # The struct's bytes and path alone: not its other fields (a decoded
+                    # `array`, ...), which may be larger than the files.
+                    audio = file.schema_arrow.field("audio").type
+                    fields = [
+                        f"audio.{f}" for f in ("bytes", "path") if audio.get_field_index(f) >= 0
+                    ]
+                    table = file.read_row_group(index, columns=fields)
                 self.group = (index, table.column(0).to_pylist())
             held = self.group[1][row - self.starts[index]] or {}
         if held.get("bytes"):
