@@ -390,6 +390,30 @@ def test_a_shards_files_are_read_without_the_rest_of_its_audio_struct(tiny_en, t
     assert pool.max_memory() < minute * 4 / 2, pool.max_memory()
 
 
+def test_a_shard_rewritten_since_the_last_job_is_read_anew(tiny_en, tmp_path):
+    """A process keeps the shard it last read a file from (its row groups, and the last one's
+    files): a second job in the same process (or on the same Ray workers) over the shard
+    written anew, as a dataset is regenerated, was given the old shard's files for the new
+    rows (another file's text under a row's name, without a word), and a row past the old
+    groups' sizes stopped the job with an IndexError. Each file is the shard's as it is now."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cards = [DEV_DIR / f"pocketsphinx__cards__00{n}.wav" for n in (1, 2, 3, 4, 5)]
+    by_path = _rows_of_run([str(c) for c in cards], tmp_path / "files.jsonl", tiny_en)
+    listing = tmp_path / "train-00000-of-00001.parquet"
+    # More files in larger groups (rows 3 and 4 were given the files of rows 4 and 5, row 5
+    # failed), then fewer in smaller groups (an IndexError).
+    for run, (order, group) in enumerate((((0, 1, 2, 3), 2), ((4, 3, 2, 1, 0), 3), ((2, 0, 1), 1))):
+        held = [{"bytes": cards[n].read_bytes(), "path": cards[n].name} for n in order]
+        pq.write_table(pa.table({"audio": held}), listing, row_group_size=group)
+        out = tmp_path / f"run{run}.jsonl"
+        summary = transcribe_corpus(str(listing), out, tiny_en, **OPTIONS)
+        assert (summary.ok, summary.failed) == (len(order), 0)
+        texts = {p: r["text"] for p, r in _rows(out).items()}
+        assert texts == {cards[n].name: by_path[str(cards[n])] for n in order}
+
+
 def _rows_of_run(files: list[str], out: Path, model: Any) -> dict[str, str]:
     """The text of each of `files` transcribed by its path."""
     transcribe_corpus(files, out, model, **OPTIONS)

@@ -475,7 +475,10 @@ class ShardReader:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.shard: str | None = None
+        # The shard read last, as it was then (its path, inode, size and modification time):
+        # one written anew since (a dataset regenerated between two jobs of one process, or
+        # during a job) is read anew, not through its old row groups.
+        self.shard: tuple[str, int, int, int] | None = None
         self.starts: list[int] = []  # the first row of each row group
         self.group: tuple[int, list[dict]] | None = None  # (index, its rows' audio structs)
 
@@ -483,24 +486,38 @@ class ShardReader:
         """The bytes of the file held at `row` of the shard `location` names (SHARD#ROW), or
         the path its struct gives where it holds no bytes (relative to the shard's folder)."""
         pq = _pyarrow_parquet()
+        import pyarrow as pa
+
         shard = location.rpartition("#")[0]
+        changed = (
+            f"{location}: {shard} has changed since the job listed it (it has no such row, or "
+            "no `audio` struct of files now); rerun to list it again"
+        )
         with self.lock:
-            if shard != self.shard:
+            stat = os.stat(shard)
+            key = (shard, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if key != self.shard:
                 metadata = pq.read_metadata(shard)
                 sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
-                self.shard, self.starts, self.group = shard, np.cumsum([0, *sizes]).tolist(), None
+                self.shard, self.starts, self.group = key, np.cumsum([0, *sizes]).tolist(), None
+            if not 0 <= row < self.starts[-1]:
+                raise AudioError(changed)
             index = bisect.bisect_right(self.starts, row) - 1
             if self.group is None or self.group[0] != index:
                 with pq.ParquetFile(shard) as file:
                     # The struct's bytes and path alone: not its other fields (a decoded
                     # `array`, ...), which may be larger than the files.
-                    audio = file.schema_arrow.field("audio").type
+                    schema = file.schema_arrow
+                    audio = schema.field("audio").type if "audio" in schema.names else None
+                    holds = audio is not None and pa.types.is_struct(audio)
+                    if not holds or audio.get_field_index("bytes") < 0:
+                        raise AudioError(changed)
                     fields = [
                         f"audio.{f}" for f in ("bytes", "path") if audio.get_field_index(f) >= 0
                     ]
                     table = file.read_row_group(index, columns=fields)
                 self.group = (index, table.column(0).to_pylist())
-            held = self.group[1][row - self.starts[index]] or {}
+        held = self.group[1][row - self.starts[index]] or {}
         if held.get("bytes"):
             return bytes(held["bytes"])
         if held.get("path"):
