@@ -517,7 +517,7 @@ class ShardReader:
                     ]
                     table = file.read_row_group(index, columns=fields)
                 self.group = (index, table.column(0).to_pylist())
-        held = self.group[1][row - self.starts[index]] or {}
+            held = self.group[1][row - self.starts[index]] or {}  # (another thread may read next)
         if held.get("bytes"):
             return bytes(held["bytes"])
         if held.get("path"):
