@@ -414,6 +414,27 @@ def test_a_shard_rewritten_since_the_last_job_is_read_anew(tiny_en, tmp_path):
         assert texts == {cards[n].name: by_path[str(cards[n])] for n in order}
 
 
+def test_a_shard_of_the_files_bytes_alone_is_read_and_one_of_samples_refused(tiny_en, tmp_path):
+    """A Parquet `audio` column of the files' bytes alone (no struct) was refused as "not a
+    file's path", the row's bytes printed; each row is its file now. A column of decoded
+    samples is refused saying what to store instead, not row by row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cards = [DEV_DIR / f"pocketsphinx__cards__00{n}.wav" for n in (1, 2)]
+    shard = tmp_path / "bytes.parquet"
+    pq.write_table(pa.table({"audio": pa.array([c.read_bytes() for c in cards])}), shard)
+    transcribe_corpus(str(shard), tmp_path / "out.jsonl", tiny_en, **OPTIONS)
+    by_path = _rows_of_run([str(c) for c in cards], tmp_path / "files.jsonl", tiny_en)
+    rows = _rows(tmp_path / "out.jsonl")
+    assert [rows[f"{shard}#{n}"]["text"] for n in (1, 2)] == [by_path[str(c)] for c in cards]
+    samples = tmp_path / "samples.parquet"
+    decoded = [{"array": [0.0, 0.1], "sampling_rate": 16000, "path": "a.wav"}]
+    pq.write_table(pa.table({"audio": decoded}), samples)
+    with pytest.raises(WhisperforgeError, match=r"holds decoded samples .* Audio\(decode=False\)"):
+        transcribe_corpus(str(samples), tmp_path / "samples.jsonl", tiny_en, **OPTIONS)
+
+
 def _rows_of_run(files: list[str], out: Path, model: Any) -> dict[str, str]:
     """The text of each of `files` transcribed by its path."""
     transcribe_corpus(files, out, model, **OPTIONS)

@@ -440,7 +440,8 @@ def _csv_rows(listing: Path) -> list[dict]:
 def _parquet_rows(listing: Path, manifest: bool = True) -> list[dict]:
     """The rows of a Parquet file. A `manifest`'s `audio` column is not read where it has a
     `path` (the audio itself, maybe: the path is what is read), but where it holds the files
-    (a struct with their `bytes`), each row's is a `HeldFile`, by name only."""
+    (a struct with their `bytes`, or the bytes alone), each row's is a `HeldFile`, by name
+    only. One of decoded samples is refused: the job reads files."""
     pq = _pyarrow_parquet()
     import pyarrow as pa
 
@@ -450,13 +451,19 @@ def _parquet_rows(listing: Path, manifest: bool = True) -> list[dict]:
         with pq.ParquetFile(listing) as file:
             schema = file.schema_arrow
             audio = schema.field("audio").type if "audio" in schema.names else pa.null()
-            holds = manifest and pa.types.is_struct(audio) and audio.get_field_index("bytes") >= 0
+            holds = manifest and _held_fields(audio) is not None
+            if manifest and not holds and "path" not in schema.names and _is_samples(audio):
+                raise WhisperforgeError(
+                    f"INPUT {listing}: its `audio` column holds decoded samples ({audio}), not "
+                    "files; store the files' bytes (Hugging Face datasets: cast_column('audio', "
+                    "Audio(decode=False)) before saving), or give a `path` column"
+                )
             skipped = {"audio"} if manifest and ("path" in schema.names or holds) else set()
             read = [name for name in schema.names if name not in skipped]
             rows = file.read(columns=read).to_pylist()
             if holds:
                 names = [None] * len(rows)
-                if audio.get_field_index("path") >= 0:  # read apart: a `path` column has its name
+                if _held_fields(audio) == ["bytes", "path"]:  # apart: a `path` column has its name
                     names = [
                         (held or {}).get("path")
                         for held in file.read(columns=["audio.path"]).column(0).to_pylist()
@@ -466,6 +473,27 @@ def _parquet_rows(listing: Path, manifest: bool = True) -> list[dict]:
         return rows
     except (pa.ArrowException, OSError) as error:
         raise WhisperforgeError(f"{listing}: not a readable Parquet file ({error})") from None
+
+
+def _held_fields(audio: Any) -> list[str] | None:
+    """What an `audio` column of this Arrow type holds of each file: its bytes alone (the
+    column is the bytes, []), or in a struct, with its path; None: no files."""
+    import pyarrow as pa
+
+    if pa.types.is_binary(audio) or pa.types.is_large_binary(audio):
+        return []
+    if pa.types.is_struct(audio) and audio.get_field_index("bytes") >= 0:
+        return [f for f in ("bytes", "path") if audio.get_field_index(f) >= 0]
+    return None
+
+
+def _is_samples(audio: Any) -> bool:
+    """An `audio` column of decoded samples: lists of numbers, or a struct with an `array`."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(audio):
+        return audio.get_field_index("array") >= 0
+    return pa.types.is_list(audio) or pa.types.is_large_list(audio)
 
 
 class ShardReader:
@@ -486,8 +514,6 @@ class ShardReader:
         """The bytes of the file held at `row` of the shard `location` names (SHARD#ROW), or
         the path its struct gives where it holds no bytes (relative to the shard's folder)."""
         pq = _pyarrow_parquet()
-        import pyarrow as pa
-
         shard = location.rpartition("#")[0]
         changed = (
             f"{location}: {shard} has changed since the job listed it (it has no such row, or "
@@ -508,15 +534,17 @@ class ShardReader:
                     # The struct's bytes and path alone: not its other fields (a decoded
                     # `array`, ...), which may be larger than the files.
                     schema = file.schema_arrow
-                    audio = schema.field("audio").type if "audio" in schema.names else None
-                    holds = audio is not None and pa.types.is_struct(audio)
-                    if not holds or audio.get_field_index("bytes") < 0:
+                    fields = (
+                        _held_fields(schema.field("audio").type)
+                        if "audio" in schema.names
+                        else None
+                    )
+                    if fields is None:
                         raise AudioError(changed)
-                    fields = [
-                        f"audio.{f}" for f in ("bytes", "path") if audio.get_field_index(f) >= 0
-                    ]
-                    table = file.read_row_group(index, columns=fields)
-                self.group = (index, table.column(0).to_pylist())
+                    columns = [f"audio.{f}" for f in fields] or ["audio"]
+                    files = file.read_row_group(index, columns=columns).column(0).to_pylist()
+                # the bytes alone: as a struct's
+                self.group = (index, files if fields else [{"bytes": b} for b in files])
             held = self.group[1][row - self.starts[index]] or {}  # (another thread may read next)
         if held.get("bytes"):
             return bytes(held["bytes"])
