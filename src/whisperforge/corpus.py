@@ -834,6 +834,8 @@ def run_ray(
     context.enable_progress_bars = False  # the job prints its own progress line and summary
     context.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+    # Its warning that progress bars are off, which the line above turned off: noise.
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     gpus = ray.cluster_resources().get("GPU", 0.0)
     if gpus > 0:  # decoding in 1-CPU tasks, overlapping the actors' GPU work
         size = max(1, int(gpus / num_gpus_per_actor))
