@@ -451,7 +451,8 @@ def _parquet_rows(listing: Path, manifest: bool = True) -> list[dict]:
         with pq.ParquetFile(listing) as file:
             schema = file.schema_arrow
             audio = schema.field("audio").type if "audio" in schema.names else pa.null()
-            holds = manifest and _held_fields(audio) is not None
+            fields = _held_fields(audio) if manifest else None
+            holds = fields is not None
             if manifest and not holds and "path" not in schema.names and _is_samples(audio):
                 raise WhisperforgeError(
                     f"INPUT {listing}: its `audio` column holds decoded samples ({audio}), not "
@@ -463,7 +464,7 @@ def _parquet_rows(listing: Path, manifest: bool = True) -> list[dict]:
             rows = file.read(columns=read).to_pylist()
             if holds:
                 names = [None] * len(rows)
-                if _held_fields(audio) == ["bytes", "path"]:  # apart: a `path` column has its name
+                if fields == ["bytes", "path"]:  # read apart: a `path` column has its name
                     names = [
                         (held or {}).get("path")
                         for held in file.read(columns=["audio.path"]).column(0).to_pylist()
@@ -508,6 +509,7 @@ class ShardReader:
         # during a job) is read anew, not through its old row groups.
         self.shard: tuple[str, int, int, int] | None = None
         self.starts: list[int] = []  # the first row of each row group
+        self.fields: list[str] | None = None  # `_held_fields` of its `audio` column
         self.group: tuple[int, list[dict]] | None = None  # (index, its rows' audio structs)
 
     def read(self, location: str, row: int) -> bytes | str:
@@ -523,28 +525,24 @@ class ShardReader:
             stat = os.stat(shard)
             key = (shard, stat.st_ino, stat.st_size, stat.st_mtime_ns)
             if key != self.shard:
-                metadata = pq.read_metadata(shard)
+                with pq.ParquetFile(shard) as file:
+                    metadata, schema = file.metadata, file.schema_arrow
                 sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
                 self.shard, self.starts, self.group = key, np.cumsum([0, *sizes]).tolist(), None
-            if not 0 <= row < self.starts[-1]:
+                self.fields = (
+                    _held_fields(schema.field("audio").type) if "audio" in schema.names else None
+                )
+            if self.fields is None or not 0 <= row < self.starts[-1]:
                 raise AudioError(changed)
             index = bisect.bisect_right(self.starts, row) - 1
             if self.group is None or self.group[0] != index:
+                # The struct's bytes and path alone: not its other fields (a decoded `array`,
+                # ...), which may be larger than the files.
+                columns = [f"audio.{f}" for f in self.fields] or ["audio"]
                 with pq.ParquetFile(shard) as file:
-                    # The struct's bytes and path alone: not its other fields (a decoded
-                    # `array`, ...), which may be larger than the files.
-                    schema = file.schema_arrow
-                    fields = (
-                        _held_fields(schema.field("audio").type)
-                        if "audio" in schema.names
-                        else None
-                    )
-                    if fields is None:
-                        raise AudioError(changed)
-                    columns = [f"audio.{f}" for f in fields] or ["audio"]
                     files = file.read_row_group(index, columns=columns).column(0).to_pylist()
                 # the bytes alone: as a struct's
-                self.group = (index, files if fields else [{"bytes": b} for b in files])
+                self.group = (index, files if self.fields else [{"bytes": b} for b in files])
             held = self.group[1][row - self.starts[index]] or {}  # (another thread may read next)
         if held.get("bytes"):
             return bytes(held["bytes"])
