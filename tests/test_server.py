@@ -40,7 +40,13 @@ pytest.importorskip("fastapi")
 pytest.importorskip("multipart")
 from fastapi.testclient import TestClient
 
-from whisperforge.server import ServerConfig, create_app, log_config, uvicorn_server
+from whisperforge.server import (
+    TRANSCRIPTION_COMPLETED,
+    ServerConfig,
+    create_app,
+    log_config,
+    uvicorn_server,
+)
 from whisperforge.transcribe import temperature_ladder
 
 JFK_TEXT = (
@@ -806,6 +812,42 @@ def test_websocket_commit_is_answered_with_openai_committed_events(client):
     # Each item's transcript, as OpenAI's transcription clients wait for it.
     items = [(e["item_id"], e["content_index"], e["transcript"]) for e in events[3:7:3]]
     assert items == [("item_1", 0, first.strip()), ("item_2", 0, second.strip())]
+
+
+def test_websocket_commit_without_audio_is_an_error_and_makes_no_item(client):
+    """As OpenAI's realtime API answers it, a commit with under 100 ms of audio since the last
+    commit (or clear, or the start) is the error input_audio_buffer_commit_empty, not an empty
+    item; the little audio there was stays, and goes with the next commit."""
+    pcm = s16le(load_audio(JFK))
+    bit, said = 2 * 800, 2 * round(3.0 * 16000)  # 50 ms; up to after "Americans"
+    with client.websocket_connect(ONE_DECODE) as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        answers = []
+        for audio in (b"", pcm[:bit], pcm[bit:said], b""):
+            if audio:
+                ws.send_text(append(audio))
+            ws.send_text('{"type": "input_audio_buffer.commit", "event_id": "evt_c"}')
+            answers.append(
+                events_until(ws, lambda e: e["type"] in ("error", TRANSCRIPTION_COMPLETED))
+            )
+        ws.send_text("stop")
+        final = until_final(ws)[-1]
+    for answer, heard_ms in zip(answers[:2], ("0.00", "50.00")):
+        (error,) = answer
+        assert error["error"]["code"] == "input_audio_buffer_commit_empty"
+        assert f"only has {heard_ms}ms of audio" in error["error"]["message"]
+        assert error["error"]["event_id"] == "evt_c"
+    assert [e["type"] for e in answers[2]] == [
+        "transcript.update",
+        "input_audio_buffer.committed",
+        TRANSCRIPTION_COMPLETED,
+    ]
+    item = answers[2][-1]
+    assert item["item_id"] == "item_1" and item["transcript"].startswith("And so")
+    assert plain_words(item["transcript"]).endswith("fellow americans")
+    (error,) = answers[3]  # the item took all the audio, the first 50 ms too
+    assert error["error"]["message"].endswith("only has 0.00ms of audio.")
+    assert final["text"] == item["transcript"]
 
 
 def test_websocket_clear_drops_the_audio_not_committed(client, tiny_en):

@@ -119,6 +119,7 @@ STREAM_TEXT_BYTES = 1024
 MAX_EVENT_ID = 256
 # OpenAI realtime's event for an item's transcript, which its transcription clients wait for.
 TRANSCRIPTION_COMPLETED = "conversation.item.input_audio_transcription.completed"
+MIN_COMMIT_S = 0.1  # the audio a commit needs since the one before (or a clear), as OpenAI's
 # What a stream holds of the server's audio memory while it is open: its backlog, and its
 # buffer (at most `max_buffer_s`, which the WebSocket leaves at its default) as float32 samples.
 STREAM_AUDIO_BYTES = STREAM_BACKLOG_BYTES + int(StreamingOptions.max_buffer_s * SAMPLE_RATE * 4)
@@ -660,7 +661,9 @@ class App:
         `transcript.update` with nothing tentative, then OpenAI's `input_audio_buffer.committed`
         (`item_id` "item_1", "item_2", ... one a commit, and the `previous_item_id`, null for
         the first) and `conversation.item.input_audio_transcription.completed` (the item's
-        `transcript`: the words committed since the commit before); the stream goes on. {"type": "input_audio_buffer.clear"} drops the audio and
+        `transcript`: the words committed since the commit before); the stream goes on (under
+        `MIN_COMMIT_S` of audio since the commit before: OpenAI's error
+        input_audio_buffer_commit_empty, no item). {"type": "input_audio_buffer.clear"} drops the audio and
         tentative words not committed (`StreamingTranscriber.clear`), answered with
         `input_audio_buffer.cleared`; the stream goes on. "stop" (or {"type": "stop"}) ends the
         stream with its `transcript.final`. Anything else gets an error event, and the stream
@@ -740,6 +743,16 @@ class App:
                     await events.send({**final.to_dict(), "text": stream.text.strip()})
                     await ws.close(code=1012 if ending.is_set() else 1000)  # 1012: restarting
                     return
+                if command == "commit" and stream.uncommitted_s < MIN_COMMIT_S:
+                    # As OpenAI's realtime API: no item for (next to) no audio. Where there
+                    # was some, it stays, and goes with the next commit.
+                    heard_ms = 1000 * stream.uncommitted_s
+                    await events.error(APIError(400, "Error committing input audio buffer: "
+                                                "buffer too small. Expected at least 100ms of "
+                                                f"audio, but buffer only has {heard_ms:.2f}ms "
+                                                "of audio.", None,
+                                                "input_audio_buffer_commit_empty"), answering)  # fmt: skip
+                    continue
                 if command == "commit":
                     committed: StreamingEvent = await run_in_threadpool(stream.commit)
                     await events.send(committed.to_dict())  # as before there were items

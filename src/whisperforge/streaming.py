@@ -312,6 +312,7 @@ class StreamingTranscriber:
         self._pending_samples = 0
         self._received = 0  # samples received in all
         self._heard = 0  # samples received when the last hypothesis was made (or skipped)
+        self._item_from = 0  # samples received at the last `commit` or `clear`
         self._odd_byte = b""  # half a PCM sample left over from an odd-sized bytes chunk
         self._tentative: list[Word] = []  # the last hypothesis minus what was committed
         self._older: list[list[Word]] = []  # hypotheses before it (LocalAgreement-n, n > 2)
@@ -327,6 +328,11 @@ class StreamingTranscriber:
     @property
     def buffer_s(self) -> float:
         return self._buffer.size / SAMPLE_RATE
+
+    @property
+    def uncommitted_s(self) -> float:
+        """Audio received since the last `commit` or `clear` (or the start)."""
+        return (self._received - self._item_from) / SAMPLE_RATE
 
     @property
     def text(self) -> str:
@@ -368,6 +374,7 @@ class StreamingTranscriber:
             raise InvalidOptionError("this stream is finished; start a new StreamingTranscriber")
         event = self._update(final=True)
         assert event is not None
+        self._item_from = self._received
         return replace(event, final=False)
 
     def clear(self, audio: np.ndarray | bytes | bytearray | memoryview | None = None) -> None:
@@ -392,7 +399,7 @@ class StreamingTranscriber:
         self._buffer = np.zeros(0, dtype=np.float32)
         self._offset = self.received_s  # the next audio fed starts the buffer
         self._first_in_buffer = len(self.committed)  # all committed text is before it now
-        self._heard = self._received
+        self._heard = self._item_from = self._received
         self._tentative, self._older, self._silent_updates = [], [], 0
         if not self.committed:
             self.language, self._heard_language = self._given_language, None
@@ -630,6 +637,11 @@ class ReplayResult:
     updates: int = 0
     compute_s: float = 0.0
     duration_s: float = 0.0
+
+    @property
+    def uncommitted_s(self) -> float:
+        """Audio received since the last `commit` or `clear` (or the start)."""
+        return (self._received - self._item_from) / SAMPLE_RATE
 
     @property
     def text(self) -> str:
