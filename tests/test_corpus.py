@@ -115,6 +115,10 @@ def test_inputs(tmp_path):
     with pytest.raises(WhisperforgeError, match="`path` or `audio` column"):
         list_inputs(str(tmp_path / "bad.jsonl"))
     assert list_inputs(tmp_path / "a") == list_inputs(str(tmp_path / "a"))  # a Path is a folder
+    # A glob or list naming manifests and audio files (a list decoded the shards as audio).
+    for spec in (str(tmp_path / "a" / "*.*"), [str(tmp_path / "a/m.parquet"), "x.wav"]):
+        with pytest.raises(WhisperforgeError, match="manifests .*m.parquet.* and other files"):
+            list_inputs(spec)
     # A manifest's rows: objects, each with a path (none skipped without a word).
     for lines, error in ((['{"path": "a.wav"}', '"b.wav"'], "line 2: not a JSON object"),
                          (['{"path": "a.wav"}', '{"path": null}'], "row 2: its `path` is None"),

@@ -172,10 +172,8 @@ def _listing(spec: str | Iterable[str]) -> tuple[dict[str, Source], Path | None]
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
     if not isinstance(spec, str):
-        names = [os.fspath(p) for p in spec]
-        if names and all(_is_manifest(Path(n)) for n in names):  # shards the shell listed
-            return _unique(_manifests([Path(n) for n in names])[0]), None
-        return _unique([Source(n, n) for n in names]), None
+        sources, folder = _files_or_manifests([os.fspath(p) for p in spec], "the list")
+        return _unique(sources), folder
     folder = None
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -196,16 +194,7 @@ def _listing(spec: str | Iterable[str]) -> tuple[dict[str, Source], Path | None]
         found = [p for p in found if os.path.isfile(p) or os.path.islink(p)]
         if not found:
             raise WhisperforgeError(f"INPUT {spec}: the glob matches no files; check the pattern")
-        manifests = [Path(p) for p in found if _is_manifest(Path(p))]
-        if manifests and len(manifests) < len(found):
-            raise WhisperforgeError(
-                f"INPUT {spec}: the glob matches manifests ({manifests[0]}) and other files; "
-                "match the audio files or the manifests (a dataset's Parquet shards), not both"
-            )
-        if manifests:
-            sources, folder = _manifests(manifests)
-        else:
-            sources = [Source(p, p) for p in found]
+        sources, folder = _files_or_manifests(found, f"INPUT {spec}: the glob")
     else:
         raise WhisperforgeError(
             f"INPUT {spec}: no such file or folder; pass a folder, a glob in quotes, a text file "
@@ -233,6 +222,19 @@ def _is_audio(path: Path) -> bool:
 
 def _is_manifest(path: Path) -> bool:
     return path.suffix.lower() in MANIFEST_EXTENSIONS
+
+
+def _files_or_manifests(names: list[str], what: str) -> tuple[list[Source], Path | None]:
+    """The files of a glob or list: audio files, or manifests (a dataset's shards) whose rows
+    are the files, not both (a list mixing them had its shards decoded as audio)."""
+    manifests = [Path(n) for n in names if _is_manifest(Path(n))]
+    if manifests and len(manifests) < len(names):
+        other = next(n for n in names if not _is_manifest(Path(n)))
+        raise WhisperforgeError(
+            f"{what} names manifests ({manifests[0]}) and other files ({other}); name the "
+            "audio files or the manifests (a dataset's Parquet shards), not both"
+        )
+    return _manifests(manifests) if manifests else ([Source(n, n) for n in names], None)
 
 
 def _manifests(paths: list[Path]) -> tuple[list[Source], Path | None]:
