@@ -115,9 +115,13 @@ def synthetic(kind: str, seconds: int = 60) -> np.ndarray:
 
 
 # Music gets one window, and one sample a temperature: each of its windows climbs the whole
-# temperature ladder, and best_of=5's five samples a rung took 25-37 s on a 2-core CPU.
+# temperature ladder, and best_of=5's five samples a rung took 25-37 s on a 2-core CPU. The
+# samples are drawn from a seeded generator: drawn after whatever earlier tests drew, the window
+# took 9 to 42 s alone and 80 to 97 s in the suite. Seeds 0 to 6 all give no words, in 453 to
+# 907 decode steps (how long each rung's sample runs before its end); seed 2 takes 453.
 @pytest.mark.parametrize("kind, seconds", [("silence", 60), ("noise", 60), ("music", 30)])
 def test_no_words_from_silence_noise_or_music(tiny_en, kind, seconds):
+    torch.manual_seed(2)
     segments, info = tiny_en.transcribe(synthetic(kind, seconds), beam_size=1, best_of=1)
     texts = [s.text for s in segments]
     assert info.duration == seconds
