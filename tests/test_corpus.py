@@ -394,6 +394,48 @@ def test_a_shards_files_are_read_without_the_rest_of_its_audio_struct(tiny_en, t
     assert pool.max_memory() < minute * 4 / 2, pool.max_memory()
 
 
+def test_a_shard_of_one_row_group_is_read_a_few_rows_at_a_time(tmp_path):
+    """A shard written as one row group (pandas' and pyarrow's default: up to 1M rows, so a
+    500 MB shard is one group) was read whole for its first file, every row's bytes made
+    Python's at once, beside 3 times the shard in Arrow's memory. Its rows are read a few at
+    a time now, in order on threads as decode threads ask for them, and backwards too: each
+    row's own bytes, Python holding a small part of the shard at most."""
+    import tracemalloc
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from whisperforge.corpus import READ_AHEAD, ShardReader
+
+    rng = np.random.default_rng(0)
+    files = [rng.bytes(1 << 18) for _ in range(192)]  # incompressible, as audio nearly is
+    held = [{"bytes": b, "path": f"{n}.flac"} for n, b in enumerate(files)]
+    shard = tmp_path / "train-00000-of-00001.parquet"
+    pq.write_table(pa.table({"audio": held, "id": range(len(held))}), shard)
+    assert pq.ParquetFile(shard).metadata.num_row_groups == 1
+    reader, rows, size = ShardReader(), range(len(files)), len(files) << 18
+
+    def right(row: int) -> bool:
+        return reader.read(f"{shard}#{row + 1}", row) == files[row]
+
+    pool = pa.proxy_memory_pool(pa.default_memory_pool())
+    before = pa.default_memory_pool()
+    pa.set_memory_pool(pool)
+    tracemalloc.start()
+    try:
+        with ThreadPoolExecutor(READ_AHEAD) as threads:
+            assert all(threads.map(right, rows))
+        assert all(right(row) for row in (0, 150, 3))  # back, on, back
+        python = tracemalloc.get_traced_memory()[1]
+        reader = ShardReader()  # the last one's reader, mid-group, freed while its pool is
+    finally:
+        tracemalloc.stop()
+        pa.set_memory_pool(before)
+    assert python < size / 2, python
+    assert pool.max_memory() < size * 2, pool.max_memory()  # a page: its group's column, here
+
+
 def test_a_shard_rewritten_since_the_last_job_is_read_anew(tiny_en, tmp_path):
     """A process keeps the shard it last read a file from (its row groups, and the last one's
     files): a second job in the same process (or on the same Ray workers) over the shard

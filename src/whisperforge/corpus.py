@@ -96,6 +96,7 @@ ROW_FIELDS = ("path", "file", "language", "language_probability", "duration", "t
 # Put before a manifest's column that has one of ROW_FIELDS' names (a reference `text`).
 CARRIED_PREFIX = "manifest_"
 READ_AHEAD = 4  # files decoded ahead of the model in one process
+SHARD_BATCH = 16  # a Parquet shard's rows read at once (`ShardReader`): a few MB of files
 MAX_DECODE_TASKS = 10_000  # Ray: one decode task per file, up to this many (then several each)
 RAY_INSTALL_HINT = "pip install 'whisperforge[ray]'"
 # A WhisperforgeError's last line in a traceback's text, as Ray passes a worker's error on
@@ -500,9 +501,13 @@ def _is_samples(audio: Any) -> bool:
 
 
 class ShardReader:
-    """The files a Parquet manifest holds (`HeldFile`), read a row group at a time, the last
-    one kept: files are decoded in their shard's order (a few at once on threads, or a block
-    of rows per Ray task), so each group is read about once."""
+    """The files a Parquet manifest holds (`HeldFile`), read a few rows at a time, in the
+    order asked for: files are decoded in their shard's order (a few at once on threads, or a
+    block of rows per Ray task), so each row is read about once. A row group is read in
+    batches, not whole: a shard written as one group (pandas' and pyarrow's default, up to 1M
+    rows) was read whole for its first file, at 6 times its size in memory (3 in Arrow's, its
+    files made Python's at once). Arrow still reads a page whole, and pyarrow writes a group's
+    column of files as one page (400 MB of 640 files): about twice that at its peak."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -512,7 +517,12 @@ class ShardReader:
         self.shard: tuple[str, int, int, int] | None = None
         self.starts: list[int] = []  # the first row of each row group
         self.fields: list[str] | None = None  # `_held_fields` of its `audio` column
-        self.group: tuple[int, list[dict]] | None = None  # (index, its rows' audio structs)
+        self.index = -1  # the row group being read (-1: none), its next batches and their row
+        self.batches: Iterator[list[Any]] = iter(())
+        self.next = 0
+        # The last two batches read (first row, their `audio` values): decode threads a few
+        # files apart ask for rows a little out of order, across a batch's end too.
+        self.kept: deque[tuple[int, list[Any]]] = deque(maxlen=2)
 
     def read(self, location: str, row: int) -> bytes | str:
         """The bytes of the file held at `row` of the shard `location` names (SHARD#ROW), or
@@ -530,27 +540,50 @@ class ShardReader:
                 with pq.ParquetFile(shard) as file:
                     metadata, schema = file.metadata, file.schema_arrow
                 sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
-                self.shard, self.starts, self.group = key, np.cumsum([0, *sizes]).tolist(), None
+                self.shard, self.starts, self.index = key, np.cumsum([0, *sizes]).tolist(), -1
                 self.fields = (
                     _held_fields(schema.field("audio").type) if "audio" in schema.names else None
                 )
             if self.fields is None or not 0 <= row < self.starts[-1]:
                 raise AudioError(changed)
             index = bisect.bisect_right(self.starts, row) - 1
-            if self.group is None or self.group[0] != index:
-                # The struct's bytes and path alone: not its other fields (a decoded `array`,
-                # ...), which may be larger than the files.
+            if index != self.index or row < (self.kept[0][0] if self.kept else self.next):
+                # another group, or a row before those kept: its group is read from its start
                 columns = [f"audio.{f}" for f in self.fields] or ["audio"]
-                with pq.ParquetFile(shard) as file:
-                    files = file.read_row_group(index, columns=columns).column(0).to_pylist()
-                # the bytes alone: as a struct's
-                self.group = (index, files if self.fields else [{"bytes": b} for b in files])
-            held = self.group[1][row - self.starts[index]] or {}  # (another thread may read next)
+                self.batches, self.next = _batches(shard, index, columns), self.starts[index]
+                self.kept.clear()
+            self.index = -1  # until the row is read: a read that fails starts over
+            while self.next <= row:
+                batch = next(self.batches, None)
+                if batch is None:
+                    raise AudioError(changed)
+                self.kept.append((self.next, batch))
+                self.next += len(batch)
+            if self.next == self.starts[index + 1]:
+                self.batches = iter(())  # the group read: its file closed
+            self.index = index
+            first, batch = next((f, b) for f, b in self.kept if f <= row < f + len(b))
+            held = batch[row - first]
+            held = (held if self.fields else {"bytes": held}) or {}  # the bytes alone: a struct's
         if held.get("bytes"):
-            return bytes(held["bytes"])
+            return held["bytes"]
         if held.get("path"):
             return str(Path(shard).parent / held["path"])
         raise AudioError(f"{location}: the row holds no audio (no bytes, no path); drop the row")
+
+
+def _batches(shard: str, index: int, columns: list[str]) -> Iterator[list[Any]]:
+    """The `audio` values of a shard's row group `index`, SHARD_BATCH rows at a time, of its
+    `columns` alone: the struct's bytes and path, not its other fields (a decoded `array`,
+    ...), which may be larger than the files. As Python's values: Arrow's are not kept (its
+    buffers outlived a test's memory pool, and Python crashed at exit)."""
+    pq = _pyarrow_parquet()
+    # Its pages read as they are decoded, not all of its column at once (pre_buffer's).
+    with pq.ParquetFile(shard, pre_buffer=False, buffer_size=1 << 20) as file:
+        for batch in file.iter_batches(
+            SHARD_BATCH, row_groups=[index], columns=columns, use_threads=False
+        ):
+            yield batch.column(0).to_pylist()
 
 
 def _pyarrow_parquet() -> Any:
