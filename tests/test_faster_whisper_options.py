@@ -287,6 +287,13 @@ def test_language_from_several_windows(base, german_then_english):
             base.detect_language(**bad)
 
 
+def test_detect_language_given_audio_and_features_hears_the_audio(base):
+    """faster-whisper's docstring: with `audio` given, `features` are ignored (they were refused)."""
+    german = load_audio(DEV_DIR / "picovoice-leopard__test_de.wav")
+    english = log_mel_spectrogram(load_audio(JFK), 80).numpy()
+    assert base.detect_language(german, english)[0] == "de"
+
+
 def test_an_english_only_model_has_no_language_to_detect(tiny_en, tiny_en_checkpoint):
     """faster-whisper refuses it (openai-whisper too): not "en" with probability 1 for German."""
     from faster_whisper import WhisperModel as FasterWhisper

@@ -635,18 +635,19 @@ class WhisperModel:
         """The audio's language: (code, probability, all (code, probability) best first), from
         its first 30 s, or from up to `language_detection_segments` windows (`language_of`);
         with `vad_filter`, of its speech only. faster-whisper's arguments, in its order:
-        `features` is a log-mel spectrogram [n_mels, frames] given instead of the audio.
+        `features` is a log-mel spectrogram [n_mels, frames] given instead of the audio (with
+        both, the audio, as faster-whisper).
         An English-only model has nothing to detect: refused, as faster-whisper refuses it."""
         if not self.is_multilingual:
             raise InvalidOptionError(
                 "this model is English-only: it has no language tokens to detect a language "
                 "with; use a multilingual model such as base"
             )
-        if (audio is None) == (features is None):
+        if audio is None and features is None:
             raise InvalidOptionError("pass the audio or its features (a log-mel spectrogram)")
         check_whole_number("language_detection_segments", language_detection_segments)
         check_probability("language_detection_threshold", language_detection_threshold)
-        if features is not None:
+        if audio is None:
             mel = torch.as_tensor(features, dtype=torch.float32, device=self.device)
             if mel.ndim != 2 or mel.shape[0] != self.checkpoint.config.n_mels:
                 raise InvalidOptionError(
