@@ -639,6 +639,18 @@ def test_language_of_the_speech_alone(base):
         base.detect_language(audio, vad_filter=True, vad_parameters={"threshhold": 0.5})
 
 
+def test_no_speech_still_lists_language_probabilities(base):
+    """The VAD finding no speech left `all_language_probs` None where a language was to be
+    detected: faster-whisper's code iterating it (always a list there) failed with a TypeError."""
+    silence = np.zeros(5 * 16000, np.float32)
+    _, info = base.transcribe(silence, vad_filter=True)
+    assert info.all_language_probs == [("en", 0.0)] and info.language_probability == 0.0
+    _, info = BatchedInferencePipeline(base).transcribe(silence)
+    assert info.all_language_probs == [("en", 0.0)]
+    _, info = base.transcribe(silence, vad_filter=True, language="de")
+    assert info.all_language_probs is None  # given, not detected: faster-whisper's None
+
+
 @pytest.mark.parametrize(
     ("options", "named"),
     [

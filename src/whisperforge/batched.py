@@ -420,6 +420,8 @@ class BatchedInferencePipeline:
         if language is None:
             # No speech: none was heard (as `transcribe` tells it), unless the model knows one.
             language, language_probability = "en", float(not model.is_multilingual)
+            if model.is_multilingual:  # a list still, as faster-whisper's (and `transcribe`'s)
+                all_language_probs = [(language, language_probability)]
             if model.is_multilingual and windows:
                 mels = self._mels(samples, windows[: options.language_detection_segments])
                 language, language_probability, all_language_probs = model.language_of(

@@ -832,8 +832,10 @@ class WhisperModel:
         if mel is None:  # VAD found no speech at all: nothing to decode
             # A language given (or the only one a model knows) is certain; none was heard.
             certain = language is not None or not self.is_multilingual
+            # Where one was to be detected, a list still (faster-whisper's always is there).
+            heard = None if certain else [("en", 0.0)]
             info = TranscriptionInfo(
-                language or "en", float(certain), duration, 0.0, None, options, vad_options
+                language or "en", float(certain), duration, 0.0, heard, options, vad_options
             )
             return _no_windows(), info
 
