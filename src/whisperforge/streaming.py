@@ -209,6 +209,11 @@ def pcm16_to_float(data: bytes | bytearray | memoryview) -> np.ndarray:
 # A word whose loudest frame is this far under its buffer's loudest was not spoken (40 dB:
 # a microphone's noise floor is 45-60 dB under speech; a soft last word, 10-30).
 SILENT_WORD_DB = 40.0
+# A decode that stops this long before its buffer's end, with audio after it at most
+# SPEECH_DB under what it decoded, left speech out: that rest is decoded on its own. (Under a
+# second or two is a last word cut off by the buffer's end, which the next update hears.)
+REST_S = 2.0
+SPEECH_DB = 20.0
 
 
 def peak_frame_db(samples: np.ndarray, frame: int = 480) -> float:
@@ -507,11 +512,43 @@ class StreamingTranscriber:
         "submit. submit. ...", a loop that is not used, and the stream's last 37 s had no words."""
         prompt = self._prompt()
         segments, language = self._transcribe(self._buffer, prompt, self.language)
+        segments += self._decode_rest(segments)
         hypothesis = self._hypothesis(segments)
         if prompt and _repetitive(hypothesis, self.options.max_compression_ratio):
             segments, language = self._transcribe(self._buffer, None, self.language)
+            segments += self._decode_rest(segments)
             hypothesis = self._hypothesis(segments)
         return segments, language, hypothesis
+
+    def _decode_rest(self, segments: list[Segment]) -> list[Segment]:
+        """Segments of the speech after the buffer's last word, where the decode stopped
+        `REST_S` or more before its end: Whisper's end-of-text ends a window, and a buffer is
+        one window. With the committed text "And so am I fellow Americans." as its prompt,
+        tiny.en decoded 5.1 s of another speaker and then 8 s of JFK as the first speaker
+        alone, every update, and the stream ended without JFK's words; unprompted, it hears
+        both. So the rest is decoded from the last word's end, without a prompt; a later
+        window, so an improbable one is left out (`tail_log_prob_threshold`)."""
+        rest: list[Segment] = []
+        start = 0  # (each pass starts past the last: the loop ends)
+        while True:
+            ends = [w.end for s in segments + rest for w in (s.words or [])]
+            if not ends or round(max(ends) * SAMPLE_RATE) <= start:
+                return rest
+            start = round(max(ends) * SAMPLE_RATE)
+            after = self._buffer[start:]
+            if after.size < REST_S * SAMPLE_RATE:
+                return rest
+            level = peak_frame_db(after)
+            if level == -math.inf or level < peak_frame_db(self._buffer[:start]) - SPEECH_DB:
+                return rest  # silence or noise after the last word: nothing was left out
+            more, _ = self._transcribe(after, None, self.language)
+            shift = start / SAMPLE_RATE
+            rest += [
+                replace(s, seek=s.seek + round(shift * 100), start=s.start + shift,
+                        end=s.end + shift, words=[replace(w, start=w.start + shift,
+                        end=w.end + shift) for w in s.words or []])
+                for s in more
+            ]  # fmt: skip
 
     def _hypothesis(self, segments: list[Segment]) -> list[Word]:
         """A decode's words after those committed, in stream time, less an unspoken tail."""
