@@ -277,3 +277,20 @@ def test_auto_compute_type_is_the_exports_own(onnx_dir, tmp_path):
     assert model.dtype == torch.float32
     half = float16_export(onnx_dir, tmp_path)
     assert WhisperModel(half, device="cpu", compute_type="auto").dtype == torch.float16
+
+
+def test_ctrl_c_during_the_onnx_capture_is_an_interrupt(tmp_path, monkeypatch, capsys):
+    """torch.onnx wraps a Ctrl-C in its torch.export step in a TorchExportError: the command
+    printed a hundred lines of traceback and exited 1; now it exits 130, leaving no folder."""
+
+    def interrupted(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt  # in torch's first import of torch._dynamo.exc
+        except KeyboardInterrupt:  # torch's `except torch._dynamo.exc.UserError` then fails:
+            raise AttributeError("module 'torch._dynamo' has no attribute 'exc'") from None
+
+    monkeypatch.setattr(torch.export, "export", interrupted)
+    out = tmp_path / "out"
+    assert cli.main(["export", "tiny.en", "--out", str(out)]) == 130
+    assert "Traceback" not in capsys.readouterr().err
+    assert not out.exists() and not list(tmp_path.iterdir())  # no staging folder left either

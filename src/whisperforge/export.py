@@ -403,17 +403,27 @@ def _onnx_proto(
     module: nn.Module, args: tuple[Any, ...], graph: str, n_layer: int
 ) -> onnx.ModelProto:
     input_names, output_names = graph_names(n_layer)[graph]
-    with torch.no_grad():
-        program = torch.onnx.export(
-            module.eval(),
-            args,
-            dynamo=True,  # through torch.export: the same graph capture as the .pt2 format
-            dynamic_shapes=_dynamic_shapes(n_layer)[graph],
-            input_names=input_names,
-            output_names=output_names,
-            optimize=True,
-            verbose=False,
-        )
+    try:
+        with torch.no_grad():
+            program = torch.onnx.export(
+                module.eval(),
+                args,
+                dynamo=True,  # through torch.export: the same graph capture as the .pt2 format
+                dynamic_shapes=_dynamic_shapes(n_layer)[graph],
+                input_names=input_names,
+                output_names=output_names,
+                optimize=True,
+                verbose=False,
+            )
+    except Exception as error:
+        # torch.onnx wraps a Ctrl-C during its torch.export step in a TorchExportError: it
+        # came out as a hundred lines of traceback and exit status 1, not an interrupt.
+        cause: BaseException | None = error
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise KeyboardInterrupt from None
+        raise
     return program.model_proto
 
 
