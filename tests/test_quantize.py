@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -392,3 +393,12 @@ def test_a_config_json_edited_to_another_compute_type_is_named(
         == 1
     )
     assert 'set "compute_type": "int8"' in capsys.readouterr().err
+
+
+def test_the_printed_command_names_a_folder_with_spaces_as_one_argument(tmp_path, capsys):
+    """The hint after `quantize` is a command to paste: `--model my models/q 8` was three
+    arguments, and the transcribe it ran looked for a model named `my`."""
+    out = tmp_path / "my models" / "q 8"
+    assert cli.main(["quantize", "tiny.en", str(out)]) == 0
+    hint = capsys.readouterr().out.splitlines()[-1]
+    assert shlex.split(hint.removeprefix("transcribe with it: "))[-2:] == ["--model", str(out)]

@@ -15,6 +15,7 @@ import math
 import os
 import queue
 import re
+import shlex
 import stat
 import sys
 import tempfile
@@ -1406,8 +1407,14 @@ def run_export(args: argparse.Namespace) -> int:
     out = export_model(args.model, args.out, args.format, args.compute_type)
     print(f"exported {args.model} ({args.format}, {args.compute_type}) to {out}")
     if args.format == "onnx":
-        print(f"transcribe with it: whisperforge transcribe FILE --model {out}")
+        print(f"transcribe with it: whisperforge transcribe FILE --model {_quoted(out)}")
     return 0
+
+
+def _quoted(path: str | Path) -> str:
+    """`path` as a shell reads it back: the hint printed with a folder of spaces (`my models/q8`)
+    was a command that named two arguments."""
+    return shlex.quote(str(path))
 
 
 # --- quantize --------------------------------------------------------------------------------
@@ -1455,7 +1462,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     stored = str(next(iter(checkpoint.state_dict.values())).dtype).removeprefix("torch.")
     was = "" if checkpoint.compute_type else f" (its weights as stored, {stored}: {before:.1f} MB)"
     print(f"quantized {args.model} ({args.compute_type}) to {out}: {after:.1f} MB on disk{was}")
-    print(f"transcribe with it: whisperforge transcribe FILE --model {out}")
+    print(f"transcribe with it: whisperforge transcribe FILE --model {_quoted(out)}")
     return 0
 
 
