@@ -683,3 +683,15 @@ def test_fp16_false_keeps_a_quantized_folders_int8(tiny_en_checkpoint, tmp_path)
     assert type(model.model.encoder.blocks[0].mlp[0]).__name__ == "Int8Linear"
     plain = parser.parse_args(["transcribe", "x.wav", "--model", "tiny.en", "--fp16", "False"])
     assert cli._compute_type(plain) == "float32"
+
+
+def test_download_of_a_local_path_says_to_pass_it_to_model(tmp_path, capsys, monkeypatch):
+    """`download ./my-model` was looked up on the hub, and the error said to "pass a local model
+    folder", which is what had been passed."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for path in (tmp_path / "my model", tmp_path / "tiny.pt"):
+        path.mkdir() if path.suffix == "" else path.write_bytes(b"")
+        assert cli.main(["download", str(path), "--output-dir", str(tmp_path / "out")]) == 1
+        error = error_lines(capsys.readouterr().err)[0]
+        assert "is a local model path" in error and "pass it to --model" in error
+    assert not (tmp_path / "out").exists()

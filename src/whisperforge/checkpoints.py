@@ -1064,6 +1064,13 @@ def download_model(
     cache, then the hub (at `revision`, with the hub token `use_auth_token`). `output_dir`:
     the model's files written there instead."""
     folders = packaged_model_folders(size_or_id) if size_or_id in PACKAGED_MODELS else None
+    if folders is None and Path(size_or_id).expanduser().exists():
+        # Not a name: a local path was looked up on the hub, and the error told the user to
+        # "pass a local model folder", the very thing they had passed.
+        raise InvalidOptionError(
+            f"{size_or_id} is a local model path, not a name to download: pass it to --model "
+            "(WhisperModel) as it is; download takes a name that `whisperforge models` lists"
+        )
     if folders is None:
         hub = _hub_folder(size_or_id, local_files_only, cache_dir, revision, use_auth_token)
         folders = [hub]
