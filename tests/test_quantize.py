@@ -7,6 +7,7 @@ conversions are not the GPU's, so the fp8 row kernel is checked by benchmarks/qu
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import shlex
@@ -402,3 +403,26 @@ def test_the_printed_command_names_a_folder_with_spaces_as_one_argument(tmp_path
     assert cli.main(["quantize", "tiny.en", str(out)]) == 0
     hint = capsys.readouterr().out.splitlines()[-1]
     assert shlex.split(hint.removeprefix("transcribe with it: "))[-2:] == ["--model", str(out)]
+
+
+def test_a_folder_that_is_a_mount_point_takes_the_files(tmp_path, monkeypatch):
+    """OUT a mount point (a Docker volume, `-v ./models:/models`): the files were written beside
+    it, on its parent's filesystem, and their move in failed with "Invalid cross-device link;
+    pass a folder you can write to". Here a rename into OUT from outside it fails as it does
+    there."""
+    import whisperforge.checkpoints
+
+    out = tmp_path / "models"
+    out.mkdir()
+    real = os.replace
+
+    def replace(source: str | Path, target: str | Path) -> None:
+        if Path(target).parent == out and out not in Path(source).parents:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        real(source, target)
+
+    monkeypatch.setattr(whisperforge.checkpoints.os, "replace", replace)
+    assert cli.main(["quantize", "tiny.en", str(out)]) == 0
+    assert sorted(f.name for f in out.iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json"
+    ]  # fmt: skip

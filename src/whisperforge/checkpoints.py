@@ -561,31 +561,41 @@ def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "in
         _write_quantized(checkpoint, staging, compute_type, weights)
 
 
+STAGING = ".whisperforge.partial"  # `written_aside`'s folder, inside the one it fills
+
+
 @contextlib.contextmanager
 def written_aside(folder: Path, replaced: Iterable[str] = ()) -> Iterator[Path]:
-    """A folder to write `folder`'s files in, beside it; once the block ends without an error,
+    """A folder to write `folder`'s files in, inside it; once the block ends without an error,
     the files `replaced` names are removed from `folder` (an earlier export's) and the new ones
-    moved in. A write that fails (a full disk, Ctrl-C) leaves `folder` as it was, so the same
-    command can simply be run again. `folder` may be "." (the shell's own, filled, not
-    replaced)."""
+    moved in. A write that fails (a full disk, Ctrl-C) leaves `folder` as it was (a new one not
+    there), so the same command can simply be run again. `folder` may be "." (the shell's own,
+    filled, not replaced). Staged inside, not beside: a folder that is a mount point (a Docker
+    volume) was refused with "Invalid cross-device link", and one in a parent folder the user
+    cannot write with "Read-only file system", though the folder itself takes the files."""
     folder = folder.resolve()
-    staging = folder.with_name(f".{folder.name}.partial")
+    created = not folder.exists()
+    staging = folder / STAGING
     shutil.rmtree(staging, ignore_errors=True)  # a killed run's
     staging.mkdir(parents=True)
+    done = False
     try:
         yield staging
-        folder.mkdir(exist_ok=True)
         for name in replaced:
             (folder / name).unlink(missing_ok=True)
         for path in staging.iterdir():
             os.replace(path, folder / path.name)
+        done = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if created and not done:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def check_new_folder(folder: Path) -> None:
-    """Refuse to write a quantized model over anything: `folder` must be new or empty."""
-    if folder.is_file() or (folder.is_dir() and any(folder.iterdir())):
+    """Refuse to write a quantized model over anything: `folder` must be new or empty (but for
+    what a killed run left in `STAGING`)."""
+    if folder.is_file() or (folder.is_dir() and any(p.name != STAGING for p in folder.iterdir())):
         raise InvalidOptionError(f"{folder} exists and is not an empty folder; pass a new folder")
 
 

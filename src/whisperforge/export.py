@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoints import Checkpoint, _heads, resolve_checkpoint, written_aside
+from .checkpoints import STAGING, Checkpoint, _heads, resolve_checkpoint, written_aside
 from .errors import InvalidOptionError, ModelFormatError, ModelNotFoundError, WhisperforgeError
 from .model import ModelConfig, Whisper, merge_heads, split_heads
 from .quantize import COMPUTE_TYPES as MODEL_COMPUTE_TYPES
@@ -330,7 +330,8 @@ def export_model(
         raise InvalidOptionError(f"{out} is a file; give --out a new or empty folder")
     # An earlier export is replaced, also one cut short (its files without the manifest).
     earlier = out.is_dir() and (
-        (out / MANIFEST).is_file() or all(path.name in EXPORT_FILES for path in out.iterdir())
+        (out / MANIFEST).is_file()
+        or all(path.name in (*EXPORT_FILES, STAGING) for path in out.iterdir())
     )
     if out.is_dir() and not earlier:
         raise InvalidOptionError(f"{out} holds other files; give --out a new or empty folder")
