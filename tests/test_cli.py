@@ -587,6 +587,12 @@ def test_models_lists_what_model_dir_holds(tmp_path, capsys):
     )
 
 
+def test_models_warns_of_a_model_dir_that_is_not_there(tmp_path, capsys):
+    """A mistyped --model-dir was listed as an empty cache, "(none)", and nothing more."""
+    assert cli.main(["models", "--model-dir", str(tmp_path / "typo")]) == 0
+    assert f"--model-dir {tmp_path / 'typo'}: no such folder" in capsys.readouterr().err
+
+
 def test_temperature_ladder():
     assert temperature_ladder(0.0, 0.2) == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     assert temperature_ladder(0.5, 0.25) == (0.5, 0.75, 1.0)

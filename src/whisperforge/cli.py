@@ -1070,6 +1070,9 @@ def run_models(args: argparse.Namespace) -> int:
         for name in missing:
             print(f"  {name:<16} {PACKAGE_INSTALL_HINT.get(name, '')}")
 
+    if args.model_dir and not Path(args.model_dir).expanduser().is_dir():
+        # A mistyped folder was listed as an empty cache, "(none)", with no word of the typo.
+        _warn(f"--model-dir {args.model_dir}: no such folder; check the path")
     cached = _hub_cached(HUB_REPOS, args.model_dir)
     where = args.model_dir or "the Hugging Face hub cache, or openai-whisper's"
     if args.model_dir is None:  # (a --model-dir is looked in alone)
