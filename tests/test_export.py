@@ -294,3 +294,13 @@ def test_ctrl_c_during_the_onnx_capture_is_an_interrupt(tmp_path, monkeypatch, c
     assert cli.main(["export", "tiny.en", "--out", str(out)]) == 130
     assert "Traceback" not in capsys.readouterr().err
     assert not out.exists() and not list(tmp_path.iterdir())  # no staging folder left either
+
+
+def test_a_folder_of_someone_elses_weights_bin_is_not_taken_for_an_export(tmp_path, capsys):
+    """A folder holding only a weights.bin (or tokenizer.json) of its own was taken for an export
+    cut short, and written over."""
+    (tmp_path / "weights.bin").write_bytes(b"mine")
+    assert cli.main(["export", "tiny.en", "--out", str(tmp_path)]) == 1
+    assert "holds other files" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["weights.bin"]
+    assert (tmp_path / "weights.bin").read_bytes() == b"mine"

@@ -328,12 +328,14 @@ def export_model(
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise InvalidOptionError(f"{out} is a file; give --out a new or empty folder")
-    # An earlier export is replaced, also one cut short (its files without the manifest).
-    earlier = out.is_dir() and (
-        (out / MANIFEST).is_file()
-        or all(path.name in (*EXPORT_FILES, STAGING) for path in out.iterdir())
+    # An earlier export is replaced, also one cut short (its files without the manifest): one
+    # with a graph at least, as a folder of someone's weights.bin or tokenizer.json alone was
+    # taken for an export and written over.
+    names = {path.name for path in out.iterdir()} - {STAGING} if out.is_dir() else set()
+    earlier = (out / MANIFEST).is_file() or (
+        names <= set(EXPORT_FILES) and not names <= {WEIGHTS, TOKENIZER}
     )
-    if out.is_dir() and not earlier:
+    if names and not earlier:
         raise InvalidOptionError(f"{out} holds other files; give --out a new or empty folder")
     if is_export_folder(model):
         raise InvalidOptionError(f"{model} is an export already; export the model it came from")
