@@ -426,3 +426,19 @@ def test_a_folder_that_is_a_mount_point_takes_the_files(tmp_path, monkeypatch):
     assert sorted(f.name for f in out.iterdir()) == [
         "config.json", "model.safetensors", "tokenizer.json"
     ]  # fmt: skip
+
+
+def test_a_full_disk_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    """safetensors says a full disk with its own SafetensorError: quantize printed a traceback."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    out = tmp_path / "q"
+    assert cli.main(["quantize", "tiny.en", str(out)]) == 1
+    error = capsys.readouterr().err
+    assert f"error: cannot write {out}: No space left on device; pass a folder" in error
+    assert not out.exists()

@@ -600,6 +600,7 @@ def check_new_folder(folder: Path) -> None:
 
 
 def _write_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str, weights: str) -> None:
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     saved_scales = checkpoint.weight_scales or {}
@@ -612,7 +613,15 @@ def _write_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str, we
             tensors[name], tensors[f"{name}_scale"] = q, scale
         else:
             tensors[name] = tensor.contiguous()
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    try:
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    except SafetensorError as error:
+        # A full disk is safetensors' own error, "I/O error: ... (os error 28)": it came out as
+        # a traceback; as the OSError it is, the command says "cannot write OUT: No space ...".
+        number = re.search(r"os error (\d+)", str(error))
+        if number is None:
+            raise
+        raise OSError(int(number[1]), os.strerror(int(number[1]))) from None
     heads = checkpoint.alignment_heads
     config = {
         "format": QUANTIZED_FORMAT,
