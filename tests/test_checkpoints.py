@@ -4,6 +4,7 @@ clearly. The HF and .pt files are written here from the packaged tiny.en, so no 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import pytest
 import torch
 from conftest import JFK, hub_cache_of_tiny_en, manifest
 
-from whisperforge import WhisperModel
+from whisperforge import WhisperModel, download_model
 from whisperforge.checkpoints import (
     HUB_PROBE_SECONDS,
     Checkpoint,
@@ -742,3 +743,23 @@ def test_hf_folders_that_do_not_fit(tmp_path: Path, hf_folder: Path) -> None:
     with pytest.raises(ModelFormatError) as error:
         load_path(folder)
     assert_clear(error, "model.safetensors")
+
+
+def test_a_download_onto_a_full_disk_leaves_no_cut_off_file(tmp_path, monkeypatch):
+    """A full disk while model.bin was copied left the part written under its own name, a
+    model.bin that CTranslate2 and others read as a whole one."""
+    import whisperforge.checkpoints
+
+    real = shutil.copyfile
+
+    def full(source: Path, target: Path) -> None:
+        if Path(source).name != "model.bin":
+            real(source, target)
+            return
+        Path(target).write_bytes(b"\0" * 1000)  # what fitted
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(whisperforge.checkpoints.shutil, "copyfile", full)
+    with pytest.raises(ModelNotFoundError, match="No space left on device"):
+        download_model("tiny.en", output_dir=tmp_path / "dl")
+    assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == ["config.json"]

@@ -1122,16 +1122,28 @@ def _write_ct2_folder(folders: list[Path], target: Path) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     files = [p for f in folders for p in sorted(f.iterdir()) if p.is_file()]
     parts = sorted((p for p in files if p.name.startswith("model.bin.part")), key=_part_number)
-    for path in files:
-        if path not in parts and path.name != "__init__.py":
-            shutil.copyfile(path, target / path.name)
     model_bin = target / "model.bin"
     size = sum(p.stat().st_size for p in parts)
+    for path in files:
+        if path not in parts and path.name != "__init__.py":
+            # Whole or not at all: a full disk left a cut-off model.bin or vocabulary.txt.
+            with _written_whole(target / path.name) as partial:
+                shutil.copyfile(path, partial)
     if parts and not (model_bin.is_file() and model_bin.stat().st_size == size):
-        partial = target / "model.bin.partial"
-        with open(partial, "wb") as out:
+        with _written_whole(model_bin) as partial, open(partial, "wb") as out:
             for part in parts:
                 with open(part, "rb") as source:
                     shutil.copyfileobj(source, out, 1 << 24)
-        partial.replace(model_bin)
     return target
+
+
+@contextlib.contextmanager
+def _written_whole(path: Path) -> Iterator[Path]:
+    """A temporary name to write `path` under, renamed to it once the block ends; removed if
+    the block fails."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        yield partial
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
