@@ -602,6 +602,24 @@ def test_speech_after_where_a_decode_stopped_is_decoded_too(tiny_en):
     assert plain_words(stream.text).endswith(" ".join(plain_words(said).split()[5:]))
 
 
+def test_the_buffer_is_not_cut_inside_a_committed_word(tiny_en):
+    """JFK's first 3 s committed, another clip committed (no clear), then the rest of JFK: the
+    buffer was trimmed at a segment end (13.38 s) inside the committed "you." (12.38-13.42 s,
+    an older decode's times), whose text then was in neither the prompt nor the audio.
+    Prompted "...can do for", tiny.en heard "Ask what you can do for your country" as "your
+    country", and "you can do for your" was lost."""
+    jfk, other = load_audio(JFK), load_audio(DEV_DIR / "coqui-tts-ljspeech__LJ001-0004.wav")
+    stream = StreamingTranscriber(tiny_en, StreamingOptions(language="en"))
+    stream.feed(jfk[: 3 * SR])
+    stream.commit()
+    stream.feed(other)
+    stream.commit()
+    for chunk in np.array_split(jfk[3 * SR :], 8):  # an update a second, trimmed at 15 s
+        stream.feed(chunk)
+    stream.finish()
+    assert "ask what you can do for your country" in plain_words(stream.text)
+
+
 def test_a_live_pipe_is_read_while_updates_decode(tiny_en, capsys, monkeypatch):
     """`arecord ... | whisperforge stream -` on a machine slower than real time: the audio that
     arrived during an update goes into the next one, as ufal's server reads all it has. It was

@@ -638,6 +638,11 @@ class StreamingTranscriber:
         in_buffer = self.committed[self._first_in_buffer :]
         sentences = [w.end for w in in_buffer if w.word.strip().endswith(SENTENCE_END)]
         cut = max(ends or sentences or [self._offset])
+        # Not inside a committed word (its times are an older decode's, the segment's end the
+        # newest's): its text stayed out of the prompt while its audio was cut away. Prompted
+        # "...can do for" with the audio after "you", tiny.en heard "Ask what you can do for
+        # your country" as "your country. Thank you.". Cut at its end: its text is in the prompt.
+        cut = max([cut] + [w.end for w in in_buffer if w.start < cut < w.end])
         if cut > self._offset:
             self._cut(cut)
         if self.buffer_s + options.min_chunk_s <= options.max_buffer_s:
