@@ -607,7 +607,8 @@ def test_the_buffer_is_not_cut_inside_a_committed_word(tiny_en):
     buffer was trimmed at a segment end (13.38 s) inside the committed "you." (12.38-13.42 s,
     an older decode's times), whose text then was in neither the prompt nor the audio.
     Prompted "...can do for", tiny.en heard "Ask what you can do for your country" as "your
-    country", and "you can do for your" was lost."""
+    country", and "you can do for your" was lost. The 0.6 s after "country." was then decoded in
+    a window of its own as "Thank you." (no_speech_prob 0.74): not said, not committed."""
     jfk, other = load_audio(JFK), load_audio(DEV_DIR / "coqui-tts-ljspeech__LJ001-0004.wav")
     stream = StreamingTranscriber(tiny_en, StreamingOptions(language="en"))
     stream.feed(jfk[: 3 * SR])
@@ -617,7 +618,7 @@ def test_the_buffer_is_not_cut_inside_a_committed_word(tiny_en):
     for chunk in np.array_split(jfk[3 * SR :], 8):  # an update a second, trimmed at 15 s
         stream.feed(chunk)
     stream.finish()
-    assert "ask what you can do for your country" in plain_words(stream.text)
+    assert plain_words(stream.text).endswith("ask what you can do for your country")
 
 
 def test_a_live_pipe_is_read_while_updates_decode(tiny_en, capsys, monkeypatch):
