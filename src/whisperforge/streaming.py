@@ -687,11 +687,6 @@ class ReplayResult:
     duration_s: float = 0.0
 
     @property
-    def uncommitted_s(self) -> float:
-        """Audio received since the last `commit` or `clear` (or the start)."""
-        return (self._received - self._item_from) / SAMPLE_RATE
-
-    @property
     def text(self) -> str:
         return "".join(w.word for w in self.words).strip()
 
