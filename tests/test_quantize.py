@@ -25,7 +25,7 @@ from whisperforge import WhisperModel, cli, load_audio
 from whisperforge.checkpoints import packaged_model_folders, save_quantized
 from whisperforge.errors import InvalidOptionError, ModelFormatError
 from whisperforge.kernels import linear as runtime_linear
-from whisperforge.model import ModelConfig
+from whisperforge.model import ModelConfig, fused_weights
 from whisperforge.presets import random_model
 from whisperforge.quantize import (
     COMPUTE_TYPES,
@@ -34,6 +34,7 @@ from whisperforge.quantize import (
     QuantizedLinear,
     int8_overflows,
     quantize_model,
+    quantize_module,
     quantize_weight,
     resolve_compute_type,
 )
@@ -92,6 +93,35 @@ def test_int8_on_cpu_keeps_the_wer_of_fp32(tiny_en_greedy, int8_tiny_en, int8_gr
     # on 17 of them. At most 2 words more wrong than fp32:
     assert wer["int8"] <= wer["fp32"] + 0.01, wer
     assert wer["fp32"] < 0.15  # a broken decoder lands far above
+
+
+def test_the_cpu_int8_build_never_fills_the_float_model_whole(tiny_en_checkpoint, monkeypatch):
+    """On the CPU each linear becomes int8 as soon as its weights are in. Before, the float32
+    network was filled whole first: medium's int8 load peaked at 3.1 GB of anonymous memory,
+    its float32 load's, and is 1.5 GB now (RESULTS.md, session 58)."""
+    transcribe_module = sys.modules["whisperforge.transcribe"]  # (the package's name: a function)
+    filled: set[str] = set()  # the linears whose weight has been copied in
+    most_float = 0  # the most filled linears still float at once
+
+    def watched_fused_weights(state_dict):
+        for name, tensor in fused_weights(state_dict):
+            filled.add(name.removesuffix(".weight"))
+            yield name, tensor
+
+    def watched_quantize_module(model, name, *args, **kwargs):
+        nonlocal most_float
+        floats = {n for n, m in model.named_modules() if type(m) is torch.nn.Linear}
+        most_float = max(most_float, len(floats & filled))
+        quantize_module(model, name, *args, **kwargs)
+
+    monkeypatch.setattr(transcribe_module, "fused_weights", watched_fused_weights)
+    monkeypatch.setattr(transcribe_module, "quantize_module", watched_quantize_module)
+    model = transcribe_module.build_model(
+        tiny_en_checkpoint, torch.device("cpu"), torch.float32, "int8"
+    )
+    assert not [m for m in model.modules() if type(m) is torch.nn.Linear]  # all int8 now
+    assert isinstance(model.decoder.token_embedding.projection, Int8Linear)
+    assert most_float == 1  # the one being swapped
 
 
 def test_quantized_folder_loads_in_a_new_process_to_the_same_transcript(

@@ -143,6 +143,9 @@ def resolve_compute_type(
 # --- weights ---------------------------------------------------------------------------------
 
 
+ROW_BAND = 1 << 22  # elements of a weight quantized at once (16 MB of float32)
+
+
 def quantize_weight(
     weight: Tensor, weights: str, scale: Tensor | None = None, group: int = 0
 ) -> tuple[Tensor, Tensor]:
@@ -150,9 +153,20 @@ def quantize_weight(
     output channel ([N]), or with `group` one per `group` columns of each ([N, K // group]);
     w ~ dequantize(q, scale). A given `scale` (a quantized checkpoint's) sets the layout and
     reproduces the saved q exactly from its dequantized weights; one made for a narrower range
-    (fp8's absmax / 448, loaded as int8) is replaced by a fresh one rather than clipping them."""
+    (fp8's absmax / 448, loaded as int8) is replaced by a fresh one rather than clipping them.
+    A large weight goes a band of rows at a time (`ROW_BAND`): whole, its float temporaries
+    were twice its float32 size (base's token embedding: +210 MB at load)."""
+    N, K = weight.shape
+    band = max(1, ROW_BAND // K)
+    if N > band:
+        parts = [
+            quantize_weight(
+                weight[i : i + band], weights, None if scale is None else scale[i : i + band], group
+            )
+            for i in range(0, N, band)
+        ]
+        return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
     w = weight.detach().float()
-    N, K = w.shape
     if scale is not None:
         group = K // scale.shape[1] if scale.dim() == 2 else 0
     blocks = w.reshape(N, -1, group or K)  # [N, groups, columns]
@@ -319,44 +333,47 @@ def quantize_model(
     `scales`: a quantized checkpoint's, by canonical name, so its weights come back exactly.
     `dynamic`: every linear as an `Int8Linear` (the CPU's int8; the default there), or
     weight-only step linears (the GPU's; on the CPU too for tests and accuracy figures)."""
-    if weights is None:
-        return model
+    if weights is not None:
+        for name, _ in list(model.named_modules()):
+            quantize_module(model, name, weights, scales, dynamic)
+    return model
+
+
+def quantize_module(
+    model: Whisper,
+    name: str,
+    weights: str,
+    scales: dict[str, Tensor] | None = None,
+    dynamic: bool | None = None,
+) -> None:
+    """Swap the model's module `name` for its quantized form, if `quantize_model` quantizes it;
+    any other module is left as it is. `build_model` swaps each linear on the CPU as soon as its
+    weights are in, so that the float model never exists whole beside the quantized one."""
     if dynamic is None:
         dynamic = weights == "int8" and model.device.type == "cpu"
     scales = scales or {}
-    dtype, layers = model.dtype, len(model.decoder.blocks)
-
-    def swap(name: str, make: Callable[[Tensor, Tensor, Tensor | None], nn.Module]) -> None:
-        parent, _, child = name.rpartition(".")
-        module = model.get_submodule(parent)
-        linear = getattr(module, child)
-        kind, group = weight_format(name, weights, linear.in_features, layers)
-        q, scale = quantize_weight(linear.weight, kind, _fused_scale(scales, name), group)
-        setattr(module, child, make(q, scale, linear.bias))
-
-    if dynamic:
-        steps = {
-            f"decoder.blocks.{i}.{p}"
-            for i in range(len(model.decoder.blocks))
-            for p in STEP_LINEARS
-        }
-        for name in [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]:
-            outliers = OUTLIER_COLUMNS if name in steps else 0
-            swap(name, lambda q, scale, bias, k=outliers: Int8Linear(q, scale, bias, k))
+    layers = len(model.decoder.blocks)
+    module = model.get_submodule(name)
+    if name == EMBEDDING.removesuffix(".weight"):
+        kind, group = weight_format(EMBEDDING, weights, module.weight.shape[1], layers)
+        q, scale = quantize_weight(module.weight, kind, scales.get(EMBEDDING), group)
+        quantized: nn.Module = QuantizedEmbedding(
+            q, scale, model.dtype, module.num_embeddings, dynamic
+        )
+    elif isinstance(module, nn.Linear):
+        step = name.startswith("decoder.blocks.") and name.split(".", 3)[3] in STEP_LINEARS
+        if not (dynamic or step):
+            return
+        kind, group = weight_format(name, weights, module.in_features, layers)
+        q, scale = quantize_weight(module.weight, kind, _fused_scale(scales, name), group)
+        if dynamic:
+            quantized = Int8Linear(q, scale, module.bias, OUTLIER_COLUMNS if step else 0)
+        else:
+            quantized = QuantizedLinear(q, scale, module.bias, model.dtype)
     else:
-        for i in range(len(model.decoder.blocks)):
-            for part in STEP_LINEARS:
-                swap(
-                    f"decoder.blocks.{i}.{part}",
-                    lambda q, scale, bias: QuantizedLinear(q, scale, bias, dtype),
-                )
-    embedding = model.decoder.token_embedding
-    kind, group = weight_format(EMBEDDING, weights, embedding.weight.shape[1], layers)
-    q, scale = quantize_weight(embedding.weight, kind, scales.get(EMBEDDING), group)
-    model.decoder.token_embedding = QuantizedEmbedding(
-        q, scale, dtype, embedding.num_embeddings, dynamic
-    )
-    return model
+        return
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child, quantized)
 
 
 class Int8Linear(nn.Module):
@@ -383,8 +400,13 @@ class Int8Linear(nn.Module):
 
     def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None, outliers: int = 0):
         super().__init__()
-        if scale.dim() == 2:
-            q, scale = quantize_weight(dequantize(q, scale), "int8")
+        if scale.dim() == 2:  # a band of rows at a time, as quantize_weight goes
+            band = max(1, ROW_BAND // q.shape[1])
+            parts = [
+                quantize_weight(dequantize(q[i : i + band], scale[i : i + band]), "int8")
+                for i in range(0, q.shape[0], band)
+            ]
+            q, scale = torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
         self.in_features, self.out_features = q.shape[1], q.shape[0]
         self.outliers = outliers
         if outliers:  # [K, N]: an input channel's weights are one contiguous row to gather

@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from .audio import (
     CHUNK_LENGTH,
@@ -51,7 +53,7 @@ from .decoding import (
 from .errors import InvalidOptionError, ModelFormatError, check_probability, check_whole_number
 from .export import is_export_folder, load_onnx_export
 from .model import Whisper, fused_weights
-from .quantize import quantize_model, resolve_compute_type
+from .quantize import quantize_model, quantize_module, resolve_compute_type
 from .results import Segment, TranscriptionInfo, Word
 from .runtime import Runtime, RuntimeWhisper, current_device
 from .timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, add_word_timestamps
@@ -405,23 +407,46 @@ def gpu_indices(device_index: int | Sequence[int], device: torch.device) -> list
     return [int(i) for i in indices]
 
 
-def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Whisper:
-    """The network holding the checkpoint's weights, in `dtype` on `device`.
+class _WithoutRandomInit(TorchFunctionMode):
+    """Skips `torch.nn.init`'s fills while a network is built whose weights are copied in next:
+    filling large-v3's took 16 s on one CPU thread and made all of its 6.1 GB of float32
+    resident at once; unfilled, its pages are not touched until a weight is copied in."""
 
-    On the CPU it is built there and the weights are converted as they are copied in. Elsewhere
-    it is built on the meta device and takes each weight converted where it will live, so the
-    host holds only the loaded weights: built on the host in float32 first and then moved, it
-    peaked at 17 GB for large-v3. (Not so on the CPU: the meta device's random init is Python
-    code whose first use imports some 800 modules, 70 MB for good.)"""
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+def build_model(
+    checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, weights: str | None = None
+) -> Whisper:
+    """The network holding the checkpoint's weights, in `dtype` on `device`, quantized to
+    `weights` (a compute type's, see `quantize.py`) where given.
+
+    On the CPU it is built there unfilled and the weights are converted as they are copied in,
+    one at a time; each quantized module is swapped in as soon as its weights are in, so the
+    float model never exists whole (base int8's peak was above float32's). Elsewhere it is built
+    on the meta device and takes each weight converted where it will live, so the host holds
+    only the loaded weights: built on the host in float32 first and then moved, it peaked at
+    17 GB for large-v3. (Not so on the CPU: the meta device's random init is Python code whose
+    first use imports some 800 modules, 70 MB for good.)"""
+    scales = checkpoint.weight_scales
     if device.type == "cpu":
-        model = Whisper(checkpoint.config).to(dtype)
-        # One weight at a time (`fused_weights`), converted as it is copied in.
-        weights = model.state_dict()
+        with _WithoutRandomInit():
+            model = Whisper(checkpoint.config).to(dtype)
+        unfilled = model.state_dict()
+        # Each module's weights still to come: at none, its quantized form can be made.
+        pending = Counter(name.rpartition(".")[0] for name in unfilled)
         with torch.no_grad():
             for name, tensor in fused_weights(checkpoint.state_dict):
-                weights.pop(name).copy_(tensor)
-        if weights:  # `check_state_dict` let a checkpoint through without them: a bug here
-            raise ModelFormatError(f"{checkpoint.source}: no weights for {sorted(weights)}")
+                unfilled.pop(name).copy_(tensor)
+                module = name.rpartition(".")[0]
+                pending[module] -= 1
+                if weights is not None and not pending[module]:
+                    quantize_module(model, module, weights, scales)
+        if unfilled:  # `check_state_dict` let a checkpoint through without them: a bug here
+            raise ModelFormatError(f"{checkpoint.source}: no weights for {sorted(unfilled)}")
         return model.eval().requires_grad_(False)
     with torch.device("meta"):
         model = Whisper(checkpoint.config)
@@ -430,7 +455,7 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
         for name, tensor in checkpoint.state_dict.items()
     }
     model.load_state_dict(dict(fused_weights(state)), strict=True, assign=True)
-    return model.eval().requires_grad_(False)
+    return quantize_model(model, weights, scales).eval().requires_grad_(False)
 
 
 def release_freed_memory() -> None:
@@ -572,8 +597,7 @@ class WhisperModel:
                 WhisperModel(checkpoint, f"cuda:{i}", 0, compute_type, num_workers=num_workers)
                 for i in indices[1:]
             ]
-            self.model = build_model(checkpoint, self.device, self.dtype)
-            quantize_model(self.model, compute.weights, checkpoint.weight_scales)
+            self.model = build_model(checkpoint, self.device, self.dtype, compute.weights)
             # The model holds the weights now. Keeping the loaded ones too would hold a second
             # copy in host memory (75 MB for tiny.en, 3 GB for large-v3); what stays is the
             # description: config, tokenizer, alignment heads.
