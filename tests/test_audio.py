@@ -476,6 +476,49 @@ def test_cut_off_wav_warns_and_a_piped_one_does_not(tmp_path: Path, jfk: np.ndar
         assert len(load_audio(path)) == len(jfk)
 
 
+def whole_and_cut(path: Path) -> tuple[bytes, bytes]:
+    """The file's bytes, and their first 60%: a recording cut off mid-write or mid-download."""
+    data = path.read_bytes()
+    return data, data[: len(data) * 6 // 10]
+
+
+def assert_no_warning(audio: Path | bytes) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_audio(audio)
+
+
+@pytest.mark.parametrize(("name", "codec", "rate"), [("jfk.webm", "libopus", 48000),
+                                                     ("jfk.mka", "aac", SAMPLE_RATE)])  # fmt: skip
+def test_a_cut_off_matroska_warns_and_a_whole_one_does_not(
+    tmp_path: Path, jfk: np.ndarray, name: str, codec: str, rate: int
+) -> None:
+    """Matroska's Duration (or a track's DURATION tag) comes first, so it is there in a cut-off
+    WebM, which decoded to what it held without a word. A whole one states a little more than
+    it decodes to (the last block's length, AAC's priming): no warning."""
+    path = encode(tmp_path / name, jfk[: 4 * SAMPLE_RATE], codec, rate)
+    data, cut = whole_and_cut(path)
+    assert_no_warning(data)
+    with pytest.warns(UserWarning, match=r"promises 4.0\d s but the file holds 2.\d\d s"):
+        load_audio(cut)
+
+
+def test_a_matroska_video_longer_than_its_sound_is_not_cut_off(
+    tmp_path: Path, jfk: np.ndarray
+) -> None:
+    """The segment's Duration is the video's (2 s here), not the sound's (1 s): the audio
+    track's DURATION tag is taken. A live WebM (a browser's MediaRecorder) states no length."""
+    assert_no_warning(encode(tmp_path / "v.mkv", jfk[:SAMPLE_RATE], "aac", video="mpeg4"))
+    live = io.BytesIO()
+    with av.open(live, "w", format="webm", options={"live": "1"}) as out:
+        stream = out.add_stream("libopus", rate=48000, layout="mono")
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 48000), np.int16), "s16", "mono")
+        frame.sample_rate = 48000
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    assert_no_warning(live.getvalue())
+
+
 # --- spectrogram ------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import struct
 import warnings
 import wave
@@ -185,7 +186,7 @@ def decode_audio(
         slack = 0.05  # the header counts the samples
     else:
         slack = 0.5 + 0.01 * (promised or 0)  # encoder delay and padding, MP4's priming
-    if promised is not None and promised > held + slack:  # a cut-off MP3, FLAC, AIFF, WAV ...
+    if promised is not None and promised > held + slack:  # a cut-off MP3, FLAC, WebM, WAV ...
         warn(_cut_off(name, promised, held, skipped))
     elif skipped:
         warn(f"{name}: {skipped} (the file may be damaged or cut off)")
@@ -496,17 +497,31 @@ def _cut_off(name: str, promised: float, held: float, skipped: str = "") -> str:
 
 
 # Containers whose header counts the audio: FLAC's STREAMINFO, an MP3's Xing frame count (or,
-# without one, a constant bitrate's length from the file's size), AIFF's COMM, MP4's moov. Not
-# ADTS AAC, whose length FFmpeg estimates from the bitrate (a whole file: 34.3 s for 33.1), nor
-# Ogg or Matroska, which give the length of what is there.
-COUNTED_IN_HEADER = {"flac", "mp3", "aiff", "mov"}
+# without one, a constant bitrate's length from the file's size), AIFF's COMM, MP4's moov,
+# Matroska's (WebM's) Duration. Not ADTS AAC, whose length FFmpeg estimates from the bitrate
+# (a whole file: 34.3 s for 33.1), nor Ogg, whose is that of its last page there.
+COUNTED_IN_HEADER = {"flac", "mp3", "aiff", "mov", "matroska"}
 
 
 def _header_seconds(container: Any, stream: Any) -> float | None:
     """The length of `stream` its header gives, where it counts it (the stream's own: a
     container's may be its video's, longer than the sound); else None."""
-    counted = container.format.name.split(",")[0] in COUNTED_IN_HEADER
-    if not counted or stream.duration is None or stream.time_base is None:
+    kind = container.format.name.split(",")[0]
+    if kind not in COUNTED_IN_HEADER:
+        return None
+    if kind == "matroska":
+        # FFmpeg and mkvmerge tag each track with its DURATION; else the segment's Duration,
+        # the audio's where nothing else is in it. A live WebM (a browser's MediaRecorder)
+        # has neither: FFmpeg gives no length then, not a guess.
+        tag = stream.metadata.get("DURATION", "")
+        if match := re.fullmatch(r"(\d+):(\d\d):(\d\d(?:\.\d+)?)", tag):
+            hours, minutes, seconds = match.groups()
+            return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+        only_audio = all(other.type == "audio" for other in container.streams)
+        if not only_audio or container.duration is None:
+            return None
+        return container.duration / 1_000_000  # AV_TIME_BASE
+    if stream.duration is None or stream.time_base is None:
         return None
     return float(stream.duration * stream.time_base)
 
