@@ -488,6 +488,25 @@ def assert_no_warning(audio: Path | bytes) -> None:
         load_audio(audio)
 
 
+@pytest.mark.parametrize(("codec", "rate"), [("libopus", 48000), ("flac", SAMPLE_RATE)])
+def test_a_cut_off_ogg_warns_and_a_whole_one_does_not(
+    tmp_path: Path, jfk: np.ndarray, codec: str, rate: int
+) -> None:
+    """Ogg states no length (FFmpeg's is its last page's), so a cut-off Opus or Ogg FLAC
+    decoded to what it held without a word. Its last page, marked end-of-stream, is missing:
+    cut inside a page, or at one."""
+    path = encode(tmp_path / "jfk.ogg", jfk[: 4 * SAMPLE_RATE], codec, rate)
+    data, cut = whole_and_cut(path)
+    at_a_page = data[: data.rfind(b"OggS")]
+    for whole in (path, data):
+        assert_no_warning(whole)
+    (tmp_path / "cut.ogg").write_bytes(cut)
+    for part in (cut, at_a_page, tmp_path / "cut.ogg"):
+        with pytest.warns(UserWarning, match=r"holds \d\.\d\d s and ends without its end-of-st"):
+            audio = load_audio(part)
+        assert 1.5 * SAMPLE_RATE < len(audio) < 4 * SAMPLE_RATE
+
+
 @pytest.mark.parametrize(("name", "codec", "rate"), [("jfk.webm", "libopus", 48000),
                                                      ("jfk.mka", "aac", SAMPLE_RATE)])  # fmt: skip
 def test_a_cut_off_matroska_warns_and_a_whole_one_does_not(

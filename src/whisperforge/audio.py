@@ -177,17 +177,21 @@ def decode_audio(
         raise AudioError(f"{name}: no audio decodes from it; check that it plays, or re-encode it")
     skipped = f"skipped {n_bad} of {n_packets} audio packets that did not decode" if n_bad else ""
     held = n_samples / channels / sampling_rate
+    # Not a named pipe's path (bash's <(...)): opened again, it waits for a writer for ever.
+    is_file = isinstance(input_file, str) and os.path.isfile(input_file)
+    is_read_again = is_file or isinstance(input_file, io.BytesIO)
     if container.format.name == "wav":
         # FFmpeg sizes a WAV by the file, so a cut-off recording decodes without a complaint.
-        # Not a named pipe's path (bash's <(...)): opened again, it waits for a writer for ever.
-        is_file = isinstance(input_file, str) and os.path.isfile(input_file)
-        is_read_again = is_file or isinstance(input_file, io.BytesIO)
         promised = _wav_promised_seconds(input_file) if is_read_again else None
         slack = 0.05  # the header counts the samples
     else:
         slack = 0.5 + 0.01 * (promised or 0)  # encoder delay and padding, MP4's priming
+    # Ogg states no length (FFmpeg's is its last page's there): its end mark shows a cut.
+    ogg = input_file if container.format.name == "ogg" and is_read_again else None
     if promised is not None and promised > held + slack:  # a cut-off MP3, FLAC, WebM, WAV ...
         warn(_cut_off(name, promised, held, skipped))
+    elif isinstance(ogg, (str, io.BytesIO)) and not _ogg_ends_whole(ogg):
+        warn(_cut_off(name, None, held, skipped))
     elif skipped:
         warn(f"{name}: {skipped} (the file may be damaged or cut off)")
     louder = _cancelled_channel(energy)
@@ -488,12 +492,46 @@ def _open_wav(source: str | Path | BinaryIO) -> wave.Wave_read:
     return wave.open(str(source) if isinstance(source, Path) else source, "rb")
 
 
-def _cut_off(name: str, promised: float, held: float, skipped: str = "") -> str:
+def _cut_off(name: str, promised: float | None, held: float, skipped: str = "") -> str:
+    """The warning for a file that holds less than it should; `promised` None: an Ogg file
+    without its end-of-stream mark, which states no length."""
     also = f"; {skipped}" if skipped else ""
+    if promised is None:
+        return (
+            f"{name}: the file holds {held:.2f} s and ends without its end-of-stream mark (it "
+            f"looks cut off{also}); transcribing what is there: pass the whole file for the rest"
+        )
     return (
         f"{name}: its header promises {promised:.2f} s but the file holds {held:.2f} s "
         f"(it may be cut off{also}); transcribing what is there"
     )
+
+
+# The most bytes an Ogg page takes: its 27-byte header, 255 lacing values, 255 x 255 of data.
+OGG_MAX_PAGE = 27 + 255 + 255 * 255
+
+
+def _ogg_ends_whole(source: str | io.BytesIO) -> bool:
+    """Whether an Ogg file's last whole page is marked end-of-stream, as encoders end every
+    file. A cut-off one ends in a part of a page or at a page without the mark, and FFmpeg
+    decodes it to what is there without a word."""
+    if isinstance(source, io.BytesIO):
+        with source.getbuffer() as view:  # (released: a BytesIO with a view can't resize)
+            tail = bytes(view[-OGG_MAX_PAGE:])
+    else:
+        with open(source, "rb") as file:
+            file.seek(max(0, os.path.getsize(source) - OGG_MAX_PAGE))
+            tail = file.read()
+    start = tail.rfind(b"OggS")
+    while start >= 0:  # back from the end to the last whole page
+        header = tail[start : start + 27]
+        n_segments = header[26] if len(header) == 27 else 0
+        lacing = tail[start + 27 : start + 27 + n_segments]
+        end = start + 27 + n_segments + sum(lacing)
+        if len(header) == 27 and header[4] == 0 and len(lacing) == n_segments and end <= len(tail):
+            return bool(header[5] & 4)  # header type 4: the stream's last page
+        start = tail.rfind(b"OggS", 0, start)
+    return False
 
 
 # Containers whose header counts the audio: FLAC's STREAMINFO, an MP3's Xing frame count (or,
