@@ -522,6 +522,32 @@ def test_a_cut_off_matroska_warns_and_a_whole_one_does_not(
         load_audio(cut)
 
 
+def test_a_cut_off_mp4_is_said_to_be(tmp_path: Path, jfk: np.ndarray) -> None:
+    """An M4A's index (moov) comes last: cut off, FFmpeg said only "invalid data". One with its
+    index first (faststart) states its length, and a cut one is warned of."""
+    path = encode(tmp_path / "jfk.m4a", jfk[: 4 * SAMPLE_RATE])
+    data, cut = whole_and_cut(path)
+    assert_no_warning(data)
+    (tmp_path / "cut.m4a").write_bytes(cut)
+    for part in (cut, tmp_path / "cut.m4a"):
+        with pytest.raises(AudioError, match=r"an MP4 without its index \(the moov box"):
+            load_audio(part)
+    faststart = tmp_path / "faststart.m4a"
+    with (
+        av.open(str(path)) as whole,
+        av.open(str(faststart), "w", options={"movflags": "+faststart"}) as out,
+    ):
+        stream = out.add_stream_from_template(whole.streams.audio[0])
+        for packet in whole.demux(whole.streams.audio[0]):
+            if packet.dts is not None:  # (not the flushing packet)
+                packet.stream = stream
+                out.mux(packet)
+    data = faststart.read_bytes()
+    assert_no_warning(data)
+    with pytest.warns(UserWarning, match=r"promises 4.0\d s but the file holds 2.\d\d s"):
+        load_audio(data[: len(data) * 6 // 10])
+
+
 def test_a_matroska_video_longer_than_its_sound_is_not_cut_off(
     tmp_path: Path, jfk: np.ndarray
 ) -> None:

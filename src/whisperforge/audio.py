@@ -167,6 +167,15 @@ def decode_audio(
     except PermissionError:  # not "unreadable audio": the file may be fine
         raise AudioError(f"{name}: permission denied; check its permissions (ls -l)") from None
     except (av.error.FFmpegError, OSError, UnicodeDecodeError, ValueError) as error:
+        # An MP4 whose index (moov, written last) is missing: FFmpeg says only "invalid data".
+        is_file = isinstance(input_file, str) and os.path.isfile(input_file)
+        source = input_file if is_file or isinstance(input_file, io.BytesIO) else None
+        invalid = isinstance(error, av.error.InvalidDataError)
+        if invalid and isinstance(source, (str, io.BytesIO)) and _mp4_without_index(source):
+            raise AudioError(
+                f"{name}: an MP4 without its index (the moov box, written last): the file is "
+                "cut off, or its recording was not stopped properly; pass the whole file"
+            ) from None
         reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
         raise AudioError(
             f"{name}: not a readable audio file ({reason}); pass a complete audio or video file"
@@ -505,6 +514,29 @@ def _cut_off(name: str, promised: float | None, held: float, skipped: str = "") 
         f"{name}: its header promises {promised:.2f} s but the file holds {held:.2f} s "
         f"(it may be cut off{also}); transcribing what is there"
     )
+
+
+def _mp4_without_index(source: str | BinaryIO) -> bool:
+    """Whether `source` is an MP4 (M4A, MOV) with its media data (mdat) but not its moov box,
+    by its top-level boxes: as a download cut off or a recorder killed mid-file leaves it."""
+    if isinstance(source, str):
+        with open(source, "rb") as file:
+            return _mp4_without_index(file)
+    kinds = []
+    size, offset = source.seek(0, os.SEEK_END), 0
+    while offset + 8 <= size:
+        source.seek(offset)
+        box_size, kind = struct.unpack(">I4s", source.read(8))
+        kinds.append(kind)
+        if box_size == 1:  # a 64-bit size follows
+            large = source.read(8)
+            box_size = struct.unpack(">Q", large)[0] if len(large) == 8 else size
+        elif box_size == 0:  # to the end of the file
+            box_size = size - offset
+        if box_size < 8:  # not boxes: some other damage
+            return False
+        offset += box_size
+    return b"mdat" in kinds and b"moov" not in kinds
 
 
 # The most bytes an Ogg page takes: its 27-byte header, 255 lacing values, 255 x 255 of data.
