@@ -522,6 +522,24 @@ def test_a_cut_off_matroska_warns_and_a_whole_one_does_not(
         load_audio(cut)
 
 
+def test_a_raw_aac_cut_off_inside_a_frame_keeps_what_it_holds(
+    tmp_path: Path, jfk: np.ndarray
+) -> None:
+    """Raw (ADTS) AAC states no length; a frame cut short is what shows. Cut inside a frame's
+    7-byte header, the demuxer could fail, and the whole file failed with it; cut inside its
+    data, the decoder fails on it. Both keep the audio before, with a warning."""
+    path = encode(tmp_path / "jfk.aac", jfk[: 4 * SAMPLE_RATE])
+    data = path.read_bytes()
+    with av.open(str(path)) as container:
+        starts = [packet.pos for packet in container.demux() if packet.size]
+    start = starts[len(starts) * 6 // 10]
+    # 4 bytes into the header of a frame after the last (each starts as the first does)
+    for part, seconds in ((data + data[:4], 4.1), (data[: start + 100], 2.4)):
+        with pytest.warns(UserWarning, match=r"skipped 1 of \d+ audio packets .* cut off"):
+            audio = load_audio(part)
+        assert len(audio) / SAMPLE_RATE == pytest.approx(seconds, abs=0.1)
+
+
 def test_a_cut_off_mp4_is_said_to_be(tmp_path: Path, jfk: np.ndarray) -> None:
     """An M4A's index (moov) comes last: cut off, FFmpeg said only "invalid data". One with its
     index first (faststart) states its length, and a cut one is warned of."""

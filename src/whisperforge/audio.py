@@ -139,7 +139,10 @@ def decode_audio(
                     f"first only (stream #{stream.index}); to transcribe another, extract it "
                     "first (e.g. ffmpeg -i FILE -map 0:a:1 out.flac)"
                 )
-            for packet in container.demux(stream):  # the last, empty packet flushes the decoder
+            for packet in _demuxed(container, stream):  # the last, empty one flushes the decoder
+                if packet is None:  # one the demuxer could not read, at the end
+                    n_bad += 1
+                    continue
                 n_packets += int(packet.size > 0)
                 try:
                     frames = packet.decode()
@@ -221,6 +224,31 @@ def decode_audio(
     if split_stereo:  # s16 stereo comes interleaved: left, right, left, ...
         return samples[0::2], samples[1::2]
     return samples
+
+
+def _demuxed(container: Any, stream: Any) -> Iterator[Any]:
+    """`container.demux(stream)`, but where the demuxer fails on a packet after reading others
+    (a raw AAC cut off inside a frame's header failed whole, its audio lost), None for it and
+    an empty packet that flushes the decoder, as the demuxer's own last one does."""
+    import av
+
+    packets = container.demux(stream)
+    n_read = 0
+    while True:
+        try:
+            packet = next(packets)
+        except StopIteration:
+            return
+        except av.error.InvalidDataError:
+            if not n_read:
+                raise
+            yield None
+            flush = av.Packet()
+            flush.stream = stream
+            yield flush
+            return
+        n_read += 1
+        yield packet
 
 
 # A stereo recording whose mono mix has under this part of the RMS of its louder channel, and
