@@ -505,6 +505,9 @@ def test_a_cut_off_ogg_warns_and_a_whole_one_does_not(
         with pytest.warns(UserWarning, match=r"holds \d\.\d\d s and ends without its end-of-st"):
             audio = load_audio(part)
         assert 1.5 * SAMPLE_RATE < len(audio) < 4 * SAMPLE_RATE
+    first_audio_page = [page.start() for page in re.finditer(b"OggS", data)][2]  # two headers
+    with pytest.raises(AudioError, match="ends before its first whole audio packet"):
+        load_audio(data[: first_audio_page + 100])
 
 
 @pytest.mark.parametrize(("name", "codec", "rate"), [("jfk.webm", "libopus", 48000),

@@ -179,6 +179,11 @@ def decode_audio(
                 f"{name}: an MP4 without its index (the moov box, written last): the file is "
                 "cut off, or its recording was not stopped properly; pass the whole file"
             ) from None
+        if isinstance(error, av.error.EOFError):  # an Ogg or FLAC cut before its first audio
+            raise AudioError(
+                f"{name}: the file ends before its first whole audio packet (cut off?); pass "
+                "the whole file"
+            ) from None
         reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
         raise AudioError(
             f"{name}: not a readable audio file ({reason}); pass a complete audio or video file"
