@@ -109,6 +109,11 @@ def decode_audio(
                 f"{name}: the file object is at byte {position}, not at its start (read "
                 "already?); call its .seek(0) first, or pass the path or the bytes"
             )
+    # A path or bytes is read again for what FFmpeg does not check (a WAV's or Ogg's cut-off
+    # end, an MP4's missing index). Not a named pipe's path (bash's <(...)): opened again, it
+    # waits for a writer for ever.
+    is_file = isinstance(input_file, str) and os.path.isfile(input_file)
+    rereadable = input_file if is_file or isinstance(input_file, io.BytesIO) else None
     try:
         import av  # imported here: PyAV is optional where audio comes in as arrays
     except ImportError:  # a slim install, e.g. a GPU box without FFmpeg's libraries
@@ -171,10 +176,8 @@ def decode_audio(
         raise AudioError(f"{name}: permission denied; check its permissions (ls -l)") from None
     except (av.error.FFmpegError, OSError, UnicodeDecodeError, ValueError) as error:
         # An MP4 whose index (moov, written last) is missing: FFmpeg says only "invalid data".
-        is_file = isinstance(input_file, str) and os.path.isfile(input_file)
-        source = input_file if is_file or isinstance(input_file, io.BytesIO) else None
         invalid = isinstance(error, av.error.InvalidDataError)
-        if invalid and isinstance(source, (str, io.BytesIO)) and _mp4_without_index(source):
+        if invalid and rereadable is not None and _mp4_without_index(rereadable):
             raise AudioError(
                 f"{name}: an MP4 without its index (the moov box, written last): the file is "
                 "cut off, or its recording was not stopped properly; pass the whole file"
@@ -194,20 +197,17 @@ def decode_audio(
         raise AudioError(f"{name}: no audio decodes from it; check that it plays, or re-encode it")
     skipped = f"skipped {n_bad} of {n_packets} audio packets that did not decode" if n_bad else ""
     held = n_samples / channels / sampling_rate
-    # Not a named pipe's path (bash's <(...)): opened again, it waits for a writer for ever.
-    is_file = isinstance(input_file, str) and os.path.isfile(input_file)
-    is_read_again = is_file or isinstance(input_file, io.BytesIO)
     if container.format.name == "wav":
         # FFmpeg sizes a WAV by the file, so a cut-off recording decodes without a complaint.
-        promised = _wav_promised_seconds(input_file) if is_read_again else None
+        promised = _wav_promised_seconds(rereadable) if rereadable is not None else None
         slack = 0.05  # the header counts the samples
     else:
         slack = 0.5 + 0.01 * (promised or 0)  # encoder delay and padding, MP4's priming
     # Ogg states no length (FFmpeg's is its last page's there): its end mark shows a cut.
-    ogg = input_file if container.format.name == "ogg" and is_read_again else None
+    ogg = rereadable if container.format.name == "ogg" else None
     if promised is not None and promised > held + slack:  # a cut-off MP3, FLAC, WebM, WAV ...
         warn(_cut_off(name, promised, held, skipped))
-    elif isinstance(ogg, (str, io.BytesIO)) and not _ogg_ends_whole(ogg):
+    elif ogg is not None and not _ogg_ends_whole(ogg):
         warn(_cut_off(name, None, held, skipped))
     elif skipped:
         warn(f"{name}: {skipped} (the file may be damaged or cut off)")
