@@ -405,6 +405,28 @@ def test_get_tokenizer_is_openai_whispers(
         assert ours.split_to_word_tokens(timed) == theirs.split_to_word_tokens(timed)
 
 
+def test_an_unknown_language_token_is_a_key_error_as_openai_whispers() -> None:
+    """openai-whisper's `to_language_token` raises KeyError for a language the tokenizer lacks;
+    ours raised a ValueError alone, which a script's `except KeyError` missed. It is both now,
+    and its message reads as written (not KeyError's quoted repr)."""
+    import whisper.tokenizer as reference
+
+    from whisperforge.errors import UnknownLanguageError
+    from whisperforge.tokenizer import get_tokenizer
+
+    ours, theirs = get_tokenizer(True), reference.get_tokenizer(True)
+    for language in ["xx", "yue"]:  # unknown; not among base's 99
+        with pytest.raises(KeyError):
+            theirs.to_language_token(language)
+        with pytest.raises(KeyError) as caught:
+            ours.to_language_token(language)
+        assert isinstance(caught.value, InvalidOptionError)
+        assert str(caught.value) == caught.value.args[0]
+    assert issubclass(UnknownLanguageError, ValueError)
+    with pytest.raises(ValueError):  # get_tokenizer's own error stays a ValueError
+        get_tokenizer(True, language="xx")
+
+
 # --- errors -----------------------------------------------------------------------------------
 
 

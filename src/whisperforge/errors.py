@@ -33,6 +33,14 @@ class InvalidOptionError(WhisperforgeError, ValueError):
     """An option value the model cannot honour (unknown language, translate on .en models, ...)."""
 
 
+class UnknownLanguageError(InvalidOptionError, KeyError):
+    """A language the tokenizer has no token for: a ValueError as our other bad options are,
+    and a KeyError as openai-whisper's `Tokenizer.to_language_token` raises, so that a script's
+    `except KeyError` still catches it."""
+
+    __str__ = Exception.__str__  # the message as written, not KeyError's quoted repr
+
+
 def check_whole_number(name: str, value: object, minimum: int = 1, hint: str = "") -> None:
     """Refuse `value` unless it is a whole number of at least `minimum`: 2.5 would be sliced on,
     "5" fails deep in the work with a bare TypeError, and True would pass as 1. `hint` is added

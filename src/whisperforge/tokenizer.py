@@ -18,7 +18,7 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import Protocol
 
-from .errors import InvalidOptionError, ModelFormatError
+from .errors import InvalidOptionError, ModelFormatError, UnknownLanguageError
 
 # Whisper's languages, in token order (code, name). The first `num_languages` of a model apply.
 _LANGUAGE_TABLE = """
@@ -249,7 +249,8 @@ class Tokenizer:
         return tuple(self.sot + 1 + i for i in range(self.num_languages))
 
     def to_language_token(self, language: str) -> int:
-        """The token of a language (a code, a name or a locale)."""
+        """The token of a language (a code, a name or a locale). One the tokenizer lacks raises
+        UnknownLanguageError, a KeyError as openai-whisper's is (and a ValueError)."""
         code = normalize_language(language, self.all_language_codes)
         return self.sot + 1 + self.all_language_codes.index(code)
 
@@ -409,7 +410,7 @@ def parse_token_ids(text: str) -> list[int]:
 def normalize_language(language: str, codes: Sequence[str]) -> str:
     """A language code from a code, a name or a locale (pt-BR); a clear error for anything else."""
     if not isinstance(language, str):
-        raise InvalidOptionError(
+        raise UnknownLanguageError(
             f"language must be a code or a name such as en, de or German, not {language!r}"
         )
     key = language.lower().strip()
@@ -419,14 +420,14 @@ def normalize_language(language: str, codes: Sequence[str]) -> str:
     code = next((c for c in (key, base) if c in LANGUAGES or c in TO_LANGUAGE_CODE), None)
     code = TO_LANGUAGE_CODE.get(code, code) if code is not None else None
     if code is None:
-        raise InvalidOptionError(f"unknown language {language!r}; use a code such as en, de, fr")
+        raise UnknownLanguageError(f"unknown language {language!r}; use a code such as en, de, fr")
     if code not in codes:
         if list(codes) == ["en"]:
-            raise InvalidOptionError(
+            raise UnknownLanguageError(
                 f"this model is English-only and cannot transcribe {LANGUAGES[code].title()}; "
                 "use a multilingual model such as base"
             )
-        raise InvalidOptionError(
+        raise UnknownLanguageError(
             f"this model does not know {LANGUAGES[code].title()}; it knows {', '.join(codes)}"
         )
     return code
