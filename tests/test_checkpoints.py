@@ -405,6 +405,75 @@ def test_get_tokenizer_is_openai_whispers(
         assert ours.split_to_word_tokens(timed) == theirs.split_to_word_tokens(timed)
 
 
+# openai-whisper's tokenizer as its users call it: one per vocabulary source (tiny.en's and
+# base's tokenizer.json, openai-whisper's tiktoken files for 100 languages)
+VOCABULARIES = [(False, 99, None), (True, 99, "ja"), (True, 100, "yue")]
+
+
+@pytest.mark.parametrize(("multilingual", "num_languages", "language"), VOCABULARIES)
+def test_decode_shows_special_tokens_as_openai_whispers(
+    multilingual: bool, num_languages: int, language: str | None
+) -> None:
+    """`decode` drops timestamps alone and spells other special tokens ("<|en|>"), and
+    `decode_with_timestamps` spells them all, as openai-whisper's do (ours dropped every special
+    token); the packaged files' "<|nocaptions|>" and "<|iw|>" read as "<|nospeech|>" and
+    "<|he|>". Transcript text (`decode_text`) still holds text tokens alone."""
+    import whisper.tokenizer as reference
+
+    from whisperforge.tokenizer import get_tokenizer
+
+    ours = get_tokenizer(multilingual, num_languages=num_languages, language=language)
+    theirs = reference.get_tokenizer(multilingual, num_languages=num_languages, language=language)
+    assert ours.special_tokens == theirs.special_tokens
+    text = ours.encode(" 日本語, héllo 🎉")
+    sequences = [
+        [*ours.sot_sequence_including_notimestamps, ours.timestamp_begin, *text,
+         ours.timestamp_begin + 50, ours.eot],
+        list(range(ours.eot, ours.timestamp_begin + 2)),  # every special token
+        [ours.eot], [ours.no_speech, *text, ours.sot_prev], [],
+    ]  # fmt: skip
+    for tokens in sequences:
+        assert ours.decode(tokens) == theirs.decode(tokens), tokens
+        assert ours.decode_with_timestamps(tokens) == theirs.decode_with_timestamps(tokens)
+        assert ours.split_to_word_tokens(tokens) == theirs.split_to_word_tokens(tokens)
+        assert ours.split_tokens_on_spaces(tokens) == theirs.split_tokens_on_spaces(tokens)
+        assert ours.split_tokens_on_unicode(tokens) == theirs.split_tokens_on_unicode(tokens)
+        assert ours.decode_text(tokens) == theirs.decode([t for t in tokens if t < ours.eot])
+
+
+@pytest.mark.parametrize(("multilingual", "num_languages", "language"), VOCABULARIES)
+def test_encode_takes_tiktokens_special_token_options(
+    multilingual: bool, num_languages: int, language: str | None
+) -> None:
+    """`encode(text, allowed_special=..., disallowed_special=...)` as openai-whisper's (it was a
+    TypeError): allowed special-token text becomes the token, disallowed raises ValueError.
+    Without either, such text is plain text (tiktoken's own default raises)."""
+    import whisper.tokenizer as reference
+
+    from whisperforge.tokenizer import get_tokenizer
+
+    ours = get_tokenizer(multilingual, num_languages=num_languages, language=language)
+    theirs = reference.get_tokenizer(multilingual, num_languages=num_languages, language=language)
+    text = "a<|endoftext|>b <|nospeech|><|0.00|><|he|> ünï 🎉"
+    for options in [
+        {"allowed_special": "all"},
+        {"allowed_special": {"<|endoftext|>", "<|he|>"}, "disallowed_special": ()},
+        {"disallowed_special": ()},
+        {"allowed_special": "all", "disallowed_special": "all"},
+    ]:
+        assert ours.encode(text, **options) == theirs.encode(text, **options), options
+    for options in [{"disallowed_special": "all"}, {"allowed_special": {"<|he|>"},
+                                                    "disallowed_special": "all"}]:  # fmt: skip
+        with pytest.raises(ValueError):
+            theirs.encode(text, **options)
+        with pytest.raises(ValueError):
+            ours.encode(text, **options)
+    assert ours.encode(text) == theirs.encode(text, disallowed_special=())
+    assert ours.encode("", allowed_special="all") == theirs.encode("", allowed_special="all") == []
+    every = ours.encode(text, allowed_special="all")
+    assert ours.encoding.encode(text, allowed_special="all") == every  # openai-whisper's object
+
+
 def test_an_unknown_language_token_is_a_key_error_as_openai_whispers() -> None:
     """openai-whisper's `to_language_token` raises KeyError for a language the tokenizer lacks;
     ours raised a ValueError alone, which a script's `except KeyError` missed. It is both now,

@@ -811,7 +811,7 @@ def _decode(
     results = []
     for i, best in enumerate(chosen):
         result_tokens = sampled[i][best].tolist()
-        text = tokenizer.decode(result_tokens).strip()
+        text = tokenizer.decode_text(result_tokens).strip()
         results.append(
             DecodingResult(
                 tokens=result_tokens,

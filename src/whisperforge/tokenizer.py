@@ -12,11 +12,11 @@ import itertools
 import json
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from .errors import InvalidOptionError, ModelFormatError, UnknownLanguageError
 
@@ -50,6 +50,15 @@ TO_LANGUAGE_CODE: dict[str, str] = {
 }  # fmt: skip
 
 TASKS = ("transcribe", "translate")
+
+
+def special_token_names(num_languages: int) -> list[str]:
+    """Whisper's special tokens in id order, the first right after the text vocabulary."""
+    names = ["<|endoftext|>", "<|startoftranscript|>"]
+    names += [f"<|{code}|>" for code in list(LANGUAGES)[:num_languages]]
+    names += ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>"]
+    names += ["<|nospeech|>", "<|notimestamps|>"]
+    return names + [f"<|{i * 0.02:.2f}|>" for i in range(1501)]
 
 
 class TextCodec(Protocol):
@@ -96,6 +105,20 @@ def _restore_merges(spec: dict) -> bool:
     return True
 
 
+def _name_specials_as_openai(spec: dict) -> bool:
+    """Name special tokens as openai-whisper does; True if any was renamed. Hugging Face's
+    files for the first models call the no-speech token "<|nocaptions|>" and (English-only
+    ones) Hebrew's "<|iw|>", which `decode` would show and `special_tokens` would list."""
+    renames = {"<|nocaptions|>": "<|nospeech|>", "<|iw|>": "<|he|>"}
+    names = {token.get("content") for token in spec.get("added_tokens", [])}
+    renamed = False
+    for token in spec.get("added_tokens", []):
+        new = renames.get(token.get("content"))
+        if new is not None and new not in names:
+            token["content"], renamed = new, True
+    return renamed
+
+
 class HuggingFaceCodec:
     """A `tokenizer.json` read with the `tokenizers` library."""
 
@@ -105,7 +128,8 @@ class HuggingFaceCodec:
         try:
             text = path.read_text(encoding="utf-8")
             spec = json.loads(text)
-            self.hf = HFTokenizer.from_str(json.dumps(spec) if _restore_merges(spec) else text)
+            changed = _restore_merges(spec) | _name_specials_as_openai(spec)
+            self.hf = HFTokenizer.from_str(json.dumps(spec) if changed else text)
         except Exception as error:  # noqa: BLE001 (tokenizers raises a bare Exception)
             raise ModelFormatError(f"{path}: not a readable tokenizer.json ({error})") from None
         # Text is text: a prompt that spells "<|endoftext|>" must not become the control token
@@ -122,44 +146,48 @@ class HuggingFaceCodec:
         return self.hf.token_to_id(token)
 
 
+@cache
+def get_encoding(name: str = "gpt2", num_languages: int = 99):  # -> tiktoken.Encoding
+    """openai-whisper's `whisper.tokenizer.get_encoding`: its vocabulary files ("gpt2" for
+    English-only models, "multilingual") as a tiktoken Encoding, with Whisper's special tokens.
+    Needs openai-whisper (the files) and tiktoken."""
+    import base64
+    import importlib.util
+
+    spec = importlib.util.find_spec("whisper")
+    if spec is None or spec.origin is None or importlib.util.find_spec("tiktoken") is None:
+        raise ModelFormatError(
+            "the model has no tokenizer.json; copy the model's tokenizer.json into its "
+            "folder (beside a .pt file), or `pip install openai-whisper tiktoken` for "
+            "openai-whisper's vocabulary"
+        )
+    import tiktoken
+
+    vocab_path = Path(spec.origin).parent / "assets" / f"{name}.tiktoken"
+    ranks = {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in vocab_path.read_text().splitlines() if line)
+    }
+    specials = special_token_names(num_languages)
+    return tiktoken.Encoding(
+        name=vocab_path.name,
+        explicit_n_vocab=len(ranks) + len(specials),
+        pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+        mergeable_ranks=ranks,
+        special_tokens={token: len(ranks) + i for i, token in enumerate(specials)},
+    )
+
+
 class TiktokenCodec:
     """openai-whisper's own vocabulary files, for models that come without tokenizer.json
     (`.pt` files, CTranslate2 and transformers folders): Whisper's token ids are its."""
 
     def __init__(self, multilingual: bool, num_languages: int):
-        import base64
-        import importlib.util
-
-        spec = importlib.util.find_spec("whisper")
-        name = "multilingual" if multilingual else "gpt2"
-        if spec is None or spec.origin is None or importlib.util.find_spec("tiktoken") is None:
-            raise ModelFormatError(
-                "the model has no tokenizer.json; copy the model's tokenizer.json into its "
-                "folder (beside a .pt file), or `pip install openai-whisper tiktoken` for "
-                "openai-whisper's vocabulary"
-            )
-        import tiktoken
-
-        vocab_path = Path(spec.origin).parent / "assets" / f"{name}.tiktoken"
-        ranks = {
-            base64.b64decode(token): int(rank)
-            for token, rank in (
-                line.split() for line in vocab_path.read_text().splitlines() if line
-            )
+        self._encoding = get_encoding("multilingual" if multilingual else "gpt2", num_languages)
+        self._special = {
+            name: self._encoding.encode_single_token(name)
+            for name in self._encoding.special_tokens_set
         }
-        specials = ["<|endoftext|>", "<|startoftranscript|>"]
-        specials += [f"<|{code}|>" for code in list(LANGUAGES)[:num_languages]]
-        specials += ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>"]
-        specials += ["<|nospeech|>", "<|notimestamps|>"]
-        specials += [f"<|{i * 0.02:.2f}|>" for i in range(1501)]
-        self._special = {token: len(ranks) + i for i, token in enumerate(specials)}
-        self._encoding = tiktoken.Encoding(
-            name=name,
-            explicit_n_vocab=len(ranks) + len(specials),
-            pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
-            mergeable_ranks=ranks,
-            special_tokens=self._special,
-        )
 
     def encode(self, text: str) -> list[int]:
         return self._encoding.encode(text, disallowed_special=())
@@ -196,12 +224,11 @@ class Tokenizer:
     def with_options(self, language: str | None, task: str) -> Tokenizer:
         return Tokenizer(self.codec, self.multilingual, self.num_languages, language, task)
 
-    def _special(self, *names: str) -> int:
-        for name in names:
-            token_id = self.codec.token_to_id(name)
-            if token_id is not None:
-                return token_id
-        raise ModelFormatError(f"the tokenizer lacks the special token {names[0]}")
+    def _special(self, name: str) -> int:
+        token_id = self.codec.token_to_id(name)
+        if token_id is None:
+            raise ModelFormatError(f"the tokenizer lacks the special token {name}")
+        return token_id
 
     @cached_property
     def eot(self) -> int:
@@ -229,7 +256,7 @@ class Tokenizer:
 
     @cached_property
     def no_speech(self) -> int:
-        return self._special("<|nospeech|>", "<|nocaptions|>")
+        return self._special("<|nospeech|>")
 
     @cached_property
     def no_timestamps(self) -> int:
@@ -265,15 +292,68 @@ class Tokenizer:
     def sot_sequence_including_notimestamps(self) -> tuple[int, ...]:
         return (*self.sot_sequence, self.no_timestamps)
 
-    def encode(self, text: str) -> list[int]:
-        return self.codec.encode(text)
+    @cached_property
+    def special_tokens(self) -> dict[str, int]:
+        """Each special token's id by its text ("<|endoftext|>": 50257, ..., "<|30.00|>"), as
+        openai-whisper's `Tokenizer.special_tokens` (in id order here)."""
+        tokens = {}
+        for name in special_token_names(self.num_languages)[:-1501]:  # all but timestamps
+            token_id = self.codec.token_to_id(name)
+            if token_id is not None:
+                tokens[name] = token_id
+        for i in range(1501):  # timestamps follow <|notimestamps|>, named or not
+            tokens[f"<|{i * 0.02:.2f}|>"] = self.timestamp_begin + i
+        return tokens
+
+    @cached_property
+    def encoding(self):  # -> tiktoken.Encoding
+        """openai-whisper's tiktoken Encoding of this vocabulary (`get_encoding`), for code that
+        calls `tokenizer.encoding` directly; needs openai-whisper and tiktoken. The tokenizer
+        itself encodes with the model's own tokenizer.json where it has one (the same ids)."""
+        return get_encoding("multilingual" if self.multilingual else "gpt2", self.num_languages)
+
+    def encode(
+        self,
+        text: str,
+        *,
+        allowed_special: Literal["all"] | Collection[str] = (),
+        disallowed_special: Literal["all"] | Collection[str] = (),
+    ) -> list[int]:
+        """Token ids of `text`, openai-whisper's `encode(text, **kwargs)` with tiktoken's two
+        keywords: special-token text in `allowed_special` ("all" or a set such as
+        {"<|endoftext|>"}) becomes that token, in `disallowed_special` ("all": every other one)
+        raises ValueError. Unlike tiktoken's default (which raises), text that spells a special
+        token is encoded as plain text unless asked otherwise: a prompt is text."""
+        if not allowed_special and not disallowed_special:
+            return self.codec.encode(text)
+        names = self.special_tokens
+        allowed = set(names) if allowed_special == "all" else set(allowed_special) & names.keys()
+        disallowed = set(names) if disallowed_special == "all" else set(disallowed_special)
+        disallowed -= allowed
+        if found := next((name for name in disallowed if name in text), None):
+            raise ValueError(
+                f"the text holds the special token {found!r}; pass it in allowed_special to "
+                "encode it as that token, or leave disallowed_special out to encode it as text"
+            )
+        if not allowed or not any(name in text for name in allowed):
+            return self.codec.encode(text)
+        pattern = "(" + "|".join(re.escape(n) for n in sorted(allowed, key=len, reverse=True)) + ")"
+        tokens: list[int] = []
+        for i, piece in enumerate(re.split(pattern, text)):
+            tokens += [names[piece]] if i % 2 else self.codec.encode(piece) if piece else []
+        return tokens
 
     def decode(self, tokens: list[int]) -> str:
-        """Text of the text tokens; timestamps and other special tokens are dropped."""
+        """openai-whisper's `decode`: timestamp tokens are dropped, other special tokens are
+        shown as their text ("<|en|>"). Transcript text is `decode_text`'s."""
+        return self.codec.decode([t for t in tokens if t < self.timestamp_begin])
+
+    def decode_text(self, tokens: list[int]) -> str:
+        """The text of the text tokens alone: every special token is dropped (a transcript)."""
         return self.codec.decode([t for t in tokens if t < self.eot])
 
     def decode_with_timestamps(self, tokens: list[int]) -> str:
-        """Text with timestamp tokens shown as <|1.08|>."""
+        """Every token's text, timestamp tokens shown as <|1.08|> (openai-whisper's)."""
         pieces: list[str] = []
         run: list[int] = []
         for token in tokens:
@@ -281,7 +361,7 @@ class Tokenizer:
                 pieces.append(self.codec.decode(run))
                 run = []
                 pieces.append(f"<|{(token - self.timestamp_begin) * 0.02:.2f}|>")
-            elif token < self.eot:
+            else:
                 run.append(token)
         pieces.append(self.codec.decode(run))
         return "".join(pieces)
@@ -330,8 +410,12 @@ class Tokenizer:
     def split_to_word_tokens(self, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
         """Words and their tokens: split on spaces, or on characters for unspaced scripts."""
         if self.language in {"zh", "ja", "th", "lo", "my", "yue"}:
-            return self._split_on_unicode(tokens)
-        words, word_tokens = self._split_on_unicode(tokens)
+            return self.split_tokens_on_unicode(tokens)
+        return self.split_tokens_on_spaces(tokens)
+
+    def split_tokens_on_spaces(self, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
+        """Words that start with a space (or are punctuation or a special token)."""
+        words, word_tokens = self.split_tokens_on_unicode(tokens)
         merged_words: list[str] = []
         merged_tokens: list[list[int]] = []
         for word, subtokens in zip(words, word_tokens):
@@ -345,7 +429,7 @@ class Tokenizer:
                 merged_tokens[-1].extend(subtokens)
         return merged_words, merged_tokens
 
-    def _split_on_unicode(self, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
+    def split_tokens_on_unicode(self, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
         """Group tokens so that each group decodes to whole characters (no U+FFFD halves)."""
         full_text = self.decode_with_timestamps(tokens)
         words: list[str] = []
