@@ -425,3 +425,30 @@ def test_openai_writer_objects_write_to_open_files_as_openai_whispers_do(jfk_res
     whisperforge.utils.WriteSRT(tmp_path)(result, "talk.flac", options)
     whisper.utils.WriteSRT(str(tmp_path))(result, "spoken.flac", options)
     assert (tmp_path / "talk.srt").read_text() == (tmp_path / "spoken.srt").read_text()
+
+
+def test_whisper_utils_helpers_are_openai_whispers() -> None:
+    """The small `whisper.utils` helpers that scripts import (they were AttributeErrors under
+    `import whisperforge as whisper`) give openai-whisper's values."""
+    import whisper.utils as reference
+
+    import whisperforge.utils as ours
+
+    segments = [
+        {"start": 1.0, "end": 2.0, "words": []},
+        {"start": 2.0, "end": 3.5, "words": [{"start": 2.1, "end": 3.4}]},
+        {"start": 3.5, "end": 4.0, "words": []},
+    ]
+    calls = [("exact_div", (480000, 160)), ("str2bool", ("True",)), ("str2bool", ("False",)),
+             ("optional_int", ("None",)), ("optional_int", ("7",)),
+             ("optional_float", ("None",)), ("optional_float", ("0.5",)),
+             ("compression_ratio", ("so so so so so so so so",)), ("compression_ratio", ("",)),
+             ("compression_ratio", ("日本語 ünïcode",)), ("get_start", (segments,)),
+             ("get_end", (segments,)), ("get_start", ([],)), ("get_end", (segments[:1],)),
+             ("make_safe", ("héllo 🎉",))]  # fmt: skip
+    for name, args in calls:
+        assert getattr(ours, name)(*args) == getattr(reference, name)(*args), (name, args)
+    assert ours.system_encoding == reference.system_encoding
+    for name in ["str2bool", "optional_int"]:
+        with pytest.raises(ValueError):
+            getattr(ours, name)("maybe")
