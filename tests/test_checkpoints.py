@@ -442,6 +442,33 @@ def test_decode_shows_special_tokens_as_openai_whispers(
 
 
 @pytest.mark.parametrize(("multilingual", "num_languages", "language"), VOCABULARIES)
+def test_decode_takes_tiktokens_errors_option(
+    multilingual: bool, num_languages: int, language: str | None
+) -> None:
+    """`decode(tokens, errors=...)` as openai-whisper's passes it to tiktoken (it was a
+    TypeError): half a character is replaced, dropped, escaped, or raises under "strict"."""
+    import whisper.tokenizer as reference
+
+    from whisperforge.tokenizer import get_tokenizer
+
+    ours = get_tokenizer(multilingual, num_languages=num_languages, language=language)
+    theirs = reference.get_tokenizer(multilingual, num_languages=num_languages, language=language)
+    text = ours.encode(" 日本語 héllo 🎉 \x00\x7f\xad\t")
+    cut = next(k for k in range(len(text)) if "\ufffd" in ours.decode(text[:k]))
+    sequences = [text, text[:cut], text[cut:], [ours.sot, *text[:cut], ours.timestamp_begin + 1]]
+    for tokens in sequences:
+        for errors in ["replace", "ignore", "backslashreplace"]:
+            for name in ["decode", "decode_with_timestamps"]:
+                expected = getattr(theirs, name)(tokens, errors=errors)
+                assert getattr(ours, name)(tokens, errors=errors) == expected, (tokens, errors)
+    assert ours.decode(text, errors="strict") == theirs.decode(text, errors="strict")
+    with pytest.raises(UnicodeDecodeError):
+        theirs.decode(text[:cut], errors="strict")
+    with pytest.raises(UnicodeDecodeError):
+        ours.decode(text[:cut], errors="strict")
+
+
+@pytest.mark.parametrize(("multilingual", "num_languages", "language"), VOCABULARIES)
 def test_encode_takes_tiktokens_special_token_options(
     multilingual: bool, num_languages: int, language: str | None
 ) -> None:

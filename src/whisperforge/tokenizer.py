@@ -65,7 +65,7 @@ class TextCodec(Protocol):
     """What the tokenizer needs from a BPE implementation."""
 
     def encode(self, text: str) -> list[int]: ...
-    def decode(self, ids: list[int]) -> str: ...
+    def decode(self, ids: list[int], errors: str = "replace") -> str: ...
     def token_to_id(self, token: str) -> int | None: ...
 
 
@@ -139,8 +139,21 @@ class HuggingFaceCodec:
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self.hf.decode(ids, skip_special_tokens=False)
+    def decode(self, ids: list[int], errors: str = "replace") -> str:
+        """The tokens' text; `errors` as bytes.decode's, for bytes that are not whole UTF-8
+        characters (the library's own decode always replaces them)."""
+        if errors == "replace":
+            return self.hf.decode(ids, skip_special_tokens=False)
+        pieces = (self.hf.id_to_token(i) or "" for i in ids)
+        return bytes(self._byte_of[c] for piece in pieces for c in piece).decode("utf-8", errors)
+
+    @cached_property
+    def _byte_of(self) -> dict[str, int]:
+        """Byte-level BPE's alphabet back to bytes: bytes that print stand for themselves, the
+        others for the characters from U+0100 on, in byte order."""
+        printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+        others = [b for b in range(256) if b not in printable]
+        return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
 
     def token_to_id(self, token: str) -> int | None:
         return self.hf.token_to_id(token)
@@ -192,8 +205,8 @@ class TiktokenCodec:
     def encode(self, text: str) -> list[int]:
         return self._encoding.encode(text, disallowed_special=())
 
-    def decode(self, ids: list[int]) -> str:
-        return self._encoding.decode(ids)
+    def decode(self, ids: list[int], errors: str = "replace") -> str:
+        return self._encoding.decode(ids, errors=errors)
 
     def token_to_id(self, token: str) -> int | None:
         return self._special.get(token)
@@ -343,27 +356,28 @@ class Tokenizer:
             tokens += [names[piece]] if i % 2 else self.codec.encode(piece) if piece else []
         return tokens
 
-    def decode(self, tokens: list[int]) -> str:
+    def decode(self, tokens: list[int], errors: str = "replace") -> str:
         """openai-whisper's `decode`: timestamp tokens are dropped, other special tokens are
-        shown as their text ("<|en|>"). Transcript text is `decode_text`'s."""
-        return self.codec.decode([t for t in tokens if t < self.timestamp_begin])
+        shown as their text ("<|en|>"); `errors` is tiktoken's (bytes.decode's) for bytes that
+        are not whole characters. Transcript text is `decode_text`'s."""
+        return self.codec.decode([t for t in tokens if t < self.timestamp_begin], errors)
 
     def decode_text(self, tokens: list[int]) -> str:
         """The text of the text tokens alone: every special token is dropped (a transcript)."""
         return self.codec.decode([t for t in tokens if t < self.eot])
 
-    def decode_with_timestamps(self, tokens: list[int]) -> str:
+    def decode_with_timestamps(self, tokens: list[int], errors: str = "replace") -> str:
         """Every token's text, timestamp tokens shown as <|1.08|> (openai-whisper's)."""
         pieces: list[str] = []
         run: list[int] = []
         for token in tokens:
             if token >= self.timestamp_begin:
-                pieces.append(self.codec.decode(run))
+                pieces.append(self.codec.decode(run, errors))
                 run = []
                 pieces.append(f"<|{(token - self.timestamp_begin) * 0.02:.2f}|>")
             else:
                 run.append(token)
-        pieces.append(self.codec.decode(run))
+        pieces.append(self.codec.decode(run, errors))
         return "".join(pieces)
 
     @cached_property
