@@ -11,6 +11,7 @@ from .errors import (
     InvalidOptionError,
     ModelFormatError,
     ModelNotFoundError,
+    UnknownLanguageError,
     WhisperforgeError,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "Segment",
     "TranscriptionInfo",
     "TranscriptionOptions",
+    "UnknownLanguageError",
     "WhisperModel",
     "WhisperforgeError",
     "Word",

@@ -1373,7 +1373,7 @@ def _new_segment(
         seek=seek,
         start=start,
         end=end,
-        text=tokenizer.decode([t for t in tokens if t < tokenizer.eot]),
+        text=tokenizer.decode_text(tokens),
         tokens=tokens,
         avg_logprob=result.avg_logprob,
         compression_ratio=result.compression_ratio,
