@@ -129,6 +129,15 @@ def test_no_words_from_silence_noise_or_music(tiny_en, kind, seconds):
     assert texts == [], f"{kind} produced {texts}"
 
 
+@pytest.mark.parametrize("samples", [1, 159])
+def test_audio_under_one_mel_frame_transcribes_to_nothing(tiny_en, samples):
+    """Under 10 ms (160 samples) has no mel frame to hear a language in: that was a raw
+    ValueError (argmax of nothing), as faster-whisper's and openai-whisper's give no segments."""
+    noise = (0.01 * np.random.default_rng(0).standard_normal(samples)).astype(np.float32)
+    segments, info = tiny_en.transcribe(noise)
+    assert list(segments) == [] and info.duration == samples / 16000
+
+
 def test_speech_after_skipped_silence_starts_where_it_is_spoken(tiny_en):
     """JFK, a minute of digital silence, JFK again (at 71 s): the window after the skipped
     silent one began at 60 s, and its first segment was timed from 60.0 s (the model starts

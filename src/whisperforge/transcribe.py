@@ -1170,7 +1170,9 @@ def past_silence(peaks: np.ndarray | None, start: int, end: int) -> int:
     if peaks is None:
         return start
     loud = peaks[start:end] >= SILENCE_PEAK
-    silent = int(np.argmax(loud))  # (0 where none is loud: silent windows are skipped whole)
+    # 0 where none is loud (silent windows are skipped whole) or there is no frame at all
+    # (under 10 ms of audio: argmax of nothing was a ValueError)
+    silent = int(np.argmax(loud)) if loud.size else 0
     return start + silent if silent >= LEADING_SILENCE_FRAMES else start
 
 
