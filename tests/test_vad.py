@@ -15,8 +15,10 @@ from whisperforge.vad import (
     FRAME,
     SileroVad,
     SpeechRegion,
+    StreamingVad,
     TimelineMap,
     VadOptions,
+    default_vad,
     detect_speech,
     pack_windows,
     silero_model_path,
@@ -47,6 +49,20 @@ def test_probabilities_equal_silero_frame_by_frame():
     ours = SileroVad().speech_probs(audio)[: len(reference)]
     assert max(reference) > 0.9  # speech is in there
     np.testing.assert_allclose(ours, reference, atol=1e-4)
+
+
+def test_streaming_probabilities_equal_those_of_the_whole_audio():
+    """Pieces of any length (a live stream's appends) give each whole frame's probability once,
+    as the whole audio's run gives it: the LSTM's state and each frame's context carry over."""
+    audio = load_audio(JFK)[: 4 * SR]
+    whole = default_vad().speech_probs(audio)
+    stream = StreamingVad(default_vad())
+    cuts = [0, 100, 700, 5000, 5001, 24000, len(audio)]
+    pieces = [stream(audio[a:b]) for a, b in itertools.pairwise(cuts)]
+    assert [len(p) for p in pieces[:2]] == [0, 1]  # a frame is 512 samples
+    streamed = np.concatenate(pieces)
+    assert len(streamed) == len(audio) // FRAME
+    np.testing.assert_allclose(streamed, whole[: len(streamed)], atol=1e-5)
 
 
 def test_regions_find_the_speech(jfk_in_silence):

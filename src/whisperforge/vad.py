@@ -147,10 +147,14 @@ class SileroVad:
         if max(lengths, default=0) == 0:
             return [np.zeros(0, dtype=np.float32) for _ in audios]
         hidden, _ = self.lstm(nn.utils.rnn.pad_sequence(features, batch_first=True))
+        probs = self._probs(hidden)
+        return [p[:n] for p, n in zip(probs, lengths)]
+
+    def _probs(self, hidden: Tensor) -> np.ndarray:
+        """[files, frames, 128] LSTM outputs -> [files, frames] speech probabilities."""
         weight, bias = self.head
         logits = F.relu(hidden) @ weight[:, :, 0].T + bias  # [files, frames, 1]
-        probs = torch.sigmoid(logits)[..., 0].cpu().numpy()
-        return [p[:n] for p, n in zip(probs, lengths)]
+        return torch.sigmoid(logits)[..., 0].cpu().numpy()
 
     def _features(self, audio: np.ndarray) -> Tensor:
         """[n_frames, 128] front-end features of 16 kHz audio."""
@@ -175,6 +179,34 @@ class SileroVad:
         for weight, bias, stride in self.convs:
             x = F.relu(F.conv1d(x, weight, bias, stride=stride, padding=1))
         return x[:, :, 0]  # one time step remains after the two stride-2 layers
+
+
+class StreamingVad:
+    """`SileroVad.speech_probs` of audio that arrives in pieces (a live stream's): each whole
+    frame's probability once, as it completes, with the LSTM's state and the frame's context
+    carried from piece to piece, so the pieces give the probabilities of the audio as one.
+    A piece costs one front-end pass and one LSTM call over its frames (not the whole stream's
+    again, as `speech_probs` of all the audio so far would)."""
+
+    def __init__(self, vad: SileroVad):
+        self.vad = vad
+        self._rest = np.zeros(0, np.float32)  # the samples of a frame not yet whole
+        self._context = np.zeros(CONTEXT, np.float32)  # the last samples of the frame before
+        self._state: tuple[Tensor, Tensor] | None = None  # the LSTM's (h, c)
+
+    @torch.inference_mode()
+    def __call__(self, audio: np.ndarray) -> np.ndarray:
+        """The probabilities of the frames that `audio` (16 kHz float32) completes."""
+        audio = np.concatenate([self._rest, audio.astype(np.float32, copy=False)])
+        whole = len(audio) // FRAME * FRAME
+        self._rest = audio[whole:]
+        if not whole:
+            return np.zeros(0, np.float32)
+        samples = np.concatenate([self._context, audio[:whole]])
+        self._context = samples[-CONTEXT:]
+        frames = torch.from_numpy(samples).to(self.vad.device).unfold(0, CONTEXT + FRAME, FRAME)
+        hidden, self._state = self.vad.lstm(self.vad._front_end(frames)[None], self._state)
+        return self.vad._probs(hidden)[0]
 
 
 def silero_model_path() -> Path:
