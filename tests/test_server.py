@@ -42,6 +42,7 @@ from fastapi.testclient import TestClient
 
 from whisperforge.server import (
     TRANSCRIPTION_COMPLETED,
+    TRANSCRIPTION_DELTA,
     ServerConfig,
     create_app,
     log_config,
@@ -678,7 +679,8 @@ def test_websocket_bad_events_get_errors_and_the_stream_goes_on(client):
         '{"type": "input_audio_buffer.append", "audio": "not base64!"}': "audio",
         '{"type": "input_audio_buffer.append"}': "audio",
         '{"type": "input_audio_buffer.append", "audio": 16000}': "audio",
-        '{"type": "session.update"}': "type",
+        '{"type": "response.create"}': "type",
+        '{"type": "session.update"}': "session",  # (taken now; its session is missing)
         "hello": None,
         "[" * 100_000: None,
     }
@@ -1295,6 +1297,190 @@ def test_an_event_id_that_is_not_unicode_text_is_not_said_back(live_server):
         ws.send("stop")
         final = json.loads(ws.recv(timeout=60))
     assert final["type"] == "transcript.final" and final["text"] == ""
+
+
+# --- OpenAI's Realtime API in transcription mode: /v1/realtime ----------------------------------
+
+REALTIME = "/v1/realtime"
+
+
+def two_utterances(rate: int) -> tuple[np.ndarray, list[str]]:
+    """Two LibriVox sentences (3.0 s and 3.3 s) 1 s apart, and 1 s of silence after, at `rate`
+    (the package's own resampler), and what each says."""
+    clips = [m for m in manifest() if m["audio"].endswith(("0880.wav", "0930.wav"))]
+    audio = [decode_audio(DEV_DIR / m["audio"], sampling_rate=rate) for m in clips]
+    gap = np.zeros(rate, np.float32)
+    return np.concatenate([audio[0], gap, audio[1], gap]), [m["text"] for m in clips]
+
+
+def test_the_openai_sdk_transcribes_two_utterances_cut_by_server_vad(live_server):
+    """The openai SDK's realtime client in transcription mode (client.realtime.connect with
+    websocket_base_url .../v1 and intent=transcription: /v1/realtime), configured with its
+    session.update, sends 24 kHz pcm16 of two sentences 1 s apart: server VAD says where each
+    starts and stops, in order, and commits each as an item; each item's deltas add up to its
+    completed transcript, which has its sentence's words."""
+    openai = pytest.importorskip("openai")
+    audio, texts = two_utterances(24000)
+    pcm = s16le(audio)
+
+    async def session() -> list[Any]:
+        client = openai.AsyncOpenAI(api_key=KEY, base_url=f"{live_server}/v1",
+                                    websocket_base_url=live_server.replace("http", "ws") + "/v1")  # fmt: skip
+        events = []
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            await conn.session.update(session={"type": "transcription", "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": 24000},
+                "transcription": {"model": "whisper-1", "language": "en"},
+                "turn_detection": {"type": "server_vad", "threshold": 0.5,
+                                   "prefix_padding_ms": 300, "silence_duration_ms": 500}}}})  # fmt: skip
+            step = 2 * 2400  # 100 ms appends, as a microphone's
+            for start in range(0, len(pcm), step):
+                await conn.input_audio_buffer.append(
+                    audio=base64.b64encode(pcm[start : start + step]).decode()
+                )
+            async for event in conn:
+                events.append(event)
+                last = event.type == TRANSCRIPTION_COMPLETED and event.item_id == "item_2"
+                if last or event.type == "error":
+                    break
+        return events
+
+    events = asyncio.run(asyncio.wait_for(session(), 60))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["session.created", "session.updated"], kinds
+    assert events[1].session.audio.input.turn_detection.silence_duration_ms == 500
+    turns = [(e.type.split(".")[-1], e.item_id) for e in events if "speech_" in e.type
+             or e.type in ("input_audio_buffer.committed", TRANSCRIPTION_COMPLETED)]  # fmt: skip
+    assert turns == [(step, item) for item in ("item_1", "item_2") for step in
+                     ("speech_started", "speech_stopped", "committed", "completed")]  # fmt: skip
+    started = [e.audio_start_ms for e in events if e.type.endswith("speech_started")]
+    stopped = [e.audio_end_ms for e in events if e.type.endswith("speech_stopped")]
+    # the first sentence is 3.0 s, the second starts 1 s after it and ends at 7.3 s
+    assert started[0] < 500 and 3000 < stopped[0] < started[1] < 4300, (started, stopped)
+    assert 7300 < stopped[1] < 8300, stopped
+    for item, text in zip(("item_1", "item_2"), texts):
+        deltas = [e.delta for e in events if e.type.endswith(".delta") and e.item_id == item]
+        (done,) = [e for e in events if e.type == TRANSCRIPTION_COMPLETED and e.item_id == item]
+        assert deltas and "".join(deltas) == done.transcript, (deltas, done.transcript)
+        # no worse than tiny.en offline: "He was not an old-sposed young man."
+        assert plain_wer(text, done.transcript) <= 0.25, (text, done.transcript)
+        assert done.usage.type == "duration" and done.usage.seconds > 2
+
+
+def test_realtime_deltas_come_as_words_are_committed(client):
+    """On /v1/realtime an item's words come as transcription deltas as they are committed (by
+    agreement while the audio arrives, the rest at the commit), not all at its end: JFK up to
+    "for you" in 2 s appends (each followed by an unknown event, whose error says the audio
+    before it was taken), then a commit: deltas that add up to the completed transcript."""
+    pcm = s16le(decode_audio(JFK, sampling_rate=24000)[: round(7.9 * 24000)])
+    step = 2 * 48000
+    with client.websocket_connect(REALTIME) as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_text('{"type": "session.update", "session": {"audio": {"input": '
+                     '{"turn_detection": null}}}}')  # fmt: skip
+        assert ws.receive_json()["type"] == "session.updated"
+        events = []
+        for start in range(0, len(pcm), step):
+            ws.send_text(append(pcm[start : start + step]))
+            ws.send_text('{"type": "sync"}')
+            events += events_until(ws, lambda e: e["type"] == "error")
+        ws.send_text('{"type": "input_audio_buffer.commit"}')
+        events += events_until(ws, lambda e: e["type"] == TRANSCRIPTION_COMPLETED)
+    deltas = [e["delta"] for e in events if e["type"] == TRANSCRIPTION_DELTA]
+    assert {e["item_id"] for e in events if e["type"] == TRANSCRIPTION_DELTA} == {"item_1"}
+    assert len(deltas) >= 2, deltas
+    assert "".join(deltas) == events[-1]["transcript"]
+    assert plain_words(events[-1]["transcript"]) == " ".join(JFK_TEXT.split()[:14])
+    assert not {"transcript.update", "transcript.final"} & {e["type"] for e in events}
+
+
+def realtime_error(ws, event: dict) -> dict:
+    """The error event that answers `event`."""
+    ws.send_text(json.dumps({**event, "event_id": "evt_u"}))
+    (error,) = events_until(ws, lambda e: e["type"] in ("error", "session.updated"))
+    assert error["type"] == "error" and error["error"]["event_id"] == "evt_u", error
+    return error["error"]
+
+
+def test_session_update_refuses_what_it_would_not_heed(client):
+    """A session.update's fields this server would not heed (unknown ones, noise reduction,
+    semantic VAD, OpenAI's keywords, a VAD threshold past 1) are errors naming the field, and
+    change nothing; after audio, the language cannot change (the words being agreed on were
+    heard under the old one). What it takes is said back in session.updated; the beta
+    transcription_session.update is answered with transcription_session.updated."""
+    audio_input = "session.audio.input"
+    bad = [
+        ({"type": "transcription", "voice": "alloy"}, "session.voice"),
+        ({"type": "realtime"}, "session.type"),
+        ({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}},
+         f"{audio_input}.noise_reduction"),
+        ({"audio": {"input": {"transcription": {"model": "whisper-1", "keywords": ["x"]}}}},
+         f"{audio_input}.transcription.keywords"),
+        ({"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}},
+         f"{audio_input}.transcription.model"),
+        ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+         f"{audio_input}.turn_detection.type"),
+        ({"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}},
+         f"{audio_input}.turn_detection.threshold"),
+        ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, f"{audio_input}.format.type"),
+    ]  # fmt: skip
+    with client.websocket_connect(REALTIME) as ws:
+        created = ws.receive_json()
+        assert created["type"] == "session.created"
+        assert created["session"]["audio"]["input"]["format"] == {"type": "audio/pcm",
+                                                                 "rate": 24000}  # fmt: skip
+        assert created["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+        for session, param in bad:
+            error = realtime_error(ws, {"type": "session.update", "session": session})
+            assert error["param"] == param, (param, error)
+        ws.send_text(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+            "transcription": {"language": "english", "prompt": "Dashwood"},
+            "turn_detection": None}}}}))  # fmt: skip
+        updated = ws.receive_json()
+        assert updated["type"] == "session.updated"
+        assert updated["session"]["audio"]["input"]["transcription"]["language"] == "en"
+        assert updated["session"]["audio"]["input"]["turn_detection"] is None
+        assert updated["session"]["audio"]["input"]["format"]["rate"] == 24000  # unchanged
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {
+            "input_audio_format": "pcm16", "turn_detection": None}}))  # fmt: skip
+        beta = ws.receive_json()
+        assert beta["type"] == "transcription_session.updated", beta
+        assert beta["session"]["input_audio_transcription"]["prompt"] == "Dashwood"
+        ws.send_text(append(b"\0\0" * 2400))
+        error = realtime_error(ws, {"type": "session.update", "session": {"audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}}}}})  # fmt: skip
+        assert error["code"] == "session_update_after_audio" and "rate" in error["message"]
+
+
+def test_a_session_update_turns_server_vad_on_for_audio_stream(client):
+    """/v1/audio/stream keeps its 16 kHz and no turn detection unless a session asks: here a
+    session.update before the audio sets OpenAI's 24 kHz and server VAD, and the two sentences,
+    sent as binary frames at 24 kHz, come back as two items (with the stream's own
+    transcript.update events, and no deltas: those are /v1/realtime's)."""
+    audio, texts = two_utterances(24000)
+    pcm = s16le(audio)
+    with client.websocket_connect(STREAM) as ws:
+        assert ws.receive_json()["sample_rate"] == 16000
+        ws.send_text(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 24000},
+            "turn_detection": {"type": "server_vad"}}}}}))  # fmt: skip
+        session = ws.receive_json()["session"]["audio"]["input"]
+        assert session["format"]["rate"] == 24000
+        assert session["turn_detection"] == {"type": "server_vad", "threshold": 0.5,
+                                             "prefix_padding_ms": 300,
+                                             "silence_duration_ms": 500}  # fmt: skip
+        for start in range(0, len(pcm), 9600):
+            ws.send_bytes(pcm[start : start + 9600])
+        events = events_until(ws, lambda e: e.get("item_id") == "item_2" and e["type"] == (
+            TRANSCRIPTION_COMPLETED))  # fmt: skip
+        ws.send_text("stop")
+        until_final(ws)
+    kinds = {e["type"] for e in events}
+    assert "transcript.update" in kinds and TRANSCRIPTION_DELTA not in kinds
+    assert [e["type"] for e in events if "speech_" in e["type"]] == [
+        "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped"] * 2  # fmt: skip
+    items = [e["transcript"] for e in events if e["type"] == TRANSCRIPTION_COMPLETED]
+    assert [plain_wer(t, item) <= 0.25 for t, item in zip(texts, items)] == [True, True], items
 
 
 # --- continuous batching: requests share decode batches -------------------------------------

@@ -7,6 +7,8 @@
     GET  /v1/models, /v1/models/{id}, /health
     WS   /v1/audio/stream           s16le mono PCM in (binary frames, or OpenAI's realtime
                                     input_audio_buffer.append events), JSON events out
+    WS   /v1/realtime               the same stream as OpenAI's Realtime API in transcription
+                                    mode (24 kHz, server VAD, deltas), where its SDK connects
 
 The stream's client events: binary PCM frames, and OpenAI realtime's input_audio_buffer.append,
 .commit (commit the words heard so far) and .clear (drop the audio not committed), and "stop"
@@ -14,7 +16,9 @@ The stream's client events: binary PCM frames, and OpenAI realtime's input_audio
 transcript.update (committed and tentative words) after updates and commits; after a commit,
 OpenAI's input_audio_buffer.committed (item_id, previous_item_id) and
 conversation.item.input_audio_transcription.completed (item_id, transcript: the words committed
-since the commit before); input_audio_buffer.cleared;
+since the commit before); input_audio_buffer.cleared; session.update (or the beta
+transcription_session.update) answered with session.updated (`realtime.Session`); with server VAD
+on, input_audio_buffer.speech_started/stopped and a commit at each stop;
 error; and transcript.final at the end.
 
 Errors use OpenAI's schema, {"error": {"message", "type", "param", "code"}}, with a 4xx status
@@ -46,7 +50,7 @@ import time
 import warnings
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from io import StringIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +73,7 @@ from .errors import (
     InvalidOptionError,
     is_out_of_memory,
 )
+from .realtime import OPENAI_RATE, ServerVad, Session, SessionError, Turn, TurnDetector, updated
 from .results import Segment, TranscriptionInfo
 from .streaming import StreamingEvent, StreamingOptions, StreamingTranscriber
 from .tokenizer import LANGUAGES, normalize_language
@@ -103,7 +108,7 @@ UNSUPPORTED_FIELDS = {
 }
 # The WebSocket's query parameters (`StreamingOptions`; the key where headers cannot be set)
 STREAM_PARAMETERS = ("model", "language", "task", "prompt", "sample_rate", "min_chunk_s",
-                     "silence_db", "agreement", "api_key")  # fmt: skip
+                     "silence_db", "agreement", "api_key", "intent")  # fmt: skip
 ALIASES = ("whisper-1",)  # what OpenAI examples send; served by the loaded model
 DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
 # Audio a streaming client may send ahead of the decoding before the server stops reading
@@ -119,6 +124,11 @@ STREAM_TEXT_BYTES = 1024
 MAX_EVENT_ID = 256
 # OpenAI realtime's event for an item's transcript, which its transcription clients wait for.
 TRANSCRIPTION_COMPLETED = "conversation.item.input_audio_transcription.completed"
+TRANSCRIPTION_DELTA = "conversation.item.input_audio_transcription.delta"
+SESSION_UPDATES = ("session.update", "transcription_session.update")  # GA, beta
+# The longest session update taken (OpenAI's are a few hundred bytes): a text message waiting in
+# the backlog counts as `STREAM_TEXT_BYTES`, and a session's is kept until it is carried out.
+MAX_SESSION_CHARS = 16384
 MIN_COMMIT_S = 0.1  # the audio a commit needs since the one before (or a clear), as OpenAI's
 # What a stream holds of the server's audio memory while it is open: its backlog, and its
 # buffer (at most `max_buffer_s`, which the WebSocket leaves at its default) as float32 samples.
@@ -650,7 +660,7 @@ class App:
         run.is_multilingual = self.model.is_multilingual  # type: ignore[attr-defined]
         return run
 
-    async def websocket(self, ws: Any) -> None:
+    async def websocket(self, ws: Any, realtime: bool = False) -> None:
         """/v1/audio/stream: live audio in, `session.created`, `transcript.update` events and a
         `transcript.final` out. The audio is s16le mono PCM at ?sample_rate= (16000 unless given;
         8000-192000, resampled to 16 kHz), of any length a message (an odd byte waits for the
@@ -668,7 +678,16 @@ class App:
         `input_audio_buffer.cleared`; the stream goes on. "stop" (or {"type": "stop"}) ends the
         stream with its `transcript.final`. Anything else gets an error event, and the stream
         goes on with the audio it has. Each event sent has an `event_id` of its own ("event_1",
-        ...); an error's `error.event_id` is that of the client event it answers (null: none)."""
+        ...); an error's `error.event_id` is that of the client event it answers (null: none).
+
+        realtime: /v1/realtime, OpenAI's Realtime API in transcription mode as its clients (the
+        `openai` SDK's `client.realtime.connect`) expect it: 24 kHz audio and server VAD unless
+        the session says otherwise, session.created with OpenAI's session object, items'
+        transcripts as `conversation.item.input_audio_transcription.delta` events (the words
+        committed in the item, as they are), and none of the server's own transcript.update
+        events. On both routes `session.update` (and the beta `transcription_session.update`)
+        configures the session (`App.session_update`), and server VAD, where it is on, sends
+        speech_started/stopped and commits each utterance as a client's commit does."""
         from starlette.concurrency import run_in_threadpool
         from starlette.websockets import WebSocketDisconnect
 
@@ -684,7 +703,8 @@ class App:
             return
         try:
             options = self.stream_options(params)
-            resample = PcmResampler(stream_sample_rate(params))
+            resample = PcmResampler(stream_sample_rate(params, OPENAI_RATE if realtime else
+                                                       SAMPLE_RATE))  # fmt: skip
         except APIError as error:
             await events.error(error)
             await ws.close(code=1008)
@@ -701,48 +721,138 @@ class App:
             await events.error(error)
             await ws.close(code=1013 if error.status == 503 else 1008)  # 1013: try again later
             return
+        # OpenAI's default turn detection is server VAD; /v1/audio/stream's clients predate it.
+        session = Session(resample.rate, params.get("model") or self.config.model_id,
+                          options.language, options.initial_prompt,
+                          ServerVad() if realtime else None)  # fmt: skip
         stream = StreamingTranscriber(self.buffer_transcriber(options), options)
+        detector = TurnDetector(session.turn_detection) if session.turn_detection else None
         inbox = _Inbox(ws, resample.rate)
         reader = asyncio.create_task(inbox.read())
         ending = asyncio.Event()
         self.streams.add(ending)
+        heard = False  # whether audio has arrived (a session update may change less after it)
         items = 0  # input_audio_buffer.committed's item ids: one a commit
         item_start = 0  # where the words of the next item begin, in `stream.committed`
+        item_text = ""  # the next item's transcript, as far as its deltas have said it
         answering: str | None = None  # the event_id of the client event being carried out
+
+        async def send_deltas(item_id: str) -> None:
+            """The item's words committed since its last delta (realtime only)."""
+            nonlocal item_text
+            text = "".join(w.word for w in stream.committed[item_start:]).lstrip()
+            if realtime and len(text) > len(item_text):
+                delta, item_text = text[len(item_text) :], text
+                await events.send({"type": TRANSCRIPTION_DELTA, "item_id": item_id,
+                                   "content_index": 0, "delta": delta, "logprobs": None})  # fmt: skip
+
+        async def commit() -> None:
+            """The words heard since the last commit as an item (a client's commit, or server
+            VAD's at the end of speech)."""
+            nonlocal items, item_start, item_text
+            seconds = stream.uncommitted_s
+            committed: StreamingEvent = await run_in_threadpool(stream.commit)
+            if not realtime:
+                await events.send(committed.to_dict())  # as before there were items
+            items += 1
+            item_id, previous = f"item_{items}", f"item_{items - 1}" if items > 1 else None
+            await events.send({"type": "input_audio_buffer.committed", "item_id": item_id,
+                               "previous_item_id": previous})  # fmt: skip
+            if realtime:  # as OpenAI's: the user's message item, its audio not said back
+                await events.send({"type": "conversation.item.added", "previous_item_id": previous,
+                                   "item": {"id": item_id, "object": "realtime.item",
+                                            "type": "message", "status": "completed",
+                                            "role": "user", "content": [
+                                                {"type": "input_audio", "transcript": None}]}})  # fmt: skip
+            await send_deltas(item_id)
+            # The item's words: all committed since the last commit, by agreement too.
+            transcript = "".join(w.word for w in stream.committed[item_start:]).strip()
+            item_start, item_text = len(stream.committed), ""
+            await events.send({"type": TRANSCRIPTION_COMPLETED, "item_id": item_id,
+                               "content_index": 0, "transcript": transcript,
+                               "usage": {"type": "duration", "seconds": round(seconds, 3)}})  # fmt: skip
+
+        async def hear(pcm: bytes) -> None:
+            """16 kHz audio into the stream, through server VAD where it is on."""
+            turns = await run_in_threadpool(detector, pcm) if detector else [Turn("feed", pcm)]
+            for turn in turns:
+                next_item = f"item_{items + 1}"  # (as OpenAI's: the item speech will make)
+                if turn.kind == "drop":  # silence before speech: not decoded, its time counted
+                    stream.clear(turn.pcm)
+                elif turn.kind == "feed":
+                    for event in await run_in_threadpool(stream.feed, turn.pcm):
+                        if not realtime:
+                            await events.send(event.to_dict())
+                        await send_deltas(next_item)
+                elif turn.kind == "started":
+                    await events.send({"type": "input_audio_buffer.speech_started",
+                                       "audio_start_ms": turn.ms, "item_id": next_item})  # fmt: skip
+                else:
+                    await events.send({"type": "input_audio_buffer.speech_stopped",
+                                       "audio_end_ms": turn.ms, "item_id": next_item})  # fmt: skip
+                    if stream.uncommitted_s >= MIN_COMMIT_S:  # (less goes with the next one)
+                        await commit()
+
         try:
-            await events.send(
-                {
-                    "type": "session.created",
-                    "sample_rate": resample.rate,
-                    "format": "s16le",
-                    "model": self.config.model_id,
-                    "language": options.language,
-                }
-            )  # null: it will be detected
+            if realtime:
+                await events.send({"type": "session.created", "session": session.ga()})
+            else:
+                await events.send(
+                    {
+                        "type": "session.created",
+                        "sample_rate": resample.rate,
+                        "format": "s16le",
+                        "model": self.config.model_id,
+                        "language": options.language,
+                    }
+                )  # null: it will be detected
             while True:
                 answering = None  # (the audio's updates answer no one event)
                 audio, message = await inbox.next_or_stop(self.config.request_timeout_s, ending)
                 command = message.get("text") if message else None  # `_client_text`'s
                 stop = command == "stop"
+                heard = heard or bool(audio)
                 # at the stop, with the last samples the resampler holds
                 pcm = resample(audio) + (resample.flush() if stop else b"")
                 if command == "clear":  # the audio that came before it goes with it, undecoded
-                    stream.clear(pcm)
+                    stream.clear(detector.clear(pcm) if detector else pcm)
                     await events.send({"type": "input_audio_buffer.cleared"})
                     continue
                 if pcm:
-                    for event in await run_in_threadpool(stream.feed, pcm):
-                        await events.send(event.to_dict())
+                    await hear(pcm)
                 if message is None:
                     continue
                 if message["type"] == "websocket.disconnect":
                     return
                 answering = message.get("event_id")
                 if stop:
+                    if realtime and stream.uncommitted_s >= MIN_COMMIT_S:
+                        await commit()  # OpenAI's clients wait for items, not transcript.final
                     final: StreamingEvent = await run_in_threadpool(stream.finish)
                     await events.send({**final.to_dict(), "text": stream.text.strip()})
                     await ws.close(code=1012 if ending.is_set() else 1000)  # 1012: restarting
                     return
+                if command == "session":
+                    try:
+                        new = self.session_update(session, message, heard)
+                    except APIError as error:
+                        await events.error(error, answering)
+                        continue
+                    if not heard:  # nothing decoded yet: the stream starts as the session says
+                        options = replace(options, language=new.language,
+                                          initial_prompt=new.prompt)  # fmt: skip
+                        stream = StreamingTranscriber(self.buffer_transcriber(options), options)
+                        resample = PcmResampler(new.rate)
+                        inbox.rate = new.rate
+                        detector = TurnDetector(new.turn_detection) if new.turn_detection else None
+                    elif detector and new.turn_detection:  # the VAD's figures, from here on
+                        detector.options = new.turn_detection
+                    session = new
+                    beta = message["kind"] == "transcription_session.update"
+                    await events.send({"type": "transcription_session.updated" if beta else
+                                       "session.updated",
+                                       "session": new.beta() if beta else new.ga()})  # fmt: skip
+                    continue
                 if command == "commit" and stream.uncommitted_s < MIN_COMMIT_S:
                     # As OpenAI's realtime API: no item for (next to) no audio. Where there
                     # was some, it stays, and goes with the next commit.
@@ -754,19 +864,7 @@ class App:
                                                 "input_audio_buffer_commit_empty"), answering)  # fmt: skip
                     continue
                 if command == "commit":
-                    committed: StreamingEvent = await run_in_threadpool(stream.commit)
-                    await events.send(committed.to_dict())  # as before there were items
-                    items += 1
-                    previous = f"item_{items - 1}" if items > 1 else None
-                    await events.send({"type": "input_audio_buffer.committed",
-                                       "item_id": f"item_{items}",
-                                       "previous_item_id": previous})  # fmt: skip
-                    # The item's words: all committed since the last commit, by agreement too.
-                    words = stream.committed[item_start:]
-                    item_start = len(stream.committed)
-                    await events.send({"type": TRANSCRIPTION_COMPLETED, "item_id": f"item_{items}",
-                                       "content_index": 0,
-                                       "transcript": "".join(w.word for w in words).strip()})  # fmt: skip
+                    await commit()
                     continue
                 await events.error(message["error"], answering)
         except WebSocketDisconnect:
@@ -778,6 +876,38 @@ class App:
             self.streams.discard(ending)
             reader.cancel()
             memory.release()
+
+    def session_update(self, session: Session, message: dict[str, Any], heard: bool) -> Session:
+        """The session a session.update (`message`: `_client_text`'s) makes of `session`, or
+        an APIError naming the field it cannot take. Before any audio everything may change (the
+        stream starts as the session says); after it, only server VAD's figures: a rate, language
+        or prompt changed there would apply to audio already decoded under the old one (a rate
+        to the resampler's filter, a language to the words being agreed on), and server VAD
+        turned on would drop the audio not yet committed as silence before speech."""
+        kind = message["kind"]
+        try:
+            new = updated(session, kind, message["session"])
+        except SessionError as error:
+            raise APIError(400, str(error), error.param, error.code) from None
+        where = ("session.audio.input.transcription" if kind == "session.update"
+                 else "session.input_audio_transcription")  # fmt: skip
+        if new.model != session.model and not self.config.serves(new.model):
+            raise APIError(404, f"the model {new.model!r} does not exist on this server; use "
+                           f"{self.config.model_id!r}", f"{where}.model", "model_not_found")  # fmt: skip
+        language = new.language and new.language.strip().lower() not in ("none", "auto")
+        new = replace(new, language=self._language(new.language, f"{where}.language")
+                      if language else None if self.model.is_multilingual else "en")  # fmt: skip
+        changed = [name for name, before, after in (
+            ("rate", session.rate, new.rate), ("language", session.language, new.language),
+            ("prompt", session.prompt, new.prompt),
+            ("turn_detection", session.turn_detection is None, new.turn_detection is None))
+            if before != after]  # fmt: skip
+        if heard and changed:
+            raise APIError(400, f"the session's {changed[0]} cannot change once audio has "
+                           "arrived (server VAD's threshold, prefix_padding_ms and "
+                           "silence_duration_ms can); set it before the first append, or open "
+                           "a new session", "session", "session_update_after_audio")  # fmt: skip
+        return new
 
     async def end_streams(self, forced: Callable[[], bool]) -> None:
         """At a shutdown, before uvicorn closes the connections: each open stream transcribes
@@ -796,6 +926,10 @@ class App:
         if unknown:  # e.g. hotwords=: refused, not ignored as if it were heeded
             raise APIError(400, f"unknown parameter {unknown[0]!r}; the stream takes "
                            f"{', '.join(STREAM_PARAMETERS)}", unknown[0])  # fmt: skip
+        intent = params.get("intent")  # OpenAI's realtime clients say it
+        if intent not in (None, "transcription"):
+            raise APIError(400, f"intent {intent!r}: this server serves transcription sessions "
+                           "only; use intent=transcription", "intent")  # fmt: skip
         task = params.get("task") or "transcribe"
         if task not in ("transcribe", "translate"):
             raise APIError(400, f"unknown task {task!r}; use transcribe or translate", "task")
@@ -969,11 +1103,11 @@ def _abandon(job: Job, waiter: asyncio.Future) -> None:
     waiter.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
-def stream_sample_rate(params: Any) -> int:
-    """The WebSocket's `sample_rate` (16 kHz unless given); other rates are resampled to it.
+def stream_sample_rate(params: Any, default: int = SAMPLE_RATE) -> int:
+    """The WebSocket's `sample_rate` (`default` unless given); other rates are resampled to 16 kHz.
     An empty one is refused as other bad values are: taken as 16 kHz, a client that meant to
     give its rate and sent none heard its audio at the wrong speed, without a word."""
-    value = params.get("sample_rate", str(SAMPLE_RATE))
+    value = params.get("sample_rate", str(default))
     # ASCII digits, few enough for int(): str.isdigit also takes '²' and other digits int()
     # refuses (a ValueError, and no error event), and int() refuses more than 4300 of them
     rate = int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else 0
@@ -1008,6 +1142,8 @@ def _client_text(text: str, rate: int) -> dict[str, Any]:
         kind = "stop"
     if isinstance(kind, str) and kind in commands:  # (a "type" may be a list: unhashable)
         return {**message, "text": commands[kind]}
+    if kind in SESSION_UPDATES and len(text) <= MAX_SESSION_CHARS:
+        return {**message, "text": "session", "kind": kind, "session": event.get("session")}
     if kind == "input_audio_buffer.append":
         audio = event.get("audio")
         if not isinstance(audio, str):
@@ -1025,7 +1161,9 @@ def _client_text(text: str, rate: int) -> dict[str, Any]:
                          'OpenAI\'s {"type": "input_audio_buffer.append", "audio": BASE64} '
                          'events), {"type": "input_audio_buffer.commit"} to commit the words '
                          'heard so far, {"type": "input_audio_buffer.clear"} to drop the audio '
-                         'not committed, and "stop" (or {"type": "stop"}) to end the stream',
+                         'not committed, {"type": "session.update", "session": {...}} to '
+                         'configure the session (at most 16384 characters), and "stop" (or '
+                         '{"type": "stop"}) to end the stream',
                          "type" if kind is not None else None)  # fmt: skip
     return {**message, "error": error}
 
@@ -1115,7 +1253,8 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
         ) from None
     if not any(_importable(name) for name in ("websockets", "wsproto")):  # uvicorn's WebSockets
         warnings.warn(
-            "websockets is not installed: the streaming WebSocket /v1/audio/stream answers 404 "
+            "websockets is not installed: the streaming WebSocket /v1/audio/stream answers 404, "
+            "as /v1/realtime does "
             "(the HTTP API works); install it with: pip install 'whisperforge[server]'",
             stacklevel=2,
         )
@@ -1225,6 +1364,10 @@ def create_app(config: ServerConfig | None = None, model: WhisperModel | None = 
     @app.websocket("/v1/audio/stream")
     async def stream(ws: WebSocket) -> None:
         await state.websocket(ws)
+
+    @app.websocket("/v1/realtime")  # where the openai SDK's client.realtime.connect goes
+    async def realtime(ws: WebSocket) -> None:
+        await state.websocket(ws, realtime=True)
 
     return app
 
