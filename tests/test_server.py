@@ -1315,7 +1315,8 @@ def two_utterances(rate: int) -> tuple[np.ndarray, list[str]]:
 
 def test_the_openai_sdk_transcribes_two_utterances_cut_by_server_vad(live_server):
     """The openai SDK's realtime client in transcription mode (client.realtime.connect with
-    websocket_base_url .../v1 and intent=transcription: /v1/realtime), configured with its
+    websocket_base_url .../v1, model=whisper-1 and intent=transcription: /v1/realtime?model=
+    whisper-1&intent=transcription), configured with its
     session.update, sends 24 kHz pcm16 of two sentences 1 s apart: server VAD says where each
     starts and stops, in order, and commits each as an item; each item's deltas add up to its
     completed transcript, which has its sentence's words."""
@@ -1327,7 +1328,10 @@ def test_the_openai_sdk_transcribes_two_utterances_cut_by_server_vad(live_server
         client = openai.AsyncOpenAI(api_key=KEY, base_url=f"{live_server}/v1",
                                     websocket_base_url=live_server.replace("http", "ws") + "/v1")  # fmt: skip
         events = []
-        async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        realtime = client.realtime.connect(
+            model="whisper-1", extra_query={"intent": "transcription"}
+        )
+        async with realtime as conn:
             await conn.session.update(session={"type": "transcription", "audio": {"input": {
                 "format": {"type": "audio/pcm", "rate": 24000},
                 "transcription": {"model": "whisper-1", "language": "en"},
@@ -1348,6 +1352,7 @@ def test_the_openai_sdk_transcribes_two_utterances_cut_by_server_vad(live_server
     events = asyncio.run(asyncio.wait_for(session(), 60))
     kinds = [e.type for e in events]
     assert kinds[:2] == ["session.created", "session.updated"], kinds
+    assert events[0].session.audio.input.transcription.model == "whisper-1"  # ?model=
     assert events[1].session.audio.input.turn_detection.silence_duration_ms == 500
     turns = [(e.type.split(".")[-1], e.item_id) for e in events if "speech_" in e.type
              or e.type in ("input_audio_buffer.committed", TRANSCRIPTION_COMPLETED)]  # fmt: skip
