@@ -1304,13 +1304,14 @@ def test_an_event_id_that_is_not_unicode_text_is_not_said_back(live_server):
 REALTIME = "/v1/realtime"
 
 
-def two_utterances(rate: int) -> tuple[np.ndarray, list[str]]:
+def two_utterances(rate: int) -> tuple[np.ndarray, list[str], int]:
     """Two LibriVox sentences (3.0 s and 3.3 s) 1 s apart, and 1 s of silence after, at `rate`
-    (the package's own resampler), and what each says."""
+    (the package's own resampler), what each says, and the sample where the second begins."""
     clips = [m for m in manifest() if m["audio"].endswith(("0880.wav", "0930.wav"))]
     audio = [decode_audio(DEV_DIR / m["audio"], sampling_rate=rate) for m in clips]
     gap = np.zeros(rate, np.float32)
-    return np.concatenate([audio[0], gap, audio[1], gap]), [m["text"] for m in clips]
+    texts = [m["text"] for m in clips]
+    return np.concatenate([audio[0], gap, audio[1], gap]), texts, len(audio[0]) + rate
 
 
 def test_the_openai_sdk_transcribes_two_utterances_cut_by_server_vad(live_server):
@@ -1321,7 +1322,7 @@ def test_the_openai_sdk_transcribes_two_utterances_cut_by_server_vad(live_server
     starts and stops, in order, and commits each as an item; each item's deltas add up to its
     completed transcript, which has its sentence's words."""
     openai = pytest.importorskip("openai")
-    audio, texts = two_utterances(24000)
+    audio, texts, _ = two_utterances(24000)
     pcm = s16le(audio)
 
     async def session() -> list[Any]:
@@ -1399,6 +1400,32 @@ def test_realtime_deltas_come_as_words_are_committed(client):
     assert not {"transcript.update", "transcript.final"} & {e["type"] for e in events}
 
 
+def test_a_clear_under_server_vad_drops_the_speech_in_progress(client):
+    """/v1/realtime (server VAD on by default): after the first sentence's item, 1.5 s of the
+    second sentence and a clear (its speech, fed to the stream as it came, and its undecided
+    audio are dropped), then the second sentence whole: its item has its words once, timed
+    after the dropped audio, and a stop ends the stream."""
+    audio, texts, second = two_utterances(24000)
+    pcm, first, cut = s16le(audio), 2 * second, 2 * round(1.5 * 24000)
+    with client.websocket_connect(REALTIME) as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_text(append(pcm[:first]))
+        events = events_until(ws, lambda e: e["type"] == TRANSCRIPTION_COMPLETED)
+        ws.send_text(append(pcm[first : first + cut]))
+        ws.send_text('{"type": "input_audio_buffer.clear"}')
+        events += events_until(ws, lambda e: e["type"] == "input_audio_buffer.cleared")
+        ws.send_text(append(pcm[first:]))
+        events += events_until(ws, lambda e: e["type"] == TRANSCRIPTION_COMPLETED)
+        ws.send_text("stop")
+        final = until_final(ws)[-1]
+    items = [e["transcript"] for e in events if e["type"] == TRANSCRIPTION_COMPLETED]
+    assert [plain_wer(t, item) <= 0.25 for t, item in zip(texts, items)] == [True, True], items
+    started = [e["audio_start_ms"] for e in events if e["type"].endswith("speech_started")]
+    cleared_ms = 1000 * (first + cut) / 2 / 24000
+    assert len(started) == 3 and started[2] > cleared_ms - 300, (started, cleared_ms)
+    assert final["text"] == " ".join(items)
+
+
 def realtime_error(ws, event: dict) -> dict:
     """The error event that answers `event`."""
     ws.send_text(json.dumps({**event, "event_id": "evt_u"}))
@@ -1462,7 +1489,7 @@ def test_a_session_update_turns_server_vad_on_for_audio_stream(client):
     session.update before the audio sets OpenAI's 24 kHz and server VAD, and the two sentences,
     sent as binary frames at 24 kHz, come back as two items (with the stream's own
     transcript.update events, and no deltas: those are /v1/realtime's)."""
-    audio, texts = two_utterances(24000)
+    audio, texts, _ = two_utterances(24000)
     pcm = s16le(audio)
     with client.websocket_connect(STREAM) as ws:
         assert ws.receive_json()["sample_rate"] == 16000
