@@ -518,13 +518,11 @@ class StreamingTranscriber:
         "submit. submit. ...", a loop that is not used, and the stream's last 37 s had no words."""
         prompt = self._prompt()
         segments, language = self._transcribe(self._buffer, prompt, self.language)
-        segments += self._decode_rest(segments)
-        hypothesis = self._hypothesis(segments)
-        if prompt and _repetitive(hypothesis, self.options.max_compression_ratio):
+        if prompt and _repetitive(self._hypothesis(segments), self.options.max_compression_ratio):
             segments, language = self._transcribe(self._buffer, None, self.language)
-            segments += self._decode_rest(segments)
-            hypothesis = self._hypothesis(segments)
-        return segments, language, hypothesis
+        # The rest after the decode that is kept (a looping one's was decoded to be thrown away)
+        segments += self._decode_rest(segments)
+        return segments, language, self._hypothesis(segments)
 
     def _decode_rest(self, segments: list[Segment]) -> list[Segment]:
         """Segments of the speech after the buffer's last word, where the decode stopped
