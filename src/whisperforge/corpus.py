@@ -1018,14 +1018,16 @@ class Journal:
         if above is not None and not above.is_dir():  # (the OSError said "File exists")
             raise WhisperforgeError(f"--output {output}: {above} is a file, not a folder; "
                                     "pick another path")  # fmt: skip
+
+        def unwritable(error: OSError) -> WhisperforgeError:
+            return WhisperforgeError(f"--output {output}: cannot write there "
+                                     f"({error.strerror or error}); pick a writable path")  # fmt: skip
+
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.lock = OutputLock(self.path, output)
         except OSError as error:
-            raise WhisperforgeError(
-                f"--output {output}: cannot write there ({error.strerror or error}); "
-                "pick a writable path"
-            ) from None
+            raise unwritable(error) from None
         try:
             self.created = not self.path.exists()  # removed again if no row comes
             rows = self._load()
@@ -1035,13 +1037,11 @@ class Journal:
             if self.parquet is not None:  # a row the merge would fail on: said before the job
                 self._table(rows + list(carried))
             self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed in close()
-        except BaseException as error:
+        except OSError as error:
             self.lock.release()
-            if isinstance(error, OSError):
-                raise WhisperforgeError(
-                    f"--output {output}: cannot write there ({error.strerror or error}); "
-                    "pick a writable path"
-                ) from None
+            raise unwritable(error) from None
+        except BaseException:  # Ctrl-C, or a row the merge would fail on: the lock goes too
+            self.lock.release()
             raise
         self.done = {r["path"] for r in rows}
         # The file each row is of, resolved (rows before session 51 have none): a rerun from
