@@ -40,6 +40,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("multipart")
 from fastapi.testclient import TestClient
 
+from whisperforge.realtime import ServerVad, TurnDetector
 from whisperforge.server import (
     TRANSCRIPTION_COMPLETED,
     TRANSCRIPTION_DELTA,
@@ -1424,6 +1425,24 @@ def test_a_clear_under_server_vad_drops_the_speech_in_progress(client):
     cleared_ms = 1000 * (first + cut) / 2 / 24000
     assert len(started) == 3 and started[2] > cleared_ms - 300, (started, cleared_ms)
     assert final["text"] == " ".join(items)
+
+
+def test_server_vad_with_no_silence_duration_stops_at_the_first_silent_frame():
+    """silence_duration_ms 0 (which a session.update may send) stops speech at its first frame
+    under the threshold, as one frame's 32 ms does: it stopped at every frame of speech (the
+    two sentences made 84 turns of 64 ms, and their words were cut into as many items)."""
+    audio, _, _ = two_utterances(16000)
+    pcm = s16le(audio)
+
+    def turns(silence_ms: int) -> list[tuple[str, int]]:
+        detector, found = TurnDetector(ServerVad(silence_duration_ms=silence_ms)), []
+        for start in range(0, len(pcm), 3200):  # 100 ms appends
+            found += [(t.kind, t.ms) for t in detector(pcm[start : start + 3200])
+                      if t.kind in ("started", "stopped")]  # fmt: skip
+        return found
+
+    no_silence = turns(0)
+    assert no_silence == turns(32) and len(no_silence) <= 8, no_silence
 
 
 def realtime_error(ws, event: dict) -> dict:

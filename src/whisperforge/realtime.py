@@ -28,7 +28,7 @@ class SessionError(ValueError):
 class ServerVad:
     """OpenAI's `server_vad` turn detection, with its defaults: speech starts at a frame whose
     speech probability is `threshold` or more (the item's audio starts `prefix_padding_ms`
-    before it) and stops after `silence_duration_ms` of frames under it."""
+    before it) and stops after `silence_duration_ms` of frames under it (0: at the first)."""
 
     threshold: float = 0.5
     prefix_padding_ms: int = 300
@@ -256,7 +256,9 @@ class TurnDetector:
                 self.speaking, self._silent = True, 0
             elif self.speaking:
                 self._silent = self._silent + FRAME if prob < self.options.threshold else 0
-                if self._silent >= silence:
+                # (at least one frame of silence: with silence_duration_ms 0, `>= 0` held at
+                # every frame of speech, and 7 s of speech made 84 turns of 64 ms)
+                if self._silent and self._silent >= silence:
                     turns += [
                         self._take("feed", self._frames),
                         Turn("stopped", sample=self._frames),
