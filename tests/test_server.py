@@ -1427,6 +1427,25 @@ def test_a_clear_under_server_vad_drops_the_speech_in_progress(client):
     assert final["text"] == " ".join(items)
 
 
+def test_speech_stopped_is_said_before_the_speech_up_to_it_is_decoded(client):
+    """Server VAD's speech_stopped is sent as the VAD hears the silence, then the speech's last
+    audio is decoded and committed: a sentence and 1 s of silence in one message got it after
+    the stream's update had decoded the sentence (0.94 s after speech_started on this CPU)."""
+    audio, texts, second = two_utterances(24000)
+    with client.websocket_connect(STREAM) as ws:
+        ws.receive_json()
+        ws.send_text(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 24000},
+            "turn_detection": {"type": "server_vad"}}}}}))  # fmt: skip
+        assert ws.receive_json()["type"] == "session.updated"
+        ws.send_bytes(s16le(audio[:second]))
+        events = events_until(ws, lambda e: e["type"] == TRANSCRIPTION_COMPLETED)
+    kinds = [e["type"].removeprefix("input_audio_buffer.") for e in events]
+    assert kinds[:3] == ["speech_started", "speech_stopped", "transcript.update"], kinds
+    assert kinds[-2:] == ["committed", TRANSCRIPTION_COMPLETED], kinds
+    assert plain_wer(texts[0], events[-1]["transcript"]) <= 0.25, events[-1]
+
+
 def test_server_vad_with_no_silence_duration_stops_at_the_first_silent_frame():
     """silence_duration_ms 0 (which a session.update may send) stops speech at its first frame
     under the threshold, as one frame's 32 ms does: it stopped at every frame of speech (the

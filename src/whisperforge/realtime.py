@@ -212,7 +212,8 @@ def _server_vad(body: Any, where: str) -> ServerVad | None:
 class Turn:
     """One step of what a stream does with its audio under server VAD, in order: "drop" audio
     (silence before the speech and its padding, not decoded), "feed" it, speech "started" or
-    "stopped" (at `sample`, of all the stream's audio)."""
+    "stopped" (at `sample`, of all the stream's audio; a stop holds the speech's audio not fed
+    yet, to feed after the stop is said: said after its decode, it came a decode late)."""
 
     kind: str
     pcm: bytes = b""
@@ -259,10 +260,7 @@ class TurnDetector:
                 # (at least one frame of silence: with silence_duration_ms 0, `>= 0` held at
                 # every frame of speech, and 7 s of speech made 84 turns of 64 ms)
                 if self._silent and self._silent >= silence:
-                    turns += [
-                        self._take("feed", self._frames),
-                        Turn("stopped", sample=self._frames),
-                    ]
+                    turns.append(self._take("stopped", self._frames))
                     self.speaking = False
         if self.speaking:  # what follows is the speech's, until a stop says otherwise
             turns.append(self._take("feed", self._base + len(self._held) // 2))
@@ -282,9 +280,9 @@ class TurnDetector:
         return data
 
     def _take(self, kind: str, end: int) -> Turn:
-        """The held audio up to sample `end`, as a `kind` turn."""
+        """The held audio up to sample `end`, as a `kind` turn at `end`."""
         size = 2 * max(0, end - self._base)
         pcm = bytes(self._held[:size])
         del self._held[:size]
         self._base += len(pcm) // 2
-        return Turn(kind, pcm)
+        return Turn(kind, pcm, end)

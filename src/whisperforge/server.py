@@ -772,6 +772,12 @@ class App:
                                "content_index": 0, "transcript": transcript,
                                "usage": {"type": "duration", "seconds": round(seconds, 3)}})  # fmt: skip
 
+        async def feed(pcm: bytes) -> None:
+            for event in await run_in_threadpool(stream.feed, pcm):
+                if not realtime:
+                    await events.send(event.to_dict())
+                await send_deltas(f"item_{items + 1}")
+
         async def hear(pcm: bytes) -> None:
             """16 kHz audio into the stream, through server VAD where it is on."""
             turns = await run_in_threadpool(detector, pcm) if detector else [Turn("feed", pcm)]
@@ -780,16 +786,15 @@ class App:
                 if turn.kind == "drop":  # silence before speech: not decoded, its time counted
                     stream.clear(turn.pcm)
                 elif turn.kind == "feed":
-                    for event in await run_in_threadpool(stream.feed, turn.pcm):
-                        if not realtime:
-                            await events.send(event.to_dict())
-                        await send_deltas(next_item)
+                    await feed(turn.pcm)
                 elif turn.kind == "started":
                     await events.send({"type": "input_audio_buffer.speech_started",
                                        "audio_start_ms": turn.ms, "item_id": next_item})  # fmt: skip
-                else:
+                else:  # said as the VAD hears it; then the speech's last audio, and its item
                     await events.send({"type": "input_audio_buffer.speech_stopped",
                                        "audio_end_ms": turn.ms, "item_id": next_item})  # fmt: skip
+                    if turn.pcm:
+                        await feed(turn.pcm)
                     if stream.uncommitted_s >= MIN_COMMIT_S:  # (less goes with the next one)
                         await commit()
 
