@@ -1493,6 +1493,7 @@ def test_session_update_refuses_what_it_would_not_heed(client):
         ({"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}},
          f"{audio_input}.turn_detection.threshold"),
         ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, f"{audio_input}.format.type"),
+        ({"audio": {"input": {"transcription": {"prompt": "x" * 20000}}}}, "session"),
     ]  # fmt: skip
     with client.websocket_connect(REALTIME) as ws:
         created = ws.receive_json()

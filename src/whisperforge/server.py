@@ -1149,7 +1149,10 @@ def _client_text(text: str, rate: int) -> dict[str, Any]:
         return {**message, "text": commands[kind]}
     if kind in SESSION_UPDATES and len(text) <= MAX_SESSION_CHARS:
         return {**message, "text": "session", "kind": kind, "session": event.get("session")}
-    if kind == "input_audio_buffer.append":
+    if kind in SESSION_UPDATES:
+        error = APIError(400, f"{kind} is {len(text)} characters, over this server's "
+                         f"{MAX_SESSION_CHARS}: shorten its prompt", "session")  # fmt: skip
+    elif kind == "input_audio_buffer.append":
         audio = event.get("audio")
         if not isinstance(audio, str):
             problem = "is missing" if audio is None else f"is a {type(audio).__name__}"
