@@ -155,7 +155,8 @@ def quantize_weight(
     reproduces the saved q exactly from its dequantized weights; one made for a narrower range
     (fp8's absmax / 448, loaded as int8) is replaced by a fresh one rather than clipping them.
     A large weight goes a band of rows at a time (`ROW_BAND`): whole, its float temporaries
-    were twice its float32 size (base's token embedding: +210 MB at load)."""
+    were twice its float32 size (base's token embedding: +210 MB at load). A given scale is
+    kept or replaced band by band, which is sound as each row's scales stand alone."""
     N, K = weight.shape
     band = max(1, ROW_BAND // K)
     if N > band:
