@@ -204,6 +204,28 @@ def test_openai_whisper_readme_example_runs_on_whisperforge(
         whisperforge.decode(model, whisperforge.log_mel_spectrogram(audio[:16000]))
 
 
+def test_openai_detect_language_and_decode_take_a_numpy_mel(base, tiny_en):
+    """A mel as a NumPy array (librosa's, np.load's; read-only here) gives what its tensor
+    gives: it was a raw AttributeError ('numpy.ndarray' object has no attribute 'to')."""
+    import numpy as np
+
+    import whisperforge
+
+    audio = whisperforge.pad_or_trim(load_audio(DEV_DIR / "openai-whisper__jfk.flac"))
+    mel = whisperforge.log_mel_spectrogram(audio)
+    array = mel.numpy().astype(np.float64)
+    array.setflags(write=False)
+    multilingual = whisperforge.openai_api.OpenAIWhisper(base)
+    token, probs = whisperforge.detect_language(multilingual, array)
+    assert max(probs, key=probs.get) == "en"
+    assert int(token) == base.tokenizer.to_language_token("en")
+    model = whisperforge.openai_api.OpenAIWhisper(tiny_en)
+    options = whisperforge.DecodingOptions(fp16=False, without_timestamps=True)
+    assert whisperforge.decode(model, array, options).tokens == model.decode(mel, options).tokens
+    with pytest.raises(whisperforge.InvalidOptionError, match="NumPy float array"):
+        whisperforge.detect_language(multilingual, mel.tolist())
+
+
 def test_openai_whisper_fp16_false_decodes_in_float32(tiny_en, monkeypatch):
     """fp16=False on a model loaded in float16 (a GPU's default) decodes with a float32 copy,
     loaded once from where the model came from, as openai-whisper's float32 weights give it;

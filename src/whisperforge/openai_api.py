@@ -187,6 +187,7 @@ class OpenAIWhisper:
         for a mel [n_mels, 3000] (a dict) or each of a batch [B, n_mels, 3000] (a list)."""
         if not self.is_multilingual:
             raise ValueError("This model doesn't have language tokens so it can't perform lang id")
+        mel = as_mel(mel)
         single = mel.ndim == 2
         with self.model.lock:
             features = self._features(self.model, mel)
@@ -201,6 +202,7 @@ class OpenAIWhisper:
         batch [B, n_mels, 3000] (a list), with `options` and `changes` to them; task "lang_id"
         detects the language only (`language`, `language_probs`)."""
         options = replace(options or DecodingOptions(), **changes)
+        mel = as_mel(mel)
         single = mel.ndim == 2
         model = self._model(options.fp16)
         with model.lock:
@@ -298,6 +300,19 @@ class OpenAIWhisper:
         if language is not None:
             result["language"] = language  # as openai-whisper gives it: as it was given
         return result
+
+
+def as_mel(mel: Any) -> torch.Tensor:
+    """A mel (or the encoder's output) as a tensor: a NumPy array (librosa's, or one saved with
+    np.save) is taken as its values; it was a raw AttributeError (no `.to`) in the encoder."""
+    if isinstance(mel, torch.Tensor):
+        return mel
+    if isinstance(mel, np.ndarray) and mel.dtype.kind in "fiu":
+        return torch.from_numpy(np.array(mel, dtype=np.float32))  # a copy: read-only ones too
+    raise InvalidOptionError(
+        f"expected a mel as a torch tensor or a NumPy float array, got {type(mel).__name__}; "
+        "make it with log_mel_spectrogram(pad_or_trim(audio))"
+    )
 
 
 def transcribe(
