@@ -673,3 +673,20 @@ def test_available_memory_heeds_a_containers_limit(tmp_path):
     assert container_memory_left(v1) is None
     (v1 / "memory" / "memory.limit_in_bytes").write_text("1000000000\n")
     assert container_memory_left(v1) == 600_000_000
+
+
+def test_read_only_audio_is_copied_not_aliased_nor_warned_about(tiny_en):
+    """A read-only array (np.frombuffer's, a memory map opened "r") was handed to torch as it
+    was: a UserWarning of undefined behaviour on every path, load_audio gave it back read-only,
+    and pad_or_trim gave a writable array over the read-only memory."""
+    audio = load_audio(JFK)[: 3 * 16000]
+    frozen = np.frombuffer(audio.tobytes(), np.float32)
+    assert not frozen.flags.writeable
+    loaded = load_audio(frozen)
+    assert loaded.flags.writeable and not np.shares_memory(loaded, frozen)
+    cut = pad_or_trim(frozen, 16000)
+    assert cut.flags.writeable and not np.shares_memory(cut, frozen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        segments, _ = tiny_en.transcribe(frozen, vad_filter=True)
+        assert "fellow Americans" in "".join(segment.text for segment in segments)

@@ -653,6 +653,15 @@ MAX_FLOAT_PEAK = 32.0
 NOT_FINITE = "the audio holds NaN or infinite samples; clean or re-decode it first"
 
 
+def writable(array: np.ndarray) -> np.ndarray:
+    """`array` C-contiguous (torch takes no negative strides: audio[::-1]) and writable: a
+    read-only one (np.frombuffer's, a memory map opened "r", setflags(write=False)) is copied,
+    as torch shares no read-only memory without a UserWarning of undefined behaviour, and a
+    tensor view of it (pad_or_trim's) would hand back a writable array over read-only memory."""
+    array = np.ascontiguousarray(array)
+    return array if array.flags.writeable else array.copy()
+
+
 def to_float32(audio: np.ndarray) -> np.ndarray:
     """Float arrays as they are (refused past MAX_FLOAT_PEAK); integer PCM (as wave/scipy read
     it) scaled to [-1, 1)."""
@@ -756,8 +765,7 @@ def load_audio(
             raise AudioError("a masked array; fill its masked samples first: audio.filled(0.0)")
         _check_mono(audio)
         check_integer_width(audio)
-        # A reversed or strided view (audio[::-1]) has strides torch.from_numpy refuses.
-        samples = np.ascontiguousarray(to_float32(audio))
+        samples = writable(to_float32(audio))
     else:
         samples = decode_audio(
             audio, max_seconds=max_seconds, on_samples=on_samples, on_warning=on_warning
@@ -807,8 +815,8 @@ def check_integer_width(audio: np.ndarray) -> None:
 def pad_or_trim(array: T, length: int = N_SAMPLES, *, axis: int = -1) -> T:
     """Zero-pad or cut `array` (a tensor, or a numpy array as openai-whisper's takes) along
     `axis` to exactly `length`, as the encoder expects."""
-    if isinstance(array, np.ndarray):  # contiguous: torch takes no negative strides
-        return pad_or_trim(torch.from_numpy(np.ascontiguousarray(array)), length, axis=axis).numpy()
+    if isinstance(array, np.ndarray):
+        return pad_or_trim(torch.from_numpy(writable(array)), length, axis=axis).numpy()
     size = array.shape[axis]
     if size > length:
         return array.narrow(axis, 0, length)
@@ -894,8 +902,8 @@ def log_mel_spectrogram(
     openai-whisper's), `padding` zero samples appended."""
     if not isinstance(audio, (np.ndarray, torch.Tensor)):
         audio = load_audio(audio)
-    if isinstance(audio, np.ndarray):  # torch takes no negative strides (audio[::-1])
-        audio = np.ascontiguousarray(audio)
+    if isinstance(audio, np.ndarray):
+        audio = writable(audio)
     audio = torch.as_tensor(audio, dtype=torch.float32)
     if device is not None:
         audio = audio.to(device)

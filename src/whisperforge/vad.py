@@ -161,8 +161,11 @@ class SileroVad:
         n_frames = -(-len(audio) // FRAME)
         if n_frames == 0:
             return torch.zeros(0, 128, device=self.device)
-        padded = torch.zeros(CONTEXT + n_frames * FRAME, device=self.device)
-        padded[CONTEXT : CONTEXT + len(audio)] = torch.from_numpy(audio).to(self.device)
+        # Padded in NumPy: a read-only `audio` (np.frombuffer's) is copied without torch's
+        # UserWarning about non-writable arrays.
+        samples = np.zeros(CONTEXT + n_frames * FRAME, np.float32)
+        samples[CONTEXT : CONTEXT + len(audio)] = audio
+        padded = torch.from_numpy(samples).to(self.device)
         # Every frame with the 64 samples before it: [n_frames, CONTEXT + FRAME], a view.
         frames = padded.unfold(0, CONTEXT + FRAME, FRAME)
         return torch.cat(
