@@ -777,3 +777,16 @@ def test_faster_whispers_model_attributes(tiny_en):
     # the tokenizer the model decodes with
     ids = tiny_en.hf_tokenizer.encode(" And so my fellow Americans", add_special_tokens=False).ids
     assert ids == tiny_en.tokenizer.encode(" And so my fellow Americans")
+
+
+@pytest.mark.parametrize("beam_size", [1, 5])
+def test_initial_prompt_ids_holding_eot_still_transcribe(tiny_en, beam_size):
+    """Token ids as the initial_prompt with <|endoftext|> among them (as faster-whisper takes
+    them, and transcribes on): every window's text was cut at the prompt's EOT, so the audio
+    gave no segments at all, after the whole temperature fallback."""
+    audio = load_audio(JFK)
+    eot = tiny_en.tokenizer.eot
+    segments, _ = tiny_en.transcribe(
+        audio, initial_prompt=[eot, 1, 2], beam_size=beam_size, temperature=0.0
+    )
+    assert "ask not what your country" in "".join(segment.text for segment in segments)
