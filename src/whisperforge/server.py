@@ -682,9 +682,9 @@ class App:
 
         realtime: /v1/realtime, OpenAI's Realtime API in transcription mode as its clients (the
         `openai` SDK's `client.realtime.connect`) expect it: 24 kHz audio and server VAD unless
-        the session says otherwise, session.created with OpenAI's session object, items'
-        transcripts as `conversation.item.input_audio_transcription.delta` events (the words
-        committed in the item, as they are), and none of the server's own transcript.update
+        the session says otherwise, session.created with OpenAI's session object, an item's
+        transcript in one `conversation.item.input_audio_transcription.delta` after the item is
+        added (as whisper-1's on OpenAI's), and none of the server's own transcript.update
         events. On both routes `session.update` (and the beta `transcription_session.update`)
         configures the session (`App.session_update`), and server VAD, where it is on, sends
         speech_started/stopped and commits each utterance as a client's commit does."""
@@ -734,22 +734,12 @@ class App:
         heard = False  # whether audio has arrived (a session update may change less after it)
         items = 0  # input_audio_buffer.committed's item ids: one a commit
         item_start = 0  # where the words of the next item begin, in `stream.committed`
-        item_text = ""  # the next item's transcript, as far as its deltas have said it
         answering: str | None = None  # the event_id of the client event being carried out
-
-        async def send_deltas(item_id: str) -> None:
-            """The item's words committed since its last delta (realtime only)."""
-            nonlocal item_text
-            text = "".join(w.word for w in stream.committed[item_start:]).lstrip()
-            if realtime and len(text) > len(item_text):
-                delta, item_text = text[len(item_text) :], text
-                await events.send({"type": TRANSCRIPTION_DELTA, "item_id": item_id,
-                                   "content_index": 0, "delta": delta, "logprobs": None})  # fmt: skip
 
         async def commit() -> None:
             """The words heard since the last commit as an item (a client's commit, or server
             VAD's at the end of speech)."""
-            nonlocal items, item_start, item_text
+            nonlocal items, item_start
             seconds = stream.uncommitted_s
             committed: StreamingEvent = await run_in_threadpool(stream.commit)
             if not realtime:
@@ -764,19 +754,23 @@ class App:
                                             "type": "message", "status": "completed",
                                             "role": "user", "content": [
                                                 {"type": "input_audio", "transcript": None}]}})  # fmt: skip
-            await send_deltas(item_id)
             # The item's words: all committed since the last commit, by agreement too.
             transcript = "".join(w.word for w in stream.committed[item_start:]).strip()
-            item_start, item_text = len(stream.committed), ""
+            item_start = len(stream.committed)
+            if realtime and transcript:
+                # As OpenAI's whisper-1: the turn's text in one delta, after the item exists
+                # (its clients file deltas under an item they were told of: sent as words were
+                # agreed on, before the commit, they named an item not yet added).
+                await events.send({"type": TRANSCRIPTION_DELTA, "item_id": item_id,
+                                   "content_index": 0, "delta": transcript, "logprobs": None})  # fmt: skip
             await events.send({"type": TRANSCRIPTION_COMPLETED, "item_id": item_id,
                                "content_index": 0, "transcript": transcript,
                                "usage": {"type": "duration", "seconds": round(seconds, 3)}})  # fmt: skip
 
         async def feed(pcm: bytes) -> None:
             for event in await run_in_threadpool(stream.feed, pcm):
-                if not realtime:
+                if not realtime:  # (OpenAI's clients know no transcript.update)
                     await events.send(event.to_dict())
-                await send_deltas(f"item_{items + 1}")
 
         async def hear(pcm: bytes) -> None:
             """16 kHz audio into the stream, through server VAD where it is on."""
