@@ -434,12 +434,21 @@ def _import_av(name: str) -> Any:
     return av
 
 
+def whole_samples(carried: bytes, data: bytes) -> tuple[bytes, bytes]:
+    """s16le bytes that arrive in pieces of any length: (the whole samples of `carried` +
+    `data`, the odd byte left over, which goes before the next piece)."""
+    data = carried + data
+    odd = data[-1:] if len(data) % 2 else b""
+    return data[: len(data) - len(odd)], odd
+
+
 class PcmResampler:
     """Raw mono s16le PCM at `rate` Hz (8000-192000), in pieces of any length as they arrive
-    (a live stream's), to 16 kHz mono s16le: `resample(data)` returns what is ready, `flush()`
-    the rest at the end. FFmpeg's resampler, the one files are decoded with; it carries its filter
-    state from piece to piece, so the pieces join as one signal. At 16 kHz the bytes pass as
-    they are (PyAV is needed for other rates only)."""
+    (a live stream's), to 16 kHz mono s16le in whole samples: `resample(data)` returns what is
+    ready, `flush()` the rest at the end. FFmpeg's resampler, the one files are decoded with; it
+    carries its filter state from piece to piece, so the pieces join as one signal. At 16 kHz
+    the bytes pass as they are, but for an odd byte, which waits for the next piece (PyAV is
+    needed for other rates only)."""
 
     def __init__(self, rate: int, name: str = "<audio>"):
         # (a rate past an int32 was a traceback, 0 one too, and at 1 Hz every byte made
@@ -454,11 +463,10 @@ class PcmResampler:
             self._resampler = self._av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
 
     def __call__(self, data: bytes) -> bytes:
+        data, self._odd_byte = whole_samples(self._odd_byte, data)
         if self._resampler is None:
             return data
-        data = self._odd_byte + data
-        self._odd_byte = data[-1:] if len(data) % 2 else b""
-        samples = np.frombuffer(data[: len(data) - len(self._odd_byte)], "<i2")
+        samples = np.frombuffer(data, "<i2")
         if not samples.size:
             return b""
         frame = self._av.AudioFrame.from_ndarray(

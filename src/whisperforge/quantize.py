@@ -158,15 +158,10 @@ def quantize_weight(
     were twice its float32 size (base's token embedding: +210 MB at load). A given scale is
     kept or replaced band by band, which is sound as each row's scales stand alone."""
     N, K = weight.shape
-    band = max(1, ROW_BAND // K)
-    if N > band:
-        parts = [
-            quantize_weight(
-                weight[i : i + band], weights, None if scale is None else scale[i : i + band], group
-            )
-            for i in range(0, N, band)
-        ]
-        return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
+    if N > max(1, ROW_BAND // K):
+        return _in_bands(N, K, lambda rows: quantize_weight(
+            weight[rows], weights, None if scale is None else scale[rows], group
+        ))  # fmt: skip
     w = weight.detach().float()
     if scale is not None:
         group = K // scale.shape[1] if scale.dim() == 2 else 0
@@ -183,6 +178,16 @@ def quantize_weight(
     if weights == "int8":
         return q.round_().clamp_(-127, 127).to(torch.int8), scale
     return q.to(torch.float8_e4m3fn), scale
+
+
+def _in_bands(
+    rows: int, columns: int, quantize: Callable[[slice], tuple[Tensor, Tensor]]
+) -> tuple[Tensor, Tensor]:
+    """`quantize` (q, scale of a slice of rows) over bands of at most `ROW_BAND` elements,
+    joined: the float temporaries of a large weight taken whole were twice its float32 size."""
+    band = max(1, ROW_BAND // columns)
+    parts = [quantize(slice(i, i + band)) for i in range(0, rows, band)]
+    return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
 
 
 def dequantize(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -401,13 +406,10 @@ class Int8Linear(nn.Module):
 
     def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None, outliers: int = 0):
         super().__init__()
-        if scale.dim() == 2:  # a band of rows at a time, as quantize_weight goes
-            band = max(1, ROW_BAND // q.shape[1])
-            parts = [
-                quantize_weight(dequantize(q[i : i + band], scale[i : i + band]), "int8")
-                for i in range(0, q.shape[0], band)
-            ]
-            q, scale = torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
+        if scale.dim() == 2:
+            q, scale = _in_bands(*q.shape, lambda rows: quantize_weight(
+                dequantize(q[rows], scale[rows]), "int8"
+            ))  # fmt: skip
         self.in_features, self.out_features = q.shape[1], q.shape[0]
         self.outliers = outliers
         if outliers:  # [K, N]: an input channel's weights are one contiguous row to gather

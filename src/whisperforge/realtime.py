@@ -94,9 +94,7 @@ def updated(session: Session, kind: str, body: Any) -> Session:
     where = "session.audio.input"
     audio_input = _fields(audio.get("input", {}), where,
                           ("format", "transcription", "turn_detection", "noise_reduction"))  # fmt: skip
-    if audio_input.get("noise_reduction") is not None:
-        raise SessionError("noise reduction is not supported; send null",
-                           f"{where}.noise_reduction", "unsupported")  # fmt: skip
+    _no_noise_reduction(audio_input.get("noise_reduction"), f"{where}.noise_reduction")
     if "format" in audio_input:
         fmt = _fields(audio_input["format"], f"{where}.format", ("type", "rate"))
         if fmt.get("type", "audio/pcm") != "audio/pcm":
@@ -117,9 +115,9 @@ def _updated_beta(session: Session, body: Any) -> Session:
                                      "turn_detection", "input_audio_noise_reduction", "include",
                                      "modalities"))  # fmt: skip
     _no_logprobs(body.get("include"), "session.include")
-    if body.get("input_audio_noise_reduction") is not None:
-        raise SessionError("noise reduction is not supported; send null",
-                           "session.input_audio_noise_reduction", "unsupported")  # fmt: skip
+    _no_noise_reduction(
+        body.get("input_audio_noise_reduction"), "session.input_audio_noise_reduction"
+    )
     if body.get("modalities") not in (None, ["text"]):
         raise SessionError("a transcription session's modalities are ['text']",
                            "session.modalities", "unsupported")  # fmt: skip
@@ -146,6 +144,11 @@ def _fields(body: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
                            f"takes {', '.join(known)}", f"{where}.{unknown[0]}",
                            "unknown_parameter")  # fmt: skip
     return body
+
+
+def _no_noise_reduction(setting: Any, where: str) -> None:
+    if setting is not None:
+        raise SessionError("noise reduction is not supported; send null", where, "unsupported")
 
 
 def _no_logprobs(include: Any, where: str) -> None:
@@ -225,10 +228,10 @@ class Turn:
 
 
 class TurnDetector:
-    """Server VAD over a stream's 16 kHz s16le audio: Silero's speech probability per 32 ms
-    frame (`StreamingVad`: 1.9 ms a 100 ms append on one CPU thread). Outside speech the audio is
-    held back, at most `prefix_padding_ms` of it, and the rest dropped: Whisper invents words
-    in silence."""
+    """Server VAD over a stream's 16 kHz s16le audio in whole samples (`PcmResampler`'s):
+    Silero's speech probability per 32 ms frame (`StreamingVad`: 1.9 ms a 100 ms append on one
+    CPU thread). Outside speech the audio is held back, at most `prefix_padding_ms` of it, and
+    the rest dropped: Whisper invents words in silence."""
 
     def __init__(self, options: ServerVad):
         self.options = options
@@ -238,18 +241,14 @@ class TurnDetector:
         self._held = bytearray()  # s16le neither fed nor dropped yet, from sample `_base`
         self._base = self._frames = 0  # `_frames`: where the frames classified end
         self._silent = 0  # samples of silence since the last speech, while speaking
-        self._odd_byte = b""
 
     def __call__(self, pcm: bytes) -> list[Turn]:
-        data = self._odd_byte + pcm
-        self._odd_byte = data[-1:] if len(data) % 2 else b""
-        data = data[: len(data) - len(self._odd_byte)]
-        self._held += data
+        self._held += pcm
         self._vad = self._vad or StreamingVad(default_vad())
         padding = self.options.prefix_padding_ms * SAMPLE_RATE // 1000
         silence = self.options.silence_duration_ms * SAMPLE_RATE // 1000
         turns: list[Turn] = []
-        for prob in self._vad(pcm16_to_float(data)):
+        for prob in self._vad(pcm16_to_float(pcm)):
             frame, self._frames = self._frames, self._frames + FRAME
             if not self.speaking and prob >= self.options.threshold:
                 start = max(self._base, frame - padding)
@@ -269,11 +268,9 @@ class TurnDetector:
         return [t for t in turns if t.pcm or t.kind in ("started", "stopped")]
 
     def clear(self, pcm: bytes) -> bytes:
-        """At a clear: the audio held back and `pcm` (which came just before the clear), whole
-        samples, to drop with the buffer; the detector starts over after them, not speaking."""
-        data = bytes(self._held) + self._odd_byte + pcm
-        self._odd_byte = data[-1:] if len(data) % 2 else b""
-        data = data[: len(data) - len(self._odd_byte)]
+        """At a clear: the audio held back and `pcm` (which came just before the clear), to drop
+        with the buffer; the detector starts over after them, not speaking."""
+        data = bytes(self._held) + pcm
         self._base = self._frames = self._base + len(data) // 2
         self._held, self.speaking, self._silent = bytearray(), False, 0
         self._vad = None

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, check_integer_width, to_float32
+from .audio import SAMPLE_RATE, check_integer_width, to_float32, whole_samples
 from .decoding import compression_ratio
 from .errors import InvalidOptionError, check_whole_number
 from .results import Segment, Word
@@ -419,9 +419,8 @@ class StreamingTranscriber:
 
     def _to_samples(self, audio: np.ndarray | bytes | bytearray | memoryview) -> np.ndarray:
         if isinstance(audio, (bytes, bytearray, memoryview)):
-            data = self._odd_byte + bytes(audio)
-            self._odd_byte = data[-1:] if len(data) % 2 else b""
-            return pcm16_to_float(data[: len(data) - len(self._odd_byte)])
+            data, self._odd_byte = whole_samples(self._odd_byte, bytes(audio))
+            return pcm16_to_float(data)
         samples = np.asarray(audio)
         if samples.ndim != 1:
             raise InvalidOptionError(
