@@ -565,6 +565,27 @@ def test_usage_errors_exit_2(capsys):
     assert "printed to stdout" in capsys.readouterr().out
 
 
+def test_help_and_the_package_import_leave_torch_unloaded():
+    """`whisperforge --help` and `import whisperforge` import no torch (1.7 s of a 1.9 s
+    `--help` before, and a Ctrl-C then met a traceback); the package's names load on first use,
+    and `whisperforge.transcribe` stays openai-whisper's function after its module is read."""
+    run_script("""
+import contextlib, io, sys, types
+import whisperforge
+from whisperforge import cli
+with contextlib.redirect_stdout(io.StringIO()):
+    assert cli.main(["--help"]) == 0 and cli.main(["transcribe", "--help"]) == 0
+assert "torch" not in sys.modules, "torch was imported"
+from whisperforge.transcribe import WhisperModel
+import whisperforge.transcribe as imported
+assert whisperforge.transcribe is imported and not isinstance(imported, types.ModuleType)
+assert whisperforge.WhisperModel is WhisperModel
+assert all(getattr(whisperforge, name) is not None for name in whisperforge.__all__)
+assert whisperforge.audio.SAMPLE_RATE == 16000
+print("ok")
+""")
+
+
 def test_models_lists_installed_and_hub_names(tmp_path, monkeypatch, capsys):
     (tmp_path / "whisper").mkdir()
     (tmp_path / "whisper" / "large-v3-turbo.pt").write_bytes(b"")  # openai-whisper's download
