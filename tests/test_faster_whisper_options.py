@@ -790,3 +790,27 @@ def test_initial_prompt_ids_holding_eot_still_transcribe(tiny_en, beam_size):
         audio, initial_prompt=[eot, 1, 2], beam_size=beam_size, temperature=0.0
     )
     assert "ask not what your country" in "".join(segment.text for segment in segments)
+
+
+def test_info_shows_the_options_as_faster_whisper_does(tiny_en):
+    """`info.transcription_options` held tuples where faster-whisper's hold lists, so code
+    comparing `temperatures == [0.0]` or appending to it failed, and suppress_tokens held the
+    call's [-1] where faster-whisper's list the tokens suppressed."""
+    from faster_whisper.tokenizer import Tokenizer as TheirTokenizer
+    from faster_whisper.transcribe import get_suppressed_tokens
+
+    theirs = TheirTokenizer(tiny_en.hf_tokenizer, False, task="transcribe", language="en")
+    suppressed = get_suppressed_tokens(theirs, [-1, 50])
+    for _, info in (
+        tiny_en.transcribe(JFK, temperature=0.0, suppress_tokens=[-1, 50]),
+        BatchedInferencePipeline(tiny_en).transcribe(
+            JFK, temperature=0.0, suppress_tokens=[-1, 50]
+        ),
+    ):
+        options = info.transcription_options
+        assert options.temperatures == [0.0] and options.clip_timestamps == [0.0]
+        assert options.suppress_tokens == suppressed
+        shown = asdict(info)["transcription_options"]
+        assert shown["temperatures"] == [0.0] and shown["suppress_tokens"] == suppressed
+    _, info = tiny_en.transcribe(JFK, suppress_tokens=None)
+    assert info.transcription_options.suppress_tokens is None

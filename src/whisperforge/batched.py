@@ -430,8 +430,9 @@ class BatchedInferencePipeline:
         else:
             language = normalize_language(language, model.supported_languages)
         duration = len(samples) / SAMPLE_RATE
+        shown = options.as_reported(model.tokenizer)
         info = TranscriptionInfo(
-            language, language_probability, duration, speech, all_language_probs, options, vad
+            language, language_probability, duration, speech, all_language_probs, shown, vad
         )
         tokenizer = model.tokenizer.with_options(language, task)
         result = FileTranscription(index, info=info)

@@ -47,6 +47,7 @@ from .decoding import (
     DecodingResult,
     decode,
     detect_language,
+    suppress_token_list,
     token_ids_or_text,
     validate_options,
 )
@@ -201,6 +202,20 @@ class TranscriptionOptions:
     def window_frames(self) -> int:
         """Mel frames of audio a window holds."""
         return min(N_FRAMES, round(self.window_seconds * FRAMES_PER_SECOND))
+
+    def as_reported(self, tokenizer: Tokenizer) -> TranscriptionOptions:
+        """These options as `info.transcription_options` shows them, in faster-whisper's types
+        (code written for it compares `temperatures == [0.0]` or appends to it): lists, not
+        tuples, and suppress_tokens as the tokens suppressed (-1 and the task tokens resolved)."""
+        suppressed = self.suppress_tokens
+        if suppressed:
+            suppressed = tuple(suppress_token_list(tokenizer, suppressed))
+        return replace(
+            self,
+            temperatures=list(self.temperatures),  # type: ignore[arg-type]
+            suppress_tokens=suppressed,
+            clip_timestamps=list(self.clip_timestamps),  # type: ignore[arg-type]
+        )
 
     def decoding_options(
         self, temperature: float, language: str, task: str, prompt: list[int]
@@ -858,8 +873,9 @@ class WhisperModel:
             certain = language is not None or not self.is_multilingual
             # Where one was to be detected, a list still (faster-whisper's always is there).
             heard = None if certain else [("en", 0.0)]
+            shown = options.as_reported(self.tokenizer)
             info = TranscriptionInfo(
-                language or "en", float(certain), duration, 0.0, heard, options, vad_options
+                language or "en", float(certain), duration, 0.0, heard, shown, vad_options
             )
             return _no_windows(), info
 
@@ -883,7 +899,7 @@ class WhisperModel:
             duration=duration,
             duration_after_vad=len(samples) / SAMPLE_RATE,
             all_language_probs=all_language_probs,
-            transcription_options=options,
+            transcription_options=options.as_reported(self.tokenizer),
             vad_options=vad_options,
         )
         tokenizer = self.tokenizer.with_options(language, task)
