@@ -1087,8 +1087,10 @@ def test_websocket_rejects_bad_parameters(client):
         "task=translate",
         "hotwords=Hello",
     )  # fmt: skip (translate: tiny.en is English-only; hotwords: unknown)
-    for query in bad:
-        with client.websocket_connect(f"/v1/audio/stream?{query}") as ws:
+    realtime = ("sample_rate=16000",)  # OpenAI's route: its 24 kHz only
+    for url in [f"/v1/audio/stream?{q}" for q in bad] + [f"/v1/realtime?{q}" for q in realtime]:
+        query = url.split("?", 1)[1]
+        with client.websocket_connect(url) as ws:
             event = ws.receive_json()
             assert event["type"] == "error" and event["error"]["param"] == query.split("=")[0]
 
@@ -1475,10 +1477,11 @@ def realtime_error(ws, event: dict) -> dict:
 
 def test_session_update_refuses_what_it_would_not_heed(client):
     """A session.update's fields this server would not heed (unknown ones, noise reduction,
-    semantic VAD, OpenAI's keywords, a VAD threshold past 1) are errors naming the field, and
-    change nothing; after audio, the language cannot change (the words being agreed on were
-    heard under the old one). What it takes is said back in session.updated; the beta
-    transcription_session.update is answered with transcription_session.updated."""
+    semantic VAD, OpenAI's keywords, a VAD threshold past 1, a rate not 24 kHz: the SDK's
+    session type allows none other) are errors naming the field, and change nothing; after
+    audio, the prompt cannot change (the words being agreed on were heard under the old one).
+    What it takes is said back in session.updated; the beta transcription_session.update is
+    answered with transcription_session.updated. /v1/audio/stream takes other rates."""
     audio_input = "session.audio.input"
     bad = [
         ({"type": "transcription", "voice": "alloy"}, "session.voice"),
@@ -1494,6 +1497,8 @@ def test_session_update_refuses_what_it_would_not_heed(client):
         ({"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}},
          f"{audio_input}.turn_detection.threshold"),
         ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, f"{audio_input}.format.type"),
+        ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+         f"{audio_input}.format.rate"),
         ({"audio": {"input": {"transcription": {"prompt": "x" * 20000}}}}, "session"),
     ]  # fmt: skip
     with client.websocket_connect(REALTIME) as ws:
@@ -1520,8 +1525,14 @@ def test_session_update_refuses_what_it_would_not_heed(client):
         assert beta["session"]["input_audio_transcription"]["prompt"] == "Dashwood"
         ws.send_text(append(b"\0\0" * 2400))
         error = realtime_error(ws, {"type": "session.update", "session": {"audio": {"input": {
-            "format": {"type": "audio/pcm", "rate": 16000}}}}})  # fmt: skip
-        assert error["code"] == "session_update_after_audio" and "rate" in error["message"]
+            "transcription": {"prompt": "Marianne"}}}}})  # fmt: skip
+        assert error["code"] == "session_update_after_audio" and "prompt" in error["message"]
+    # /v1/audio/stream (not OpenAI's route) takes any rate it can resample
+    with client.websocket_connect(STREAM) as ws:
+        ws.receive_json()
+        ws.send_text(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 8000}}}}}))  # fmt: skip
+        assert ws.receive_json()["session"]["audio"]["input"]["format"]["rate"] == 8000
 
 
 def test_a_session_update_turns_server_vad_on_for_audio_stream(client):

@@ -79,10 +79,12 @@ class Session:
         return None if vad is None else {"type": "server_vad", **asdict(vad)}
 
 
-def updated(session: Session, kind: str, body: Any) -> Session:
+def updated(session: Session, kind: str, body: Any, openai_rate: bool = False) -> Session:
     """`session` with what a `kind` event ("session.update", or the beta
     "transcription_session.update") sets: only the fields it has, as OpenAI's; a field this
-    server does not heed is a SessionError naming it, not ignored as if it were heeded."""
+    server does not heed is a SessionError naming it, not ignored as if it were heeded.
+    openai_rate: the audio is OpenAI's 24 kHz only (/v1/realtime: OpenAI's clients refuse a
+    session of another rate), not any rate the server can resample."""
     if kind == "transcription_session.update":
         return _updated_beta(session, body)
     body = _fields(body, "session", ("type", "audio", "include", "id", "object"))
@@ -101,7 +103,8 @@ def updated(session: Session, kind: str, body: Any) -> Session:
             raise SessionError(f"audio format {fmt['type']!r} is not supported; send "
                                "audio/pcm (16-bit mono PCM)", f"{where}.format.type",
                                "unsupported")  # fmt: skip
-        session = replace(session, rate=_rate(fmt.get("rate", OPENAI_RATE), f"{where}.format.rate"))
+        rate = _rate(fmt.get("rate", OPENAI_RATE), f"{where}.format.rate", openai_rate)
+        session = replace(session, rate=rate)
     if "transcription" in audio_input:
         session = _transcription(session, audio_input["transcription"], f"{where}.transcription")
     if "turn_detection" in audio_input:
@@ -157,9 +160,13 @@ def _no_logprobs(include: Any, where: str) -> None:
                            "unsupported")  # fmt: skip
 
 
-def _rate(rate: Any, where: str) -> int:
+def _rate(rate: Any, where: str, openai_rate: bool) -> int:
     if isinstance(rate, bool) or not isinstance(rate, int):
         rate = 0
+    if openai_rate and rate != OPENAI_RATE:
+        raise SessionError(f"audio/pcm is {OPENAI_RATE} Hz here, as on OpenAI's Realtime API; "
+                           f"send {OPENAI_RATE} (resample the audio to it), or stream other "
+                           "rates to /v1/audio/stream", where, "unsupported")  # fmt: skip
     if not MIN_STREAM_RATE <= rate <= MAX_STREAM_RATE:
         raise SessionError(f"the rate must be a whole number of Hz from {MIN_STREAM_RATE} to "
                            f"{MAX_STREAM_RATE}, e.g. 24000", where)  # fmt: skip

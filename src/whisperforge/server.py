@@ -681,8 +681,8 @@ class App:
         ...); an error's `error.event_id` is that of the client event it answers (null: none).
 
         realtime: /v1/realtime, OpenAI's Realtime API in transcription mode as its clients (the
-        `openai` SDK's `client.realtime.connect`) expect it: 24 kHz audio and server VAD unless
-        the session says otherwise, session.created with OpenAI's session object, an item's
+        `openai` SDK's `client.realtime.connect`) expect it: 24 kHz audio only (its clients
+        refuse a session of another rate), server VAD unless the session says otherwise, session.created with OpenAI's session object, an item's
         transcript in one `conversation.item.input_audio_transcription.delta` after the item is
         added (as whisper-1's on OpenAI's), and none of the server's own transcript.update
         events. On both routes `session.update` (and the beta `transcription_session.update`)
@@ -705,6 +705,11 @@ class App:
             options = self.stream_options(params)
             resample = PcmResampler(stream_sample_rate(params, OPENAI_RATE if realtime else
                                                        SAMPLE_RATE))  # fmt: skip
+            if realtime and resample.rate != OPENAI_RATE:  # (its session would say the rate,
+                # which OpenAI's clients refuse)
+                raise APIError(400, f"/v1/realtime takes OpenAI's {OPENAI_RATE} Hz audio only; "
+                               "leave sample_rate out, or stream other rates to "
+                               "/v1/audio/stream", "sample_rate")  # fmt: skip
         except APIError as error:
             await events.error(error)
             await ws.close(code=1008)
@@ -833,7 +838,7 @@ class App:
                     return
                 if command == "session":
                     try:
-                        new = self.session_update(session, message, heard)
+                        new = self.session_update(session, message, heard, realtime)
                     except APIError as error:
                         await events.error(error, answering)
                         continue
@@ -876,16 +881,18 @@ class App:
             reader.cancel()
             memory.release()
 
-    def session_update(self, session: Session, message: dict[str, Any], heard: bool) -> Session:
+    def session_update(self, session: Session, message: dict[str, Any], heard: bool,
+                       realtime: bool) -> Session:  # fmt: skip
         """The session a session.update (`message`: `_client_text`'s) makes of `session`, or
         an APIError naming the field it cannot take. Before any audio everything may change (the
         stream starts as the session says); after it, only server VAD's figures: a rate, language
         or prompt changed there would apply to audio already decoded under the old one (a rate
         to the resampler's filter, a language to the words being agreed on), and server VAD
-        turned on would drop the audio not yet committed as silence before speech."""
+        turned on would drop the audio not yet committed as silence before speech. realtime:
+        /v1/realtime's, whose audio is OpenAI's 24 kHz only."""
         kind = message["kind"]
         try:
-            new = updated(session, kind, message["session"])
+            new = updated(session, kind, message["session"], openai_rate=realtime)
         except SessionError as error:
             raise APIError(400, str(error), error.param, error.code) from None
         where = ("session.audio.input.transcription" if kind == "session.update"
