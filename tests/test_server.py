@@ -1376,12 +1376,28 @@ def test_the_openai_sdk_transcribes_two_utterances_cut_by_server_vad(live_server
         assert done.usage.type == "duration" and done.usage.seconds > 2
 
 
+def sdk_event(event: dict, beta: bool = False) -> Any:
+    """`event` validated strictly as the openai SDK's type for it (GA's, or the beta's): the
+    SDK parses without validating, so a shape its types do not allow goes unnoticed there."""
+    pytest.importorskip("openai")
+    from typing import get_args
+
+    from openai.types.beta.realtime import RealtimeServerEvent as BetaEvent
+    from openai.types.realtime import RealtimeServerEvent
+
+    union = get_args(get_args(BetaEvent if beta else RealtimeServerEvent)[0])
+    types = {get_args(t.model_fields["type"].annotation)[0]: t for t in union}
+    return types[event["type"]].model_validate(event, strict=True)
+
+
 def test_realtime_deltas_come_after_their_item_is_added(client):
     """On /v1/realtime an item's transcript comes as OpenAI's whisper-1 sends it: committed,
-    conversation.item.added, then the delta, then completed. Sent as words were agreed on while
-    the audio arrived, deltas named an item that OpenAI's clients had not been told of yet: JFK
-    up to "for you" in 2 s appends (each followed by an unknown event, whose error says the
-    audio before it was taken), then a commit."""
+    conversation.item.added and .done (the item, its transcript null, as OpenAI's transcription
+    sessions send them; .done was never sent), then the delta, then completed, each as the
+    SDK's types say. Sent as words were agreed on while the audio arrived, deltas named an item
+    that OpenAI's clients had not been told of yet: JFK up to "for you" in 2 s appends (each
+    followed by an unknown event, whose error says the audio before it was taken), then a
+    commit."""
     pcm = s16le(decode_audio(JFK, sampling_rate=24000)[: round(7.9 * 24000)])
     step = 2 * 48000
     with client.websocket_connect(REALTIME) as ws:
@@ -1398,7 +1414,12 @@ def test_realtime_deltas_come_after_their_item_is_added(client):
         events += events_until(ws, lambda e: e["type"] == TRANSCRIPTION_COMPLETED)
     kinds = [e["type"] for e in events if e["type"] != "error"]
     assert kinds == ["input_audio_buffer.committed", "conversation.item.added",
-                     TRANSCRIPTION_DELTA, TRANSCRIPTION_COMPLETED], kinds  # fmt: skip
+                     "conversation.item.done", TRANSCRIPTION_DELTA, TRANSCRIPTION_COMPLETED], kinds  # fmt: skip
+    for event in events:
+        sdk_event(event)
+    added, item_done = events[-4:-2]
+    assert item_done["item"] == added["item"] and added["item"]["id"] == "item_1"
+    assert item_done["previous_item_id"] is None
     delta, done = events[-2], events[-1]
     assert delta["item_id"] == done["item_id"] == "item_1" and delta["delta"] == done["transcript"]
     assert plain_words(done["transcript"]) == " ".join(JFK_TEXT.split()[:14])

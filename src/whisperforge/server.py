@@ -14,7 +14,8 @@ The stream's client events: binary PCM frames, and OpenAI realtime's input_audio
 .commit (commit the words heard so far) and .clear (drop the audio not committed), and "stop"
 (or {"type": "stop"}). Its server events, each with an `event_id` of its own: session.created;
 transcript.update (committed and tentative words) after updates and commits; after a commit,
-OpenAI's input_audio_buffer.committed (item_id, previous_item_id) and
+OpenAI's input_audio_buffer.committed (item_id, previous_item_id), on /v1/realtime
+conversation.item.added and .done and a transcription delta, and
 conversation.item.input_audio_transcription.completed (item_id, transcript: the words committed
 since the commit before); input_audio_buffer.cleared; session.update (or the beta
 transcription_session.update) answered with session.updated (`realtime.Session`); with server VAD
@@ -753,12 +754,15 @@ class App:
             item_id, previous = f"item_{items}", f"item_{items - 1}" if items > 1 else None
             await events.send({"type": "input_audio_buffer.committed", "item_id": item_id,
                                "previous_item_id": previous})  # fmt: skip
-            if realtime:  # as OpenAI's: the user's message item, its audio not said back
-                await events.send({"type": "conversation.item.added", "previous_item_id": previous,
-                                   "item": {"id": item_id, "object": "realtime.item",
-                                            "type": "message", "status": "completed",
-                                            "role": "user", "content": [
-                                                {"type": "input_audio", "transcript": None}]}})  # fmt: skip
+            if realtime:  # as OpenAI's: the user's message item, its audio not said back, added
+                # and done at once, before its transcription (OpenAI's transcription sessions
+                # send conversation.item.done so, its transcript null: the words come in the
+                # transcription's own events)
+                item = {"id": item_id, "object": "realtime.item", "type": "message",
+                        "status": "completed", "role": "user",
+                        "content": [{"type": "input_audio", "transcript": None}]}  # fmt: skip
+                for kind in ("conversation.item.added", "conversation.item.done"):
+                    await events.send({"type": kind, "previous_item_id": previous, "item": item})
             # The item's words: all committed since the last commit, by agreement too.
             transcript = "".join(w.word for w in stream.committed[item_start:]).strip()
             item_start = len(stream.committed)
