@@ -1502,7 +1502,8 @@ def test_session_update_refuses_what_it_would_not_heed(client):
     session type allows none other) are errors naming the field, and change nothing; after
     audio, the prompt cannot change (the words being agreed on were heard under the old one).
     What it takes is said back in session.updated; the beta transcription_session.update is
-    answered with transcription_session.updated. /v1/audio/stream takes other rates."""
+    answered with transcription_session.updated; each as the SDK's types say (the beta's
+    client_secret and model). /v1/audio/stream takes other rates."""
     audio_input = "session.audio.input"
     bad = [
         ({"type": "transcription", "voice": "alloy"}, "session.voice"),
@@ -1525,6 +1526,7 @@ def test_session_update_refuses_what_it_would_not_heed(client):
     with client.websocket_connect(REALTIME) as ws:
         created = ws.receive_json()
         assert created["type"] == "session.created"
+        sdk_event(created)
         assert created["session"]["audio"]["input"]["format"] == {"type": "audio/pcm",
                                                                  "rate": 24000}  # fmt: skip
         assert created["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
@@ -1536,6 +1538,7 @@ def test_session_update_refuses_what_it_would_not_heed(client):
             "turn_detection": None}}}}))  # fmt: skip
         updated = ws.receive_json()
         assert updated["type"] == "session.updated"
+        sdk_event(updated)
         assert updated["session"]["audio"]["input"]["transcription"]["language"] == "en"
         assert updated["session"]["audio"]["input"]["turn_detection"] is None
         assert updated["session"]["audio"]["input"]["format"]["rate"] == 24000  # unchanged
@@ -1543,6 +1546,7 @@ def test_session_update_refuses_what_it_would_not_heed(client):
             "input_audio_format": "pcm16", "turn_detection": None}}))  # fmt: skip
         beta = ws.receive_json()
         assert beta["type"] == "transcription_session.updated", beta
+        sdk_event(beta, beta=True)  # (it lacked the client_secret the SDK's type requires)
         assert beta["session"]["input_audio_transcription"]["prompt"] == "Dashwood"
         ws.send_text(append(b"\0\0" * 2400))
         error = realtime_error(ws, {"type": "session.update", "session": {"audio": {"input": {

@@ -14,6 +14,8 @@ from .vad import FRAME, StreamingVad, default_vad
 
 OPENAI_RATE = 24000  # OpenAI's audio/pcm (beta: pcm16) is 24 kHz
 MAX_PADDING_MS = 10_000  # the audio a stream holds back as prefix padding is bounded
+# The models the beta transcription session names (the openai SDK's type allows no other).
+BETA_MODELS = ("gpt-4o-transcribe", "gpt-4o-mini-transcribe", "whisper-1")
 
 
 class SessionError(ValueError):
@@ -62,11 +64,16 @@ class Session:
         }  # fmt: skip
 
     def beta(self) -> dict[str, Any]:
-        """The session object of the beta transcription_session.updated."""
+        """The session object of the beta transcription_session.updated, as the openai SDK's
+        beta type takes it: that type requires a client_secret, which OpenAI gives a session
+        made over REST only (none is made here): an empty one, expired; and it names OpenAI's
+        models only: the loaded model's own id is said as whisper-1, the alias it serves."""
+        model = self.model if self.model in BETA_MODELS else "whisper-1"
         return {
             "object": "realtime.transcription_session",
+            "client_secret": {"value": "", "expires_at": 0},
             "input_audio_format": "pcm16",
-            "input_audio_transcription": {"model": self.model, "language": self.language,
+            "input_audio_transcription": {"model": model, "language": self.language,
                                           "prompt": self.prompt or ""},
             "turn_detection": self._turn_detection(),
             "input_audio_noise_reduction": None,
