@@ -683,10 +683,10 @@ class App:
 
         realtime: /v1/realtime, OpenAI's Realtime API in transcription mode as its clients (the
         `openai` SDK's `client.realtime.connect`) expect it: 24 kHz audio only (its clients
-        refuse a session of another rate), server VAD unless the session says otherwise, session.created with OpenAI's session object, an item's
-        transcript in one `conversation.item.input_audio_transcription.delta` after the item is
-        added (as whisper-1's on OpenAI's), and none of the server's own transcript.update
-        events. On both routes `session.update` (and the beta `transcription_session.update`)
+        refuse a session of another rate), server VAD unless the session says otherwise,
+        session.created with OpenAI's session object, an item's transcript in one
+        `conversation.item.input_audio_transcription.delta` after the item is added and done (as
+        whisper-1's on OpenAI's), and none of the server's own transcript.update events. On both routes `session.update` (and the beta `transcription_session.update`)
         configures the session (`App.session_update`), and server VAD, where it is on, sends
         speech_started/stopped and commits each utterance as a client's commit does."""
         from starlette.concurrency import run_in_threadpool
