@@ -582,6 +582,34 @@ def test_a_journal_line_that_is_not_utf8_is_redone_not_a_crash(tiny_en, tmp_path
     assert [r["path"] for r in rows] == [jfk, other] and all(r["text"] for r in rows)
 
 
+def test_an_output_that_is_not_a_journal_is_refused_not_overwritten(tmp_path, capsys):
+    """An OUT.jsonl that holds no rows of the job (a finished Parquet OUT renamed, another
+    tool's file) had its tail cut at its last newline and rows appended: the Parquet file was
+    destroyed. It is refused, untouched, before any model loads; a .parquet OUT that is not
+    Parquet is refused saying what to do."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    listing = tmp_path / "files.txt"
+    listing.write_text(f"{_clips()[1]}\n")
+    out = tmp_path / "out.jsonl"
+    pq.write_table(pa.table({"path": ["a.wav"], "text": ["kept\n"]}), out)
+    other = tmp_path / "notes.jsonl"
+    other.write_text('{"note": "mine"}\n{"note": "no newline"}')
+    for target in (out, other):
+        before = target.read_bytes()
+        command = ["batch", str(listing), "--output", str(target), "--model", "no-such-model"]
+        assert main(command) == 1
+        err = capsys.readouterr().err
+        assert f"--output {target} holds no rows of a `whisperforge batch` job" in err, err
+        assert "move it away" in err and target.read_bytes() == before
+    bad = tmp_path / "out.parquet"
+    bad.write_text('{"path": "a.wav"}\n')
+    assert main(["batch", str(listing), "--output", str(bad), "--model", "no-such-model"]) == 1
+    err = capsys.readouterr().err
+    assert f"--output {bad}: not a readable Parquet file" in err and "move it away" in err, err
+
+
 def test_a_journal_row_that_does_not_fit_parquet_is_named_before_the_job(tmp_path, capsys):
     """A .parquet OUT's journal row of other types (edited by hand, another tool's: a `file`
     that is a number) was a pyarrow traceback at the merge, once every file was transcribed;

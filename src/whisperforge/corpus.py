@@ -1062,16 +1062,19 @@ class Journal:
 
     def _load(self) -> list[dict]:
         if not self.path.exists() and self.parquet is not None and self.parquet.exists():
-            rows = _parquet_rows(self.parquet, manifest=False)
+            try:
+                rows = _parquet_rows(self.parquet, manifest=False)
+            except WhisperforgeError as error:
+                raise WhisperforgeError(
+                    f"--output {error}; it is not a finished OUT of this command: move it away, "
+                    "or pick another --output"
+                ) from None
             self._rewrite(rows)  # seed the journal with the finished Parquet's rows
             return rows
         if not self.path.exists():
             return []
         data = self.path.read_bytes()
         complete = data.rfind(b"\n") + 1
-        if complete < len(data):  # a row cut off by a crash: drop it, the file is redone
-            with open(self.path, "r+b") as f:
-                f.truncate(complete)
         rows = []
         for line in data[:complete].splitlines():
             try:
@@ -1080,6 +1083,17 @@ class Journal:
                 continue  # not a row of ours: its file (if any) is transcribed again
             if isinstance(row, dict) and isinstance(row.get("path"), str):
                 rows.append(row)
+        # A file with no row of ours (a Parquet OUT named .jsonl, another tool's file) is not
+        # a journal: cutting its tail and appending to it destroyed it. Only a first row cut
+        # off by a crash (each row starts so) is ours.
+        if not rows and data.strip() and not (complete == 0 and data.startswith(b'{"path": ')):
+            raise WhisperforgeError(
+                f"--output {self.path} holds no rows of a `whisperforge batch` job (it is "
+                "another file, not its JSONL journal); move it away, or pick another --output"
+            )
+        if complete < len(data):  # a row cut off by a crash: drop it, the file is redone
+            with open(self.path, "r+b") as f:
+                f.truncate(complete)
         return rows
 
     def _rewrite(self, rows: list[dict]) -> None:
