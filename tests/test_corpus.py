@@ -800,6 +800,23 @@ def test_a_manifests_language_and_task_columns_are_read(tmp_path):
         assert own == [("de", "translate"), (None, None), (None, None)]  # as written by hand
 
 
+def test_a_manifests_nan_language_and_task_are_the_jobs(tmp_path):
+    """NaN (pandas' missing value: a JSONL manifest's NaN, a Parquet column of numbers with
+    none set) is an empty language or task, the job's: it was the language 'nan', and each
+    such file failed with an unknown language."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    clip = str(_clips()[0])
+    row = json.dumps({"audio": clip, "language": float("nan"), "task": float("nan")})
+    (tmp_path / "m.jsonl").write_text(row + "\n")  # {..., "language": NaN, "task": NaN}
+    columns = {"audio": [clip], "language": [float("nan")], "task": [float("nan")]}
+    pq.write_table(pa.table(columns), tmp_path / "m.parquet")
+    for name in ("m.jsonl", "m.parquet"):
+        (source,) = list_inputs(str(tmp_path / name))
+        assert (source.language, source.task) == (None, None), name
+
+
 def test_a_manifests_other_columns_reach_parquet_over_older_rows(tiny_en, tmp_path):
     """A .parquet OUT holds the manifest's other columns, each of its values' type, after the
     rows' own; a rerun over rows written without them (by the whisperforge before, which

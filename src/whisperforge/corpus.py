@@ -398,8 +398,12 @@ def _carried(listing: Path, rows: list[dict]) -> dict[str, str]:
 def _own(value: Any) -> str | None:
     """A manifest row's language or task: None where it leaves it empty (missing, null, ""),
     else as lower-case text, as a hand-written "Translate" or "EN" means (checked where it is
-    used: a bad one is that file's error)."""
-    text = "" if value is None else str(value).strip().lower()
+    used: a bad one is that file's error). NaN is empty too: pandas' missing value, as a JSONL
+    manifest may hold it and a Parquet one's column of numbers does (it was the language 'nan',
+    each such file's error)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    text = str(value).strip().lower()
     return text or None
 
 
