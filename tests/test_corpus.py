@@ -481,6 +481,22 @@ def test_a_shard_of_the_files_bytes_alone_is_read_and_one_of_samples_refused(tin
         transcribe_corpus(str(samples), tmp_path / "samples.jsonl", tiny_en, **OPTIONS)
 
 
+def test_a_shards_empty_file_is_its_error_not_a_missing_path(tmp_path):
+    """A shard's row holding an empty file (bytes b"", its name beside) was read as the path
+    its struct names, relative to the shard: "no such file" at a path that never existed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from whisperforge.corpus import decode
+
+    shard = tmp_path / "shard.parquet"
+    held = [{"bytes": b"", "path": "x.wav"}, {"bytes": _clips()[2].read_bytes(), "path": "a"}]
+    pq.write_table(pa.table({"audio": held}), shard)
+    empty, jfk = (decode(source) for source in list_inputs(str(shard)))
+    assert empty.error is not None and "bytes are empty" in empty.error, empty.error
+    assert jfk.error is None and jfk.duration == 11.0
+
+
 def _rows_of_run(files: list[str], out: Path, model: Any) -> dict[str, str]:
     """The text of each of `files` transcribed by its path."""
     transcribe_corpus(files, out, model, **OPTIONS)

@@ -569,7 +569,7 @@ class ShardReader:
             first, batch = next((f, b) for f, b in self.kept if f <= row < f + len(b))
             held = batch[row - first]
             held = (held if self.fields else {"bytes": held}) or {}  # the bytes alone: a struct's
-        if held.get("bytes"):
+        if held.get("bytes") is not None:  # b"" too: an empty file's error, not its path's
             return held["bytes"]
         if held.get("path"):
             return str(Path(shard).parent / held["path"])
