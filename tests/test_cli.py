@@ -176,6 +176,20 @@ def test_clip_timestamps_in_both_modes(model, mode, capsys):
     assert "your country" in out.lower() and "fellow americans" not in out.lower()
 
 
+def test_each_of_several_files_gets_its_own_warning_naming_it(model, tmp_path, capsys):
+    """Two files whose clip lies past their end: the second one's warning, the same text, was
+    swallowed by Python's once-per-place rule, and neither said which file it was about."""
+    card = DEV_DIR / "pocketsphinx__cards__001.wav"
+    first, second = tmp_path / "a.wav", tmp_path / "b.wav"
+    first.symlink_to(card)
+    second.symlink_to(card)
+    args = ["transcribe", str(first), str(second), *FAST, "--clip-timestamps", "3"]
+    assert cli.main(args) == 0
+    err = capsys.readouterr().err
+    warned = [line.split(": clip")[0] for line in err.splitlines() if "past the end" in line]
+    assert warned == [f"warning: {first}", f"warning: {second}"]
+
+
 def test_openai_whisper_flags_and_spellings(model, monkeypatch, capsys):
     seen: list[TranscriptionOptions] = []
     transcribe_with = model.transcribe_with

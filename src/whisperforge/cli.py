@@ -816,6 +816,16 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+def _file_warning_shower(path: str) -> Callable[..., None]:
+    """A `warnings.showwarning` that names the file a warning is about."""
+
+    def show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+        text = str(message)
+        _warn(text if text.startswith(f"{path}: ") else f"{path}: {text}")
+
+    return show
+
+
 def _error(message: str) -> None:
     """One `error:` line on stderr: scripts and people read it the same way."""
     print("error: " + " ".join(message.split()), file=sys.stderr)
@@ -1012,9 +1022,13 @@ def run_transcribe(args: argparse.Namespace) -> int:
                         f"{clash} was already written for an earlier input with the same name; "
                         "transcribe it with another --output-dir"
                     )
-            segments, info = _transcribe_one(
-                model, path, args, stdout_text=not write_files, header=len(args.files) > 1
-            )
+            several = len(args.files) > 1
+            with warnings.catch_warnings():  # entering it clears Python's once-per-place memory
+                if several:  # so that each file's warnings are shown, naming it
+                    warnings.showwarning = _file_warning_shower(path)
+                segments, info = _transcribe_one(
+                    model, path, args, stdout_text=not write_files, header=several
+                )
             if write_files:
                 paths = write_result(
                     segments, info, _output_name(path), output_dir, formats, options
