@@ -611,6 +611,15 @@ def test_models_lists_installed_and_hub_names(tmp_path, monkeypatch, capsys):
     assert re.search(r"^\s+turbo\s+\S*large-v3-turbo\.pt \(openai-whisper's\)", out, re.MULTILINE)
 
 
+def test_models_never_breaks_a_name_across_lines(tmp_path, capsys):
+    """The note's list of names was wrapped at hyphens: "distil-" and "medium.en" on two lines."""
+    from whisperforge.checkpoints import HUB_REPOS
+
+    assert cli.main(["models", "--model-dir", str(tmp_path)]) == 0
+    words = capsys.readouterr().out.replace(",", " ").replace("(", " ").replace(")", " ").split()
+    assert set(HUB_REPOS) <= set(words)
+
+
 def test_models_lists_what_model_dir_holds(tmp_path, capsys):
     # The cache --model-dir names for transcribe is the one `models` reads: a model downloaded
     # there is listed as loading offline, as `transcribe --model-dir` then loads it.

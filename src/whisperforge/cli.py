@@ -1104,7 +1104,7 @@ def run_models(args: argparse.Namespace) -> int:
         "once when online. --model also takes a local model folder (CTranslate2 or "
         "transformers) or an OpenAI .pt file."
     )
-    print(textwrap.fill(note, width=88))
+    print(textwrap.fill(note, width=88, break_on_hyphens=False))  # names stay whole
     return 0
 
 
