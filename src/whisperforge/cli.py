@@ -685,6 +685,7 @@ def _add_serve_parser(commands: Any) -> None:
     v.add_argument("--port", type=_port, default=8000, help="(default: %(default)s)")
     v.add_argument(
         "--api-key",
+        metavar="KEY",
         default=os.environ.get("WHISPERFORGE_API_KEY"),
         help="require 'Authorization: Bearer KEY' (default: $WHISPERFORGE_API_KEY, else no key)",
     )
@@ -698,6 +699,7 @@ def _add_serve_parser(commands: Any) -> None:
     )
     v.add_argument(
         "--max-upload-mb",
+        metavar="MB",
         type=_positive_float,
         default=25.0,
         help="largest accepted upload (default: %(default)s)",
