@@ -881,3 +881,23 @@ def test_a_download_onto_a_full_disk_leaves_no_cut_off_file(tmp_path, monkeypatc
     with pytest.raises(ModelNotFoundError, match="No space left on device"):
         download_model("tiny.en", output_dir=tmp_path / "dl")
     assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == ["config.json"]
+
+
+@pytest.mark.parametrize(
+    "heads, words",
+    [("x", "not a list of [layer, head] pairs"), ([[99, 0], [1, 0]], "4 decoder layers")],
+)
+def test_alignment_heads_that_do_not_fit_the_model_are_named(
+    tmp_path: Path, heads: object, words: str
+) -> None:
+    """config.json's alignment_heads edited to a string was a TypeError traceback; a head past
+    the last layer loaded, and word timestamps failed later with an internal IndexError."""
+    src = tiny_folder()
+    config = json.loads((src / "config.json").read_text())
+    config["alignment_heads"] = heads
+    files: dict[str, Path | bytes] = {p.name: p for p in src.iterdir() if p.is_file()}
+    files["config.json"] = json.dumps(config).encode()
+    folder = _ct2_folder(tmp_path, files)
+    with pytest.raises(ModelFormatError) as error:
+        load_path(folder)
+    assert_clear(error, f"{folder / 'config.json'}: alignment_heads", words, "fix or remove it")

@@ -313,11 +313,12 @@ def load_ct2(folders: list[Path], source: str) -> Checkpoint:
         ) from None
     del blob, variables  # the state dict holds copies; let the mapping or buffer go
     check_state_dict(config, sd, source)
-    heads = _read_json(folders, "config.json").get("alignment_heads")
+    where = str(_find_file(folders, "config.json"))
+    heads = _heads(_read_json(folders, "config.json").get("alignment_heads"), config, where)
     # Without tokenizer.json (a conversion without --copy_files): openai-whisper's vocabulary,
     # as for a .pt file; faster-whisper would fetch the tokenizer from the hub.
     tokenizer = _find_file(folders, "tokenizer.json")
-    return Checkpoint(config, sd, _heads(heads), tokenizer, source, "int8" if int8 else None)
+    return Checkpoint(config, sd, heads, tokenizer, source, "int8" if int8 else None)
 
 
 # --- Hugging Face transformers ---------------------------------------------------------------
@@ -452,7 +453,7 @@ def load_hf(folder: Path) -> Checkpoint:
     generation = folder / "generation_config.json"
     heads = _read_json([folder], generation.name).get("alignment_heads")
     tokenizer = _find_file([folder], "tokenizer.json")  # None: openai-whisper's vocabulary
-    return Checkpoint(config, sd, _heads(heads), tokenizer, str(folder))
+    return Checkpoint(config, sd, _heads(heads, config, str(generation)), tokenizer, str(folder))
 
 
 # --- OpenAI .pt ------------------------------------------------------------------------------
@@ -501,9 +502,8 @@ def load_openai(path: Path) -> Checkpoint:
     if heads is None:  # openai-whisper's own downloads hold none
         heads = _openai_heads(path, config)
     tokenizer = path.with_name("tokenizer.json")
-    return Checkpoint(
-        config, sd, _heads(heads), tokenizer if tokenizer.is_file() else None, str(path)
-    )
+    heads = _heads(heads, config, str(path))
+    return Checkpoint(config, sd, heads, tokenizer if tokenizer.is_file() else None, str(path))
 
 
 def require_weights(checkpoint: Checkpoint) -> None:
@@ -706,7 +706,7 @@ def load_quantized(folder: Path) -> Checkpoint:
     sd = DequantizedWeights(stored, scales)
     tokenizer = folder / "tokenizer.json"
     return Checkpoint(
-        config, sd, _heads(meta.get("alignment_heads")),
+        config, sd, _heads(meta.get("alignment_heads"), config, f"{folder}/config.json"),
         tokenizer if tokenizer.is_file() else None, str(folder), compute_type, scales,
     )  # fmt: skip
 
@@ -863,13 +863,30 @@ def _read_json(folders: list[Path], name: str) -> dict:
     return data
 
 
-def _heads(heads: object) -> Tensor | None:
-    """Alignment heads as a [n, 2] long tensor, or None when there are none."""
+def _heads(heads: object, config: ModelConfig, source: str) -> Tensor | None:
+    """Alignment heads as a [n, 2] long tensor, or None when there are none. Heads that are not
+    (layer, head) pairs of this model are the file's error, named: a config.json edited to
+    "alignment_heads": "x" was a TypeError traceback, and a head past the last layer an
+    "internal error IndexError" only once word timestamps were asked for."""
     if heads is None or (isinstance(heads, (list, tuple)) and not heads):
         return None
-    # A copy: a tensor read from a memory-mapped file would keep the whole file mapped.
-    tensor = torch.as_tensor(heads, dtype=torch.long).clone()
-    return tensor.reshape(-1, 2) if tensor.numel() else None
+    try:
+        # A copy: a tensor read from a memory-mapped file would keep the whole file mapped.
+        tensor = torch.as_tensor(heads, dtype=torch.long).clone()
+    except (TypeError, ValueError, RuntimeError):
+        tensor = None
+    if tensor is None or tensor.numel() % 2 or (tensor.dim() > 1 and tensor.shape[-1] != 2):
+        raise ModelFormatError(
+            f"{source}: alignment_heads is not a list of [layer, head] pairs; fix or remove it"
+        )
+    tensor = tensor.reshape(-1, 2)
+    layers, heads_per_layer = config.n_text_layer, config.n_text_head
+    if ((tensor < 0) | (tensor >= torch.tensor([layers, heads_per_layer]))).any():
+        raise ModelFormatError(
+            f"{source}: alignment_heads names a head this model lacks (it has {layers} decoder "
+            f"layers of {heads_per_layer} heads, counted from 0); fix or remove it"
+        )
+    return tensor if tensor.numel() else None
 
 
 def packaged_model_folders(name: str) -> list[Path] | None:

@@ -716,7 +716,9 @@ def load_onnx_export(
     checkpoint = Checkpoint(
         config=graphs.config,
         state_dict={},
-        alignment_heads=_heads(manifest["alignment_heads"]),
+        alignment_heads=_heads(
+            manifest["alignment_heads"], graphs.config, str(graphs.folder / MANIFEST)
+        ),
         tokenizer_file=graphs.folder / manifest["tokenizer"] if manifest["tokenizer"] else None,
         source=f"ONNX export {graphs.folder}",
     )
