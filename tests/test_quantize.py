@@ -472,3 +472,48 @@ def test_a_full_disk_is_a_clear_error(tmp_path, monkeypatch, capsys):
     error = capsys.readouterr().err
     assert f"error: cannot write {out}: No space left on device; pass a folder" in error
     assert not out.exists()
+
+
+def test_ctrl_c_while_the_files_move_in_leaves_the_folder_empty(tmp_path, monkeypatch):
+    """Ctrl-C between the moves of the finished files into an existing empty OUT left the ones
+    already moved: a folder that loaded as a model (config.json and model.safetensors without
+    tokenizer.json: another vocabulary), or one the rerun refused as not empty."""
+    import whisperforge.checkpoints
+
+    out = tmp_path / "int8"
+    out.mkdir()
+    real, moves = os.replace, []
+
+    def replace(source: str | Path, target: str | Path) -> None:
+        moves.append(Path(target).name)
+        if len(moves) == 3:
+            raise KeyboardInterrupt
+        real(source, target)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(whisperforge.checkpoints.os, "replace", replace)
+        assert cli.main(["quantize", "tiny.en", str(out)]) == 130
+    assert moves[-1] == "config.json"  # what makes the folder load moves in last
+    assert not any(out.iterdir())
+
+
+def test_a_second_run_into_the_same_folder_is_refused_and_spoils_nothing(tmp_path, capsys):
+    """Two quantize runs into one OUT shared its staging folder: each deleted the other's files,
+    and both failed with "No such file or directory; pass a folder you can write to" (or one
+    model's files were moved in beside the other's). The first run holds OUT (an flock, as
+    here); the second is refused and leaves the first's files alone."""
+    fcntl = pytest.importorskip("fcntl")
+    from whisperforge.checkpoints import STAGING
+
+    out = tmp_path / "int8"
+    (out / STAGING).mkdir(parents=True)
+    writing = out / STAGING / "model.safetensors"
+    writing.write_bytes(b"the first run's")
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert cli.main(["quantize", "tiny.en", str(out)]) == 1
+    finally:
+        os.close(fd)
+    assert "another whisperforge run is writing it now" in capsys.readouterr().err
+    assert writing.read_bytes() == b"the first run's"

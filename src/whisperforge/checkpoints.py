@@ -26,7 +26,7 @@ import threading
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -557,7 +557,9 @@ def save_quantized(checkpoint: Checkpoint, folder: Path, compute_type: str = "in
             f"model to {compute_type} instead"
         )
     check_new_folder(folder)
-    with written_aside(folder) as staging:
+    # Checked again once the folder is ours: a run into the same folder may have filled it while
+    # this one loaded the model.
+    with written_aside(folder, check=lambda: check_new_folder(folder)) as staging:
         _write_quantized(checkpoint, staging, compute_type, weights)
 
 
@@ -565,31 +567,76 @@ STAGING = ".whisperforge.partial"  # `written_aside`'s folder, inside the one it
 
 
 @contextlib.contextmanager
-def written_aside(folder: Path, replaced: Iterable[str] = ()) -> Iterator[Path]:
+def written_aside(
+    folder: Path,
+    replaced: Iterable[str] = (),
+    last: str = "config.json",
+    check: Callable[[], None] | None = None,
+) -> Iterator[Path]:
     """A folder to write `folder`'s files in, inside it; once the block ends without an error,
     the files `replaced` names are removed from `folder` (an earlier export's) and the new ones
-    moved in. A write that fails (a full disk, Ctrl-C) leaves `folder` as it was (a new one not
+    moved in, `last` (the file that makes the folder load) last. A write that fails (a full
+    disk, Ctrl-C, also while the files move in) leaves `folder` as it was (a new one not
     there), so the same command can simply be run again. `folder` may be "." (the shell's own,
     filled, not replaced). Staged inside, not beside: a folder that is a mount point (a Docker
     volume) was refused with "Invalid cross-device link", and one in a parent folder the user
-    cannot write with "Read-only file system", though the folder itself takes the files."""
+    cannot write with "Read-only file system", though the folder itself takes the files.
+    One run at a time per folder (an flock on it, dropped by the kernel when the process dies;
+    none where `fcntl` is missing): two runs into one folder shared the staging folder, each
+    deleted the other's, and both failed with "No such file or directory; pass a folder you
+    can write to", or one model's files ended beside the other's. `check` runs once the folder
+    is ours."""
     folder = folder.resolve()
     created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file, or a link to none
+        raise InvalidOptionError(f"{folder} is a file; pass a new or empty folder") from None
+    lock = _lock_folder(folder)
     staging = folder / STAGING
-    shutil.rmtree(staging, ignore_errors=True)  # a killed run's
-    staging.mkdir(parents=True)
+    moved: list[Path] = []
     done = False
     try:
+        if check is not None:
+            check()
+        shutil.rmtree(staging, ignore_errors=True)  # a killed run's (the folder is ours)
+        staging.mkdir()
         yield staging
         for name in replaced:
             (folder / name).unlink(missing_ok=True)
-        for path in staging.iterdir():
+        for path in sorted(staging.iterdir(), key=lambda path: path.name == last):
             os.replace(path, folder / path.name)
+            moved.append(folder / path.name)
         done = True
     finally:
+        if not done:  # what had moved in before the failure: not a model
+            for path in moved:
+                path.unlink(missing_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
         if created and not done:
-            shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):  # only if empty: another run's files stay
+                folder.rmdir()
+        if lock is not None:
+            os.close(lock)
+
+
+def _lock_folder(folder: Path) -> int | None:
+    """An exclusive flock on `folder`, taken without waiting: its descriptor to close, None
+    where `fcntl` is missing (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise InvalidOptionError(
+            f"{folder}: another whisperforge run is writing it now; wait for it to end, "
+            "or pass another folder"
+        ) from None
+    return fd
 
 
 def check_new_folder(folder: Path) -> None:

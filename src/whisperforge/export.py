@@ -353,7 +353,7 @@ def export_model(
                       f"holds them as {compute_type} (3-4x the size; the graphs have no "
                       "quantized matmuls)", stacklevel=2)  # fmt: skip
     try:
-        with written_aside(out, replaced=EXPORT_FILES) as staging:
+        with written_aside(out, replaced=EXPORT_FILES, last=MANIFEST) as staging:
             _write_export(loaded, model, format, compute_type, modules, inputs, staging)
     except OSError as error:
         raise WhisperforgeError(
