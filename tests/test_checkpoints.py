@@ -901,3 +901,28 @@ def test_alignment_heads_that_do_not_fit_the_model_are_named(
     with pytest.raises(ModelFormatError) as error:
         load_path(folder)
     assert_clear(error, f"{folder / 'config.json'}: alignment_heads", words, "fix or remove it")
+
+
+def test_two_downloads_into_one_folder_both_succeed(tmp_path, monkeypatch):
+    """Two downloads into one folder wrote the same `model.bin.partial`: the one that ended
+    first renamed it away, and the other failed ("No such file or directory; pass an
+    output_dir you can write to"). Here the second runs whole while the first copies model.bin."""
+    import whisperforge.checkpoints
+
+    real = shutil.copyfile
+    target = tmp_path / "dl"
+    others: list[str] = []
+
+    def copy_while_another_downloads(source: Path, destination: Path) -> None:
+        real(source, destination)
+        if Path(source).name == "model.bin" and not others:
+            others.append("running")
+            others[0] = download_model("tiny.en", output_dir=target)
+
+    monkeypatch.setattr(whisperforge.checkpoints.shutil, "copyfile", copy_while_another_downloads)
+    assert download_model("tiny.en", output_dir=target) == str(target)
+    assert others == [str(target)]
+    assert sorted(p.name for p in target.iterdir()) == sorted(
+        p.name for p in tiny_folder().iterdir() if p.is_file() and p.name != "__init__.py"
+    )
+    assert (target / "model.bin").read_bytes() == (tiny_folder() / "model.bin").read_bytes()

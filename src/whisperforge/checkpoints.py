@@ -1204,8 +1204,10 @@ def _write_ct2_folder(folders: list[Path], target: Path) -> Path:
 @contextlib.contextmanager
 def _written_whole(path: Path) -> Iterator[Path]:
     """A temporary name to write `path` under, renamed to it once the block ends; removed if
-    the block fails."""
-    partial = path.with_name(path.name + ".partial")
+    the block fails. The name is this write's own: two downloads into one folder wrote one
+    `model.bin.partial`, the first renamed it while the second still wrote, and the second
+    failed with "No such file or directory; pass an output_dir you can write to"."""
+    partial = path.with_name(f"{path.name}.{os.urandom(6).hex()}.partial")
     try:
         yield partial
         partial.replace(path)
