@@ -42,7 +42,7 @@ def scratch_dir() -> Path:
 
 def ctranslate2_folder() -> str:
     """The packaged tiny.en CTranslate2 folder (the weights whisperforge loads)."""
-    from whisperforge.checkpoints import packaged_model_folders
+    from whisperforge.model_names import packaged_model_folders
 
     return str(packaged_model_folders("tiny.en")[0])
 

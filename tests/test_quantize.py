@@ -22,10 +22,11 @@ import torch
 from conftest import DEV_DIR, english_wer, run_interpreted, short_english_clips
 
 from whisperforge import WhisperModel, cli, load_audio
-from whisperforge.checkpoints import packaged_model_folders, save_quantized
+from whisperforge.checkpoints import save_quantized
 from whisperforge.errors import InvalidOptionError, ModelFormatError
 from whisperforge.kernels import linear as runtime_linear
 from whisperforge.model import ModelConfig, fused_weights
+from whisperforge.model_names import packaged_model_folders
 from whisperforge.presets import random_model
 from whisperforge.quantize import (
     COMPUTE_TYPES,

@@ -35,14 +35,13 @@ from torch import Tensor
 
 from .errors import InvalidOptionError, ModelFormatError, ModelNotFoundError
 from .model import ModelConfig
-from .model_names import (  # noqa: F401 - re-exported: the names' home was here
+from .model_names import (
     HUB_REPOS,
     OPENAI_ALIGNMENT_HEADS,
     OPENAI_FILE_NAMES,
     PACKAGE_INSTALL_HINT,
     PACKAGED_MODELS,
-    _missing_packages,
-    _package_folder,
+    missing_packages,
     openai_cached_file,
     packaged_model_folders,
 )
@@ -978,7 +977,7 @@ def _hub_folder(
 
 def _not_found_message(name: str, repo: str | None = None, hub: str = "") -> str:
     if name in PACKAGED_MODELS:
-        packages = " ".join(_missing_packages(name))
+        packages = " ".join(missing_packages(name))
         return (
             f"model {name!r} is not installed; run `pip install {packages}`, "
             "or pass a local model folder or .pt file"

@@ -78,7 +78,7 @@ def openai_cached_file(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _package_folder(package: str, data: str) -> Path | None:
+def package_folder(package: str, data: str) -> Path | None:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -89,17 +89,17 @@ def _package_folder(package: str, data: str) -> Path | None:
 def packaged_model_folders(name: str) -> list[Path] | None:
     """The installed package folders holding model `name`, or None if none is installed whole."""
     for parts in PACKAGED_MODELS.get(name, []):
-        folders = [_package_folder(package, data) for package, data in parts]
+        folders = [package_folder(package, data) for package, data in parts]
         if all(folders):
             return folders  # type: ignore[return-value]
     return None
 
 
-def _missing_packages(name: str) -> list[str]:
+def missing_packages(name: str) -> list[str]:
     """pip names to install for packaged model `name`: what the most complete choice lacks."""
     best: list[str] | None = None
     for parts in PACKAGED_MODELS.get(name, []):
-        missing = [p.replace("_", "-") for p, data in parts if _package_folder(p, data) is None]
+        missing = [p.replace("_", "-") for p, data in parts if package_folder(p, data) is None]
         if best is None or len(missing) < len(best):
             best = missing
     return best or []

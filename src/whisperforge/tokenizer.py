@@ -467,7 +467,7 @@ def _vocabulary(multilingual: bool, num_languages: int) -> TextCodec:
     """Whisper's English-only or multilingual vocabulary with `num_languages` language tokens:
     the installed tiny.en's or base's tokenizer.json where it has that many (99), else
     openai-whisper's vocabulary files (which need openai-whisper and tiktoken)."""
-    from .checkpoints import packaged_model_folders
+    from .model_names import packaged_model_folders
 
     folders = packaged_model_folders("base" if multilingual else "tiny.en")
     if num_languages == 99 and folders and (folders[0] / "tokenizer.json").is_file():
