@@ -192,10 +192,11 @@ def _in_bands(
 
 def dequantize(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """q * its scales (per output channel or per group of columns), computed in `dtype`."""
-    N, K = q.shape
+    N = q.shape[0]
     groups = scale.numel() // N
-    scale = scale.to(dtype).reshape(N, groups, 1)
-    return (q.to(dtype).reshape(N, groups, -1) * scale).reshape(N, K)
+    weight = q.to(dtype)
+    weight.view(N, groups, -1).mul_(scale.to(dtype).reshape(N, groups, 1))  # in place: one copy
+    return weight  # (tiny.en's int8 folder loaded 54 MB over quantizing on the fly, with two)
 
 
 class QuantizedWeight(NamedTuple):

@@ -456,6 +456,7 @@ def build_model(
         with torch.no_grad():
             for name, tensor in fused_weights(checkpoint.state_dict):
                 unfilled.pop(name).copy_(tensor)
+                del tensor  # (a quantized folder's dequantized copy: not held while quantizing)
                 module = name.rpartition(".")[0]
                 pending[module] -= 1
                 if weights is not None and not pending[module]:
