@@ -1006,10 +1006,14 @@ class _ServerEvents:
 
     def __init__(self, ws: Any):
         self.ws, self.sent = ws, 0
+        # Server VAD's events and the decoder's are sent from two tasks: one at a time, so that
+        # they go out in the order of their ids.
+        self.lock = asyncio.Lock()
 
     async def send(self, event: dict[str, Any]) -> None:
-        self.sent += 1
-        await self.ws.send_json({"event_id": f"event_{self.sent}", **event})
+        async with self.lock:
+            self.sent += 1
+            await self.ws.send_json({"event_id": f"event_{self.sent}", **event})
 
     async def error(self, error: APIError, event_id: str | None = None) -> None:
         body = error.body()
@@ -1074,12 +1078,14 @@ class _Inbox:
             return audio, message if disconnected else stop
         receive = asyncio.ensure_future(self.next())
         end = asyncio.ensure_future(ending.wait())
-        done, _ = await asyncio.wait({receive, end}, timeout=idle_s,
-                                     return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-        end.cancel()
+        try:
+            done, _ = await asyncio.wait({receive, end}, timeout=idle_s,
+                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        finally:  # (also when the stream stops waiting: its decoder failed)
+            end.cancel()
+            receive.cancel()  # unless done (a message it was about to take stays in the queue)
         if receive in done:
             return receive.result()
-        receive.cancel()  # (a message it was about to take stays in the queue)
         return await self.next_or_stop(idle_s, ending) if ending.is_set() else (b"", stop)
 
 
