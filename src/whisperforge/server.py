@@ -738,20 +738,25 @@ class App:
         ending = asyncio.Event()
         self.streams.add(ending)
         heard = False  # whether audio has arrived (a session update may change less after it)
-        items = 0  # input_audio_buffer.committed's item ids: one a commit
+        items = 0  # the items numbered so far (input_audio_buffer.committed's "item_1", ...)
         item_start = 0  # where the words of the next item begin, in `stream.committed`
         answering: str | None = None  # the event_id of the client event being carried out
+        # The decoder's work, in order: audio to feed or drop, and items to commit (numbers).
+        # It runs beside the loop, which goes on reading the audio and sending server VAD's
+        # events as the VAD hears them: run in the loop, a decode held speech_stopped up.
+        todo: list[Turn | int] = []
+        decoding: asyncio.Task[None] | None = None  # carrying `todo` out; None or done: idle
+        uncommitted = 0  # samples queued for the decoder since its last commit or clear
 
-        async def commit() -> None:
-            """The words heard since the last commit as an item (a client's commit, or server
-            VAD's at the end of speech)."""
-            nonlocal items, item_start
+        async def commit(item: int) -> None:
+            """The words heard since the last commit as item `item` (a client's commit, or
+            server VAD's at the end of speech)."""
+            nonlocal item_start
             seconds = stream.uncommitted_s
             committed: StreamingEvent = await run_in_threadpool(stream.commit)
             if not realtime:
                 await events.send(committed.to_dict())  # as before there were items
-            items += 1
-            item_id, previous = f"item_{items}", f"item_{items - 1}" if items > 1 else None
+            item_id, previous = f"item_{item}", f"item_{item - 1}" if item > 1 else None
             await events.send({"type": "input_audio_buffer.committed", "item_id": item_id,
                                "previous_item_id": previous})  # fmt: skip
             if realtime:  # as OpenAI's: the user's message item, its audio not said back, added
@@ -781,15 +786,49 @@ class App:
                 if not realtime:  # (OpenAI's clients know no transcript.update)
                     await events.send(event.to_dict())
 
+        async def decode() -> None:
+            """Carry `todo` out, in order, until it is empty."""
+            while todo:
+                step = todo.pop(0)
+                if isinstance(step, int):
+                    await commit(step)
+                elif step.kind == "drop":  # silence before speech: not decoded, its time counted
+                    stream.clear(step.pcm)
+                else:
+                    await feed(step.pcm)
+
+        def queue(step: Turn | int) -> None:
+            """`step` for the decoder, after those queued before it."""
+            nonlocal decoding, uncommitted
+            last = todo[-1] if todo else None
+            if isinstance(step, Turn) and isinstance(last, Turn) and last.kind == step.kind:
+                last.pcm += step.pcm  # what came during a decode goes into the next one whole
+            else:
+                todo.append(step)
+            if isinstance(step, int) or step.kind == "drop":  # (as `stream.uncommitted_s`)
+                uncommitted = 0
+            else:
+                uncommitted += len(step.pcm) // 2
+            if decoding is None or decoding.done():
+                if decoding is not None:
+                    decoding.result()  # (its error, if it failed, is the stream's)
+                decoding = asyncio.create_task(decode())
+
+        async def decoded() -> None:
+            """Wait for the decoder to carry out all queued (a command's answer follows the
+            updates of the audio before it, and the stream is the decoder's alone meanwhile)."""
+            if decoding is not None:
+                await decoding  # (its error, if it failed, is the stream's)
+
         async def hear(pcm: bytes) -> None:
-            """16 kHz audio into the stream, through server VAD where it is on."""
+            """16 kHz audio into the stream, through server VAD where it is on: its events are
+            sent now, while the audio waits for the decoder."""
+            nonlocal items
             turns = await run_in_threadpool(detector, pcm) if detector else [Turn("feed", pcm)]
             for turn in turns:
                 next_item = f"item_{items + 1}"  # (as OpenAI's: the item speech will make)
-                if turn.kind == "drop":  # silence before speech: not decoded, its time counted
-                    stream.clear(turn.pcm)
-                elif turn.kind == "feed":
-                    await feed(turn.pcm)
+                if turn.kind in ("drop", "feed"):
+                    queue(turn)
                 elif turn.kind == "started":
                     await events.send({"type": "input_audio_buffer.speech_started",
                                        "audio_start_ms": turn.ms, "item_id": next_item})  # fmt: skip
@@ -797,9 +836,24 @@ class App:
                     await events.send({"type": "input_audio_buffer.speech_stopped",
                                        "audio_end_ms": turn.ms, "item_id": next_item})  # fmt: skip
                     if turn.pcm:
-                        await feed(turn.pcm)
-                    if stream.uncommitted_s >= MIN_COMMIT_S:  # (less goes with the next one)
-                        await commit()
+                        queue(Turn("feed", turn.pcm))
+                    # (less goes with the next one; decided here, so that the next speech_started
+                    # names the item after this one before the decoder has made it)
+                    if uncommitted >= MIN_COMMIT_S * SAMPLE_RATE:
+                        items += 1
+                        queue(items)
+
+        async def next_message() -> tuple[bytes, dict[str, Any] | None]:
+            """`inbox.next_or_stop`, or the decoder's error as soon as it fails."""
+            receive = asyncio.ensure_future(
+                inbox.next_or_stop(self.config.request_timeout_s, ending)
+            )
+            if decoding is not None:
+                await asyncio.wait({receive, decoding}, return_when=asyncio.FIRST_COMPLETED)
+                if decoding.done() and decoding.exception():
+                    receive.cancel()
+                    decoding.result()
+            return await receive
 
         try:
             if realtime:
@@ -816,14 +870,16 @@ class App:
                 )  # null: it will be detected
             while True:
                 answering = None  # (the audio's updates answer no one event)
-                audio, message = await inbox.next_or_stop(self.config.request_timeout_s, ending)
+                audio, message = await next_message()
                 command = message.get("text") if message else None  # `_client_text`'s
                 stop = command == "stop"
                 heard = heard or bool(audio)
                 # at the stop, with the last samples the resampler holds
                 pcm = resample(audio) + (resample.flush() if stop else b"")
                 if command == "clear":  # the audio that came before it goes with it, undecoded
+                    await decoded()
                     stream.clear(detector.clear(pcm) if detector else pcm)
+                    uncommitted = 0
                     await events.send({"type": "input_audio_buffer.cleared"})
                     continue
                 if pcm:
@@ -833,9 +889,11 @@ class App:
                 if message["type"] == "websocket.disconnect":
                     return
                 answering = message.get("event_id")
+                await decoded()
                 if stop:
                     if realtime and stream.uncommitted_s >= MIN_COMMIT_S:
-                        await commit()  # OpenAI's clients wait for items, not transcript.final
+                        items += 1  # OpenAI's clients wait for items, not transcript.final
+                        await commit(items)
                     final: StreamingEvent = await run_in_threadpool(stream.finish)
                     await events.send({**final.to_dict(), "text": stream.text.strip()})
                     await ws.close(code=1012 if ending.is_set() else 1000)  # 1012: restarting
@@ -872,7 +930,8 @@ class App:
                                                 "input_audio_buffer_commit_empty"), answering)  # fmt: skip
                     continue
                 if command == "commit":
-                    await commit()
+                    items, uncommitted = items + 1, 0
+                    await commit(items)
                     continue
                 await events.error(message["error"], answering)
         except WebSocketDisconnect:
@@ -883,6 +942,9 @@ class App:
         finally:
             self.streams.discard(ending)
             reader.cancel()
+            if decoding is not None:  # (an error it ended with is read: nobody waits for it)
+                decoding.cancel()
+                decoding.add_done_callback(lambda done: done.cancelled() or done.exception())
             memory.release()
 
     def session_update(self, session: Session, message: dict[str, Any], heard: bool,
