@@ -486,6 +486,15 @@ def test_no_words_are_committed_in_silence_after_speech(tiny_en):
     assert [w for w in run.words if w.start >= jfk.size / SR] == []
 
 
+def test_a_model_from_whisperforge_load_model_streams(tiny_en):
+    """`whisperforge.load_model` gives openai-whisper's model, whose `transcribe` returns a
+    dict: a stream of it failed its first update with "too many values to unpack"."""
+    from whisperforge.openai_api import OpenAIWhisper
+
+    run = replay(OpenAIWhisper(tiny_en), load_audio(SHORT), options=StreamingOptions("en"))
+    assert plain_words(run.text) == "in being comparatively modern"
+
+
 # --- the command line ---------------------------------------------------------------------------
 
 SHORT = DEV_DIR / "coqui-tts-ljspeech__LJ001-0002.wav"  # 1.9 s: "in being comparatively modern."

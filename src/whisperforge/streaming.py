@@ -28,6 +28,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -287,9 +288,9 @@ def _norm(word: str) -> str:
 class StreamingTranscriber:
     """LocalAgreement-2 over a trimmed audio buffer. Not thread-safe: one stream, one owner.
 
-    model: a `WhisperModel`, or any `BufferTranscriber`. Where `options.language` is None, a
-        multilingual model's language is detected from the stream's first `DETECTION_S` of
-        audio with words: nothing is committed before.
+    model: a `WhisperModel` (or `whisperforge.load_model`'s), or any `BufferTranscriber`.
+        Where `options.language` is None, a multilingual model's language is detected from
+        the stream's first `DETECTION_S` of audio with words: nothing is committed before.
     clock: returns the current stream time in seconds; default: the audio received so far.
     """
 
@@ -300,6 +301,11 @@ class StreamingTranscriber:
         clock: Callable[[], float] | None = None,
     ):
         self.options = options or StreamingOptions()
+        openai_api = sys.modules.get("whisperforge.openai_api")  # (not imported: not one)
+        if openai_api is not None and isinstance(model, openai_api.OpenAIWhisper):
+            # `whisperforge.load_model`'s model: its openai-whisper `transcribe` returns a
+            # dict, which failed the first update with "too many values to unpack".
+            model = model.model
         if callable(model) and not hasattr(model, "transcribe"):
             self._transcribe: BufferTranscriber = model
         else:
