@@ -495,6 +495,17 @@ def test_a_model_from_whisperforge_load_model_streams(tiny_en):
     assert plain_words(run.text) == "in being comparatively modern"
 
 
+def test_replay_takes_audio_as_feed_does_and_stereo_is_told_how_to_mix(tiny_en):
+    """replay() of s16le bytes (as `feed` takes them) failed with a raw AttributeError; a
+    stereo array was refused without saying which axis to average."""
+    audio = load_audio(SHORT)
+    pcm = (audio * 32767).astype("<i2").tobytes() + b"\x00"  # and half a sample
+    run = replay(tiny_en, pcm, options=StreamingOptions("en"))
+    assert plain_words(run.text) == "in being comparatively modern"
+    with pytest.raises(AudioError, match=r"audio.mean\(axis=1\)"):
+        StreamingTranscriber(tiny_en).feed(np.stack([audio, audio], axis=1))
+
+
 # --- the command line ---------------------------------------------------------------------------
 
 SHORT = DEV_DIR / "coqui-tts-ljspeech__LJ001-0002.wav"  # 1.9 s: "in being comparatively modern."

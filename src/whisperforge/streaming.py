@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, check_integer_width, to_float32, whole_samples
+from .audio import SAMPLE_RATE, _check_mono, check_integer_width, to_float32, whole_samples
 from .decoding import compression_ratio
 from .errors import InvalidOptionError, check_whole_number
 from .results import Segment, Word
@@ -428,10 +428,7 @@ class StreamingTranscriber:
             data, self._odd_byte = whole_samples(self._odd_byte, bytes(audio))
             return pcm16_to_float(data)
         samples = np.asarray(audio)
-        if samples.ndim != 1:
-            raise InvalidOptionError(
-                f"feed 1-D mono audio at {SAMPLE_RATE} Hz, got shape {samples.shape}"
-            )
+        _check_mono(samples)  # saying which axis of a stereo array to average, as offline
         if samples.dtype == np.int64:
             # Only int64: no capture API gives 64-bit PCM, so quiet int64 samples are 16-bit
             # ones (np.array of a list of ints); a quiet chunk of a real int32 capture is common.
@@ -701,7 +698,7 @@ class ReplayResult:
 
 def replay(
     model: WhisperModel | BufferTranscriber,
-    audio: np.ndarray,
+    audio: np.ndarray | bytes | bytearray | memoryview,
     chunk_s: float = 0.5,
     options: StreamingOptions | None = None,
     compute_aware: bool = False,
@@ -717,6 +714,9 @@ def replay(
         raise InvalidOptionError(f"chunk_s must be positive seconds, got {chunk_s}")
     now = 0.0
     stream = StreamingTranscriber(model, options, clock=lambda: now)
+    # As `feed` takes it (s16le bytes, a list, int16): sliced by samples below, bytes by their
+    # length failed with a raw "'bytes' object has no attribute 'size'".
+    audio = stream._to_samples(audio)
     events: list[StreamingEvent] = []
     fed = 0
     step = max(1, round(chunk_s * SAMPLE_RATE))
