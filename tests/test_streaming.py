@@ -804,3 +804,12 @@ def test_stream_command_missing_file(model, capsys, tmp_path):
     empty.write_bytes(b"")
     assert cli.main(["stream", str(empty)]) == 1
     assert f"{empty}: no audio, the file is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--min-chunk", "0"), ("--silence-db", "0"), ("--agreement", "1")]
+)
+def test_stream_command_names_a_bad_option_as_typed(capsys, option, value):
+    """A bad --min-chunk was told as "min_chunk_s must be...": no option of the command."""
+    assert cli.main(["stream", str(SHORT), option, value]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {option} ")

@@ -1305,6 +1305,11 @@ def _joined(pieces: list[Any]) -> Any:
     return np.concatenate(pieces)
 
 
+# StreamingOptions' fields, as the `stream` command's options.
+STREAM_FLAGS = {"min_chunk_s": "--min-chunk", "silence_db": "--silence-db",
+                "agreement": "--agreement"}  # fmt: skip
+
+
 def run_stream(args: argparse.Namespace) -> int:
     from .streaming import StreamingOptions, StreamingTranscriber
 
@@ -1312,10 +1317,19 @@ def run_stream(args: argparse.Namespace) -> int:
         what = "is a folder" if os.path.isdir(args.input) else "no such file"
         _error(f"{args.input}: {what}; check the path, or use - for stdin")
         return 1
-    options = StreamingOptions(
-        language=args.language, beam_size=args.beam_size, min_chunk_s=args.min_chunk,
-        silence_db=args.silence_db, agreement=args.agreement, initial_prompt=args.initial_prompt,
-    )  # fmt: skip
+    try:
+        options = StreamingOptions(
+            language=args.language, beam_size=args.beam_size, min_chunk_s=args.min_chunk,
+            silence_db=args.silence_db, agreement=args.agreement,
+            initial_prompt=args.initial_prompt,
+        )  # fmt: skip
+    except InvalidOptionError as error:
+        # Named as typed here: "min_chunk_s must be..." named no option of this command.
+        message = str(error)
+        for name, flag in STREAM_FLAGS.items():
+            if message.startswith(name):
+                raise InvalidOptionError(flag + message[len(name) :]) from None
+        raise
     model = load_model(args)
     start = time.monotonic()
     clock = (lambda: time.monotonic() - start) if args.realtime else None
