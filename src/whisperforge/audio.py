@@ -771,7 +771,7 @@ def load_audio(
     if isinstance(audio, np.ndarray):
         if isinstance(audio, np.ma.MaskedArray):  # its methods take other arguments
             raise AudioError("a masked array; fill its masked samples first: audio.filled(0.0)")
-        _check_mono(audio)
+        check_mono(audio)
         check_integer_width(audio)
         samples = writable(to_float32(audio))
     else:
@@ -787,7 +787,7 @@ def load_audio(
     return samples
 
 
-def _check_mono(audio: np.ndarray) -> None:
+def check_mono(audio: np.ndarray) -> None:
     """Refuse a shape other than 1-D, saying which axis to average (channels: the short one)."""
     if audio.ndim == 1:
         return

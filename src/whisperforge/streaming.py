@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, _check_mono, check_integer_width, to_float32, whole_samples
+from .audio import SAMPLE_RATE, check_integer_width, check_mono, to_float32, whole_samples
 from .decoding import compression_ratio
 from .errors import InvalidOptionError, check_whole_number
 from .results import Segment, Word
@@ -428,7 +428,7 @@ class StreamingTranscriber:
             data, self._odd_byte = whole_samples(self._odd_byte, bytes(audio))
             return pcm16_to_float(data)
         samples = np.asarray(audio)
-        _check_mono(samples)  # saying which axis of a stereo array to average, as offline
+        check_mono(samples)  # saying which axis of a stereo array to average, as offline
         if samples.dtype == np.int64:
             # Only int64: no capture API gives 64-bit PCM, so quiet int64 samples are 16-bit
             # ones (np.array of a list of ints); a quiet chunk of a real int32 capture is common.
