@@ -790,6 +790,8 @@ class App:
             """Carry `todo` out, in order, until it is empty."""
             while todo:
                 step = todo.pop(0)
+                if isinstance(step, Turn):
+                    inbox.release(len(step.pcm))
                 if isinstance(step, int):
                     await commit(step)
                 elif step.kind == "drop":  # silence before speech: not decoded, its time counted
@@ -801,6 +803,8 @@ class App:
             """`step` for the decoder, after those queued before it."""
             nonlocal decoding, uncommitted
             last = todo[-1] if todo else None
+            if isinstance(step, Turn):  # still the backlog's until decoded: bounded as it was
+                inbox.hold(len(step.pcm))
             if isinstance(step, Turn) and isinstance(last, Turn) and last.kind == step.kind:
                 last.pcm += step.pcm  # what came during a decode goes into the next one whole
             else:
@@ -1113,6 +1117,18 @@ class _Inbox:
         finally:  # a socket that failed ends the session as a disconnect does
             self.queue.put_nowait({"type": "websocket.disconnect"})
 
+    def hold(self, size: int) -> None:
+        """`size` bytes taken from the queue stay in the backlog until `release`d: the stream
+        holds them for its decoder, and a client far ahead must wait for that too."""
+        self.backlog += size
+        if self.backlog > self.max_backlog:
+            self.room.clear()
+
+    def release(self, size: int) -> None:
+        self.backlog -= size
+        if self.backlog <= self.max_backlog:
+            self.room.set()
+
     async def next(self) -> tuple[bytes, dict[str, Any] | None]:
         """All audio that arrived since the last call, and the text or disconnect message
         that came after it (None: none yet)."""
@@ -1122,9 +1138,7 @@ class _Inbox:
             audio.append(message["bytes"])
             message = None if self.queue.empty() else self.queue.get_nowait()
         data = b"".join(audio)
-        self.backlog -= len(data) + (_held(message) if message is not None else 0)
-        if self.backlog <= self.max_backlog:
-            self.room.set()
+        self.release(len(data) + (_held(message) if message is not None else 0))
         return data, message
 
     async def next_or_stop(self, idle_s: float, ending: asyncio.Event
