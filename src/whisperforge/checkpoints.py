@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .errors import InvalidOptionError, ModelFormatError, ModelNotFoundError
+from .locks import lock_exclusive
 from .model import ModelConfig
 from .model_names import (
     HUB_REPOS,
@@ -632,20 +633,11 @@ def written_aside(
 def _lock_folder(folder: Path) -> int | None:
     """An exclusive flock on `folder`, taken without waiting: its descriptor to close, None
     where `fcntl` is missing (Windows)."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise InvalidOptionError(
-            f"{folder}: another whisperforge run is writing it now; wait for it to end, "
-            "or pass another folder"
-        ) from None
-    return fd
+    busy = InvalidOptionError(
+        f"{folder}: another whisperforge run is writing it now; wait for it to end, "
+        "or pass another folder"
+    )
+    return lock_exclusive(folder, busy)
 
 
 def check_new_folder(folder: Path) -> None:

@@ -76,6 +76,7 @@ from .errors import (
     WhisperforgeError,
     is_out_of_memory,
 )
+from .locks import lock_exclusive
 
 if TYPE_CHECKING:
     from .batched import BatchedInferencePipeline, FileTranscription
@@ -969,20 +970,14 @@ class OutputLock:
     def __init__(self, journal: Path, output: str | Path):
         self.path = journal.with_name(journal.name + ".lock")
         self.fd: int | None = None
-        try:
-            import fcntl
-        except ImportError:
-            return
+        busy = WhisperforgeError(
+            f"--output {output}: another job is writing it now; wait for that job to "
+            "end (a rerun then skips the files it did), or write to another --output"
+        )
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise WhisperforgeError(
-                    f"--output {output}: another job is writing it now; wait for that job to "
-                    "end (a rerun then skips the files it did), or write to another --output"
-                ) from None
+            fd = lock_exclusive(self.path, busy, os.O_RDWR | os.O_CREAT)
+            if fd is None:
+                return
             try:  # the file we locked may have been removed by a job releasing it meanwhile
                 if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
                     self.fd = fd
