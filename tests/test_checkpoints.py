@@ -629,6 +629,24 @@ def test_a_hub_revision_comes_from_the_cache(no_hub: str, monkeypatch: pytest.Mo
         resolve_checkpoint("someone/tiny-en", cache_dir=no_hub, revision="v2")
 
 
+def test_a_revision_of_a_packaged_name_is_the_hubs(no_hub: str, monkeypatch) -> None:
+    """`download_model("tiny.en", revision=...)` (and `whisperforge download tiny.en --revision`,
+    `WhisperModel`) gave the installed package's model, the revision silently ignored: a
+    revision names a version of the hub's repo, so that is what comes, as in faster-whisper;
+    where the hub lacks it, the error says how to get the package's."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snapshot = hub_cache_of_tiny_en(Path(no_hub), "Systran/faster-whisper-tiny.en", "v1")
+    packaged = str(packaged_model_folders("tiny.en")[0])
+    assert download_model("tiny.en", cache_dir=no_hub) == packaged
+    assert download_model("tiny.en", cache_dir=no_hub, revision="v1") == str(snapshot)
+    model = WhisperModel("tiny.en", device="cpu", download_root=no_hub, revision="v1")
+    assert model.checkpoint.source == str(snapshot)
+    with pytest.raises(
+        ModelNotFoundError, match=r"at v2\) is off .*pass no revision to use the installed"
+    ):
+        download_model("tiny.en", cache_dir=no_hub, revision="v2")
+
+
 def test_faster_whispers_other_model_arguments(tiny_en) -> None:
     """A model from memory (`files`: bytes or file objects by name) transcribes as the same
     model from its folder; bad files are refused clearly; CTranslate2's own options are ignored

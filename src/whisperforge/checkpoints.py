@@ -968,6 +968,12 @@ def _hub_folder(
 
 
 def _not_found_message(name: str, repo: str | None = None, hub: str = "") -> str:
+    if name in PACKAGED_MODELS and repo is not None and packaged_model_folders(name) is not None:
+        # Installed, but a revision of it was asked for: the hub's only.
+        return (
+            f"model {name!r} is not in the local Hugging Face cache and the hub ({repo}) {hub}; "
+            "pass no revision to use the installed package's model"
+        )
     if name in PACKAGED_MODELS:
         packages = " ".join(missing_packages(name))
         return (
@@ -994,14 +1000,14 @@ def resolve_checkpoint(
     revision: str | None = None,
     token: str | bool | None = None,
 ) -> Checkpoint:
-    """A local path; else an installed model package; else openai-whisper's download of it
-    (`openai_cached_file`); else the hub cache, then the hub (at `revision`, with `token`: see
-    `_hub_folder`)."""
+    """A local path; else an installed model package (without a `revision`: that is the hub
+    repo's); else openai-whisper's download of it (`openai_cached_file`); else the hub cache,
+    then the hub (at `revision`, with `token`: see `_hub_folder`)."""
     path = Path(name_or_path).expanduser()
     if path.exists():
         return load_path(path)
     name = str(name_or_path)
-    if name in PACKAGED_MODELS:
+    if name in PACKAGED_MODELS and revision is None:  # a revision is the hub's (see below)
         folders = packaged_model_folders(name)
         if folders is not None:
             return load_ct2(folders, f"package {folders[0].parent.name}")
@@ -1051,7 +1057,10 @@ def download_model(
     `cache_dir` (default ~/.cache/whisperforge); other names come from the Hugging Face hub's
     cache, then the hub (at `revision`, with the hub token `use_auth_token`). `output_dir`:
     the model's files written there instead."""
-    folders = packaged_model_folders(size_or_id) if size_or_id in PACKAGED_MODELS else None
+    # A revision names a version of the hub's repo, which the package's model is not: the
+    # hub's then, as faster-whisper gives it (the package, the revision ignored, misled).
+    packaged = size_or_id in PACKAGED_MODELS and revision is None
+    folders = packaged_model_folders(size_or_id) if packaged else None
     if folders is None and Path(size_or_id).expanduser().exists():
         # Not a name: a local path was looked up on the hub, and the error told the user to
         # "pass a local model folder", the very thing they had passed.

@@ -532,7 +532,8 @@ class WhisperModel:
     get with 1 (RESULTS, session 41). With 1, threads may still share the model and take turns a
     window at a time (`lock`). `BatchedInferencePipeline` batches the windows of one file.
     revision, use_auth_token: for a model from the Hugging Face hub, its branch, tag or commit
-    and the hub token (a private repo's), as faster-whisper takes them.
+    and the hub token (a private repo's), as faster-whisper takes them; a name an installed
+    package holds (tiny.en) comes from the hub too when a revision is given.
     files: faster-whisper's model from memory, file names to bytes or binary file objects
     (model.bin, config.json, tokenizer.json, ...), in place of model_size_or_path; they are
     written to a temporary folder that lives as long as the model. CTranslate2's own options
