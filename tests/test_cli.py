@@ -557,6 +557,17 @@ def test_download_writes_a_ctranslate2_folder(tmp_path, capsys, monkeypatch):
     assert "someone/whisper at v2" in error_lines(capsys.readouterr().err)[0]
 
 
+def test_download_errors_name_its_options(tmp_path, capsys, monkeypatch):
+    """The command's errors said "pass an output_dir" (download_model's argument): they name
+    --output-dir and --revision, as typed."""
+    (tmp_path / "notes.txt").write_text("mine")
+    assert cli.main(["download", "tiny.en", "--output-dir", str(tmp_path)]) == 1
+    assert "pass an empty or new --output-dir" in error_lines(capsys.readouterr().err)[0]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli.main(["download", "tiny.en", "--revision", "no-such-tag"]) == 1
+    assert "pass no --revision to use the installed" in error_lines(capsys.readouterr().err)[0]
+
+
 def test_usage_errors_exit_2(capsys):
     assert cli.main([]) == 2
     assert cli.main(["transcribe"]) == 2

@@ -1110,10 +1110,17 @@ def run_models(args: argparse.Namespace) -> int:
     return 0
 
 
+# download_model's arguments, as the `download` command's options.
+DOWNLOAD_FLAGS = {"output_dir": "--output-dir", "revision": "--revision"}
+
+
 def run_download(args: argparse.Namespace) -> int:
     from .checkpoints import download_model
 
-    print(download_model(args.model, args.output_dir, revision=args.revision))
+    try:
+        print(download_model(args.model, args.output_dir, revision=args.revision))
+    except WhisperforgeError as error:
+        raise _as_typed(error, DOWNLOAD_FLAGS) from None
     return 0
 
 
@@ -1305,6 +1312,16 @@ def _joined(pieces: list[Any]) -> Any:
     return np.concatenate(pieces)
 
 
+def _as_typed(error: WhisperforgeError, flags: dict[str, str]) -> WhisperforgeError:
+    """`error` with the Python API's names that `flags` maps (min_chunk_s, output_dir) as the
+    command's options (--min-chunk, --output-dir): "min_chunk_s must be...", "pass an
+    output_dir" named nothing the user can type."""
+    message = str(error)
+    for name, flag in flags.items():
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}\b", flag, message)
+    return error if message == str(error) else type(error)(message)
+
+
 # StreamingOptions' fields, as the `stream` command's options.
 STREAM_FLAGS = {"min_chunk_s": "--min-chunk", "silence_db": "--silence-db",
                 "agreement": "--agreement"}  # fmt: skip
@@ -1324,12 +1341,7 @@ def run_stream(args: argparse.Namespace) -> int:
             initial_prompt=args.initial_prompt,
         )  # fmt: skip
     except InvalidOptionError as error:
-        # Named as typed here: "min_chunk_s must be..." named no option of this command.
-        message = str(error)
-        for name, flag in STREAM_FLAGS.items():
-            if message.startswith(name):
-                raise InvalidOptionError(flag + message[len(name) :]) from None
-        raise
+        raise _as_typed(error, STREAM_FLAGS) from None
     model = load_model(args)
     start = time.monotonic()
     clock = (lambda: time.monotonic() - start) if args.realtime else None
