@@ -518,3 +518,21 @@ def test_a_second_run_into_the_same_folder_is_refused_and_spoils_nothing(tmp_pat
         os.close(fd)
     assert "another whisperforge run is writing it now" in capsys.readouterr().err
     assert writing.read_bytes() == b"the first run's"
+
+
+def test_an_out_that_links_to_nothing_is_refused(tmp_path, capsys):
+    """quantize (and export) into OUT, a link to a folder not there, followed the link and
+    created the folder it names (`mkdir OUT` refuses: File exists): refused before the model
+    loads, OUT's own link or a folder's above it, nothing created."""
+    from whisperforge.checkpoints import written_aside
+
+    out = tmp_path / "out"
+    out.symlink_to(tmp_path / "elsewhere" / "int8")
+    for command in (["quantize", "tiny.en", str(out)], ["export", "tiny.en", "--out", str(out)]):
+        assert cli.main(command) == 1
+        assert f"{out} is a link to {tmp_path}/elsewhere/int8, which does not exist" in (
+            capsys.readouterr().err
+        )
+    with pytest.raises(InvalidOptionError, match=f"{out} is a link to"), written_aside(out / "a"):
+        pass
+    assert not (tmp_path / "elsewhere").exists()

@@ -596,11 +596,12 @@ def written_aside(
     deleted the other's, and both failed with "No such file or directory; pass a folder you
     can write to", or one model's files ended beside the other's. `check` runs once the folder
     is ours."""
+    check_no_dangling_link(folder)
     folder = folder.resolve()
     created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:  # a file, or a link to none
+    except FileExistsError:  # a file
         raise InvalidOptionError(f"{folder} is a file; pass a new or empty folder") from None
     lock = _lock_folder(folder)
     staging = folder / STAGING
@@ -640,9 +641,21 @@ def _lock_folder(folder: Path) -> int | None:
     return lock_exclusive(folder, busy)
 
 
+def check_no_dangling_link(folder: Path) -> None:
+    """Refuse `folder` where it, or a folder above it, is a link to nothing: the write followed
+    the link and created its target, a folder the user never named (`mkdir` refuses it too)."""
+    for path in (folder, *folder.parents):
+        if path.is_symlink() and not path.exists():
+            raise InvalidOptionError(
+                f"{path} is a link to {os.readlink(path)}, which does not exist; create that "
+                "folder, or pass another"
+            )
+
+
 def check_new_folder(folder: Path) -> None:
     """Refuse to write a quantized model over anything: `folder` must be new or empty (but for
     what a killed run left in `STAGING`)."""
+    check_no_dangling_link(folder)
     if folder.is_file() or (folder.is_dir() and any(p.name != STAGING for p in folder.iterdir())):
         raise InvalidOptionError(f"{folder} exists and is not an empty folder; pass a new folder")
 

@@ -43,7 +43,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoints import STAGING, Checkpoint, _heads, resolve_checkpoint, written_aside
+from .checkpoints import (
+    STAGING,
+    Checkpoint,
+    _heads,
+    check_no_dangling_link,
+    resolve_checkpoint,
+    written_aside,
+)
 from .errors import InvalidOptionError, ModelFormatError, ModelNotFoundError, WhisperforgeError
 from .model import ModelConfig, Whisper, merge_heads, split_heads
 from .quantize import COMPUTE_TYPES as MODEL_COMPUTE_TYPES
@@ -326,6 +333,7 @@ def export_model(
             f"unsupported compute_type {compute_type!r} for export; use float32 or float16"
         )
     out = Path(out_dir).expanduser()
+    check_no_dangling_link(out)  # before the model loads (`written_aside` checks it too)
     if out.exists() and not out.is_dir():
         raise InvalidOptionError(f"{out} is a file; give --out a new or empty folder")
     # An earlier export is replaced, also one cut short (its files without the manifest): one
