@@ -1360,12 +1360,14 @@ def test_the_openai_sdk_transcribes_two_utterances_cut_by_server_vad(live_server
     assert events[1].session.audio.input.turn_detection.silence_duration_ms == 500
     turns = [(e.type.split(".")[-1], e.item_id) for e in events if "speech_" in e.type
              or e.type in ("input_audio_buffer.committed", TRANSCRIPTION_COMPLETED)]  # fmt: skip
-    # Each item's in order; the VAD's events do not wait for the decoder, so the second speech
-    # may start before the first item is committed (the audio came faster than real time).
+    # Each item committed as its speech stops, before the next starts (the audio came faster
+    # than real time: the decoder's transcripts come later), and transcribed after that.
+    heard = [(step, of) for step, of in turns if step != "completed"]
+    steps = ["speech_started", "speech_stopped", "committed"]
+    assert heard == [(s, i) for i in ("item_1", "item_2") for s in steps], turns
+    assert [of for step, of in turns if step == "completed"] == ["item_1", "item_2"], turns
     for item in ("item_1", "item_2"):
-        steps = [step for step, of in turns if of == item]
-        assert steps == ["speech_started", "speech_stopped", "committed", "completed"], turns
-    assert [of for step, of in turns if step == "committed"] == ["item_1", "item_2"], turns
+        assert turns.index(("completed", item)) > turns.index(("committed", item)), turns
     started = [e.audio_start_ms for e in events if e.type.endswith("speech_started")]
     stopped = [e.audio_end_ms for e in events if e.type.endswith("speech_stopped")]
     # the first sentence is 3.0 s, the second starts 1 s after it and ends at 7.3 s
@@ -1427,6 +1429,33 @@ def test_realtime_deltas_come_after_their_item_is_added(client):
     delta, done = events[-2], events[-1]
     assert delta["item_id"] == done["item_id"] == "item_1" and delta["delta"] == done["transcript"]
     assert plain_words(done["transcript"]) == " ".join(JFK_TEXT.split()[:14])
+
+
+def test_a_realtime_item_is_committed_at_the_end_of_its_speech_and_transcribed_later(client):
+    """On /v1/realtime, as OpenAI's server: server VAD's stop is followed at once by the item's
+    input_audio_buffer.committed and conversation.item.added and .done, and its transcription
+    (delta, completed) comes when its words are decoded. Two sentences in one append, faster
+    than they decode: item_1 was committed once decoded, after the second speech_started."""
+    audio, texts, _ = two_utterances(24000)
+    with client.websocket_connect(REALTIME) as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_text(append(s16le(audio)))
+        events = events_until(ws, lambda e: e["type"] == TRANSCRIPTION_COMPLETED
+                              and e["item_id"] == "item_2")  # fmt: skip
+    for event in events:
+        sdk_event(event)
+    said = [(e["type"].split(".")[-1], e.get("item_id") or e["item"]["id"]) for e in events]
+    heard = [(step, item) for step, item in said if step not in ("delta", "completed")]
+    steps = ["speech_started", "speech_stopped", "committed", "added", "done"]
+    assert heard == [(s, i) for i in ("item_1", "item_2") for s in steps], said
+    transcribed = [(step, item) for step, item in said if step in ("delta", "completed")]
+    assert transcribed == [(s, i) for i in ("item_1", "item_2") for s in ("delta", "completed")]
+    for item in ("item_1", "item_2"):  # each item's transcription after the item is done
+        assert said.index(("delta", item)) > said.index(("done", item)), said
+    previous = [e["previous_item_id"] for e in events if e["type"].endswith("committed")]
+    assert previous == [None, "item_1"], previous
+    done = [e["transcript"] for e in events if e["type"] == TRANSCRIPTION_COMPLETED]
+    assert [plain_wer(t, d) <= 0.25 for t, d in zip(texts, done)] == [True, True], done
 
 
 def test_a_clear_under_server_vad_drops_the_speech_in_progress(client):

@@ -14,10 +14,10 @@ The stream's client events: binary PCM frames, and OpenAI realtime's input_audio
 .commit (commit the words heard so far) and .clear (drop the audio not committed), and "stop"
 (or {"type": "stop"}). Its server events, each with an `event_id` of its own: session.created;
 transcript.update (committed and tentative words) after updates and commits; after a commit,
-OpenAI's input_audio_buffer.committed (item_id, previous_item_id), on /v1/realtime
-conversation.item.added and .done and a transcription delta, and
-conversation.item.input_audio_transcription.completed (item_id, transcript: the words committed
-since the commit before); input_audio_buffer.cleared; session.update (or the beta
+OpenAI's input_audio_buffer.committed (item_id, previous_item_id; on /v1/realtime at once, with
+conversation.item.added and .done, and a transcription delta once the item's words are decoded),
+and conversation.item.input_audio_transcription.completed (item_id, transcript: the words
+committed since the commit before); input_audio_buffer.cleared; session.update (or the beta
 transcription_session.update) answered with session.updated (`realtime.Session`); with server VAD
 on, input_audio_buffer.speech_started/stopped and a commit at each stop;
 error; and transcript.final at the end.
@@ -684,9 +684,10 @@ class App:
         realtime: /v1/realtime, OpenAI's Realtime API in transcription mode as its clients (the
         `openai` SDK's `client.realtime.connect`) expect it: 24 kHz audio only (its clients
         refuse a session of another rate), server VAD unless the session says otherwise,
-        session.created with OpenAI's session object, an item's transcript in one
-        `conversation.item.input_audio_transcription.delta` after the item is added and done (as
-        whisper-1's on OpenAI's), and none of the server's own transcript.update events. On both routes `session.update` (and the beta `transcription_session.update`)
+        session.created with OpenAI's session object, an item's committed, added and done as
+        soon as its commit is decided (a client's, or server VAD's at the end of speech), its
+        transcript in one `conversation.item.input_audio_transcription.delta` and the completed
+        once its words are decoded (as whisper-1's on OpenAI's), and none of the server's own transcript.update events. On both routes `session.update` (and the beta `transcription_session.update`)
         configures the session (`App.session_update`), and server VAD, where it is on, sends
         speech_started/stopped and commits each utterance as a client's commit does."""
         from starlette.concurrency import run_in_threadpool
@@ -748,26 +749,43 @@ class App:
         decoding: asyncio.Task[None] | None = None  # carrying `todo` out; None or done: idle
         uncommitted = 0  # samples queued for the decoder since its last commit or clear
 
-        async def commit(item: int) -> None:
-            """The words heard since the last commit as item `item` (a client's commit, or
-            server VAD's at the end of speech)."""
-            nonlocal item_start
-            seconds = stream.uncommitted_s
-            committed: StreamingEvent = await run_in_threadpool(stream.commit)
-            if not realtime:
-                await events.send(committed.to_dict())  # as before there were items
-            item_id, previous = f"item_{item}", f"item_{item - 1}" if item > 1 else None
-            await events.send({"type": "input_audio_buffer.committed", "item_id": item_id,
-                               "previous_item_id": previous})  # fmt: skip
-            if realtime:  # as OpenAI's: the user's message item, its audio not said back, added
-                # and done at once, before its transcription (OpenAI's transcription sessions
-                # send conversation.item.done so, its transcript null: the words come in the
-                # transcription's own events)
-                item = {"id": item_id, "object": "realtime.item", "type": "message",
+        def committed(item: int) -> dict[str, Any]:
+            """OpenAI's input_audio_buffer.committed of item `item` (numbered from 1)."""
+            return {"type": "input_audio_buffer.committed", "item_id": f"item_{item}",
+                    "previous_item_id": f"item_{item - 1}" if item > 1 else None}  # fmt: skip
+
+        async def decide() -> None:
+            """The next item is made of the audio queued so far (a client's commit, or server
+            VAD's at the end of speech): queued for the decoder to commit, and on /v1/realtime
+            told now, as OpenAI's server does, while its words are still to be decoded:
+            committed, and the user's message item, its audio not said back, added and done at
+            once (OpenAI's transcription sessions send conversation.item.done so, its transcript
+            null: the words come in the transcription's own events, from the decoder). Told
+            once decoded, the next speech_started (of audio sent faster than it decodes) came
+            before the item it followed. /v1/audio/stream's committed stays after the commit's
+            transcript.update, whose words it says are committed."""
+            nonlocal items
+            items += 1
+            if realtime:  # (sent before it is queued: its transcription cannot come first)
+                told = committed(items)
+                item = {"id": told["item_id"], "object": "realtime.item", "type": "message",
                         "status": "completed", "role": "user",
                         "content": [{"type": "input_audio", "transcript": None}]}  # fmt: skip
-                for kind in ("conversation.item.added", "conversation.item.done"):
-                    await events.send({"type": kind, "previous_item_id": previous, "item": item})
+                previous = told["previous_item_id"]
+                await events.send(
+                    told,
+                    {"type": "conversation.item.added", "previous_item_id": previous, "item": item},
+                    {"type": "conversation.item.done", "previous_item_id": previous, "item": item},
+                )
+            queue(items)
+
+        async def commit(item: int) -> None:
+            """The decoder's part of item `item`: the words heard since the last commit."""
+            nonlocal item_start
+            item_id, seconds = f"item_{item}", stream.uncommitted_s
+            update: StreamingEvent = await run_in_threadpool(stream.commit)
+            if not realtime:  # as before there were items; then the item, its words committed
+                await events.send(update.to_dict(), committed(item))
             # The item's words: all committed since the last commit, by agreement too.
             transcript = "".join(w.word for w in stream.committed[item_start:]).strip()
             item_start = len(stream.committed)
@@ -844,8 +862,7 @@ class App:
                     # (less goes with the next one; decided here, so that the next speech_started
                     # names the item after this one before the decoder has made it)
                     if uncommitted >= MIN_COMMIT_S * SAMPLE_RATE:
-                        items += 1
-                        queue(items)
+                        await decide()
 
         async def next_message() -> tuple[bytes, dict[str, Any] | None]:
             """`inbox.next_or_stop`, or the decoder's error as soon as it fails."""
@@ -893,11 +910,15 @@ class App:
                 if message["type"] == "websocket.disconnect":
                     return
                 answering = message.get("event_id")
+                # `uncommitted` is what `stream.uncommitted_s` will be once the decoder is done
+                enough = uncommitted >= MIN_COMMIT_S * SAMPLE_RATE
+                if realtime and command == "commit" and enough:  # told at once, as OpenAI's
+                    await decide()
+                    continue
+                if realtime and stop and enough:  # OpenAI's clients wait for items, not
+                    await decide()  # transcript.final
                 await decoded()
                 if stop:
-                    if realtime and stream.uncommitted_s >= MIN_COMMIT_S:
-                        items += 1  # OpenAI's clients wait for items, not transcript.final
-                        await commit(items)
                     final: StreamingEvent = await run_in_threadpool(stream.finish)
                     await events.send({**final.to_dict(), "text": stream.text.strip()})
                     await ws.close(code=1012 if ending.is_set() else 1000)  # 1012: restarting
@@ -933,9 +954,9 @@ class App:
                                                 "of audio.", None,
                                                 "input_audio_buffer_commit_empty"), answering)  # fmt: skip
                     continue
-                if command == "commit":
-                    items, uncommitted = items + 1, 0
-                    await commit(items)
+                if command == "commit":  # (/v1/audio/stream's: answered once decoded, as all)
+                    await decide()
+                    await decoded()
                     continue
                 await events.error(message["error"], answering)
         except WebSocketDisconnect:
@@ -1076,10 +1097,12 @@ class _ServerEvents:
         # they go out in the order of their ids.
         self.lock = asyncio.Lock()
 
-    async def send(self, event: dict[str, Any]) -> None:
+    async def send(self, *events: dict[str, Any]) -> None:
+        """`events`, one after another, none of the other task's between them."""
         async with self.lock:
-            self.sent += 1
-            await self.ws.send_json({"event_id": f"event_{self.sent}", **event})
+            for event in events:
+                self.sent += 1
+                await self.ws.send_json({"event_id": f"event_{self.sent}", **event})
 
     async def error(self, error: APIError, event_id: str | None = None) -> None:
         body = error.body()
