@@ -687,9 +687,11 @@ class App:
         session.created with OpenAI's session object, an item's committed, added and done as
         soon as its commit is decided (a client's, or server VAD's at the end of speech), its
         transcript in one `conversation.item.input_audio_transcription.delta` and the completed
-        once its words are decoded (as whisper-1's on OpenAI's), and none of the server's own transcript.update events. On both routes `session.update` (and the beta `transcription_session.update`)
-        configures the session (`App.session_update`), and server VAD, where it is on, sends
-        speech_started/stopped and commits each utterance as a client's commit does."""
+        once its words are decoded (as whisper-1's on OpenAI's), and none of the server's own
+        transcript.update events. On both routes `session.update` (and the beta
+        `transcription_session.update`) configures the session (`App.session_update`), and
+        server VAD, where it is on, sends speech_started/stopped and commits each utterance as
+        a client's commit does."""
         from starlette.concurrency import run_in_threadpool
         from starlette.websockets import WebSocketDisconnect
 
