@@ -334,6 +334,21 @@ def test_a_decoding_loop_that_goes_on_does_not_grow_the_buffer():
     assert stream.finish().committed == []  # and nothing of the loop is committed
 
 
+def test_speech_that_really_repeats_is_not_taken_for_a_decoding_loop(tiny_en):
+    """JFK's 11 s said twice and begun again, 25 s fed at once (a client sending a recording):
+    its decode gzips past the loop threshold, so nothing of it was used, and the stream ended
+    with no words at all; offline has them all. Decoded in pieces, each piece is JFK's words
+    as themselves, and they are committed (a loop, whose pieces loop too, is not: the test
+    above)."""
+    jfk = load_audio(JFK)
+    audio = np.tile(np.concatenate([jfk, np.zeros(SR, np.float32)]), 3)[: 25 * SR]
+    stream = StreamingTranscriber(tiny_en, StreamingOptions(language="en"))
+    stream.feed(audio)
+    stream.finish()
+    text = plain_words(stream.text)
+    assert text.count("ask not what your country") == 2 and text.endswith("country and so")
+
+
 def test_a_multilingual_streams_language_is_heard_from_seconds_of_audio(base):
     """The language was fixed at the first update with words: 1 s of German was "en" (and 1 s
     of Spanish "ml"), and the stream came out in English."""

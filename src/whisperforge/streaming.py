@@ -69,8 +69,9 @@ class StreamingOptions:
     silence_db: energy gate: new audio whose loudest 30 ms frame is below this (dBFS) costs
         no update, unless words are still tentative. None: every update is decoded. At most
         MAX_SILENCE_DB: above it, speech itself is taken for silence.
-    max_compression_ratio: a hypothesis whose text gzips better than this is a decoding loop
-        and is not used (Whisper's own threshold for repetitive output).
+    max_compression_ratio: a decode whose text gzips better than this may be a decoding loop
+        (Whisper's own threshold for repetitive output): it is decoded again unprompted, then
+        in pieces, and a piece of under 2 * MIN_PIECE_S s that still repeats is left out.
     agreement: how many consecutive hypotheses must agree on a word before it is committed
         (LocalAgreement-n; 2 in ufal/whisper_streaming). 3 commits later and errs less.
     beam_size, temperature: decoding of each update; greedy at 0 keeps updates cheap and
@@ -217,6 +218,9 @@ REST_S = 2.0
 SPEECH_DB = 20.0
 # Whisper's no_speech_threshold: a window more likely silence than speech.
 NO_SPEECH = 0.6
+# A piece of a repetitive decode shorter than this is not split again (`_split`): its words
+# are a decoding loop. Twice it is under 10 s, a sentence or two.
+MIN_PIECE_S = 4.0
 
 
 def peak_frame_db(samples: np.ndarray, frame: int = 480) -> float:
@@ -235,6 +239,27 @@ def _repetitive(words: Sequence[Word], threshold: float | None) -> bool:
     if threshold is None or len(text.encode()) < 40:  # short texts never compress well
         return False
     return compression_ratio(text) > threshold
+
+
+def _shifted(segments: list[Segment], shift: float) -> list[Segment]:
+    """Segments of audio that starts `shift` s into the buffer, in the buffer's time: a later
+    window (its seek too, for `_without_improbable_tail`)."""
+    return [
+        replace(s, seek=s.seek + round(shift * 100), start=s.start + shift, end=s.end + shift,
+                words=[replace(w, start=w.start + shift, end=w.end + shift)
+                       for w in s.words or []])
+        for s in segments
+    ]  # fmt: skip
+
+
+def _quietest(audio: np.ndarray, frame: int = 480) -> int:
+    """The start of the quietest 30 ms frame in the middle half of `audio`: where to cut it
+    into two pieces with no word cut in two (the pause between sentences, at best)."""
+    if audio.size < 4 * frame:
+        return audio.size // 2
+    first, n = audio.size // 4 // frame, audio.size // 2 // frame
+    frames = audio[first * frame : (first + n) * frame].reshape(n, frame)
+    return (first + int(np.argmin(np.mean(frames**2, axis=1)))) * frame
 
 
 def _without_unspoken_tail(words: list[Word], buffer: np.ndarray, offset: float) -> list[Word]:
@@ -482,14 +507,7 @@ class StreamingTranscriber:
         heard = ending or self._buffer.size >= self._detection_s * SAMPLE_RATE
         if detecting and heard and any(s.words for s in segments):
             self.language, detecting = language, False
-        if _repetitive(hypothesis, self.options.max_compression_ratio):
-            # A decoding loop ("all right, all right, ..."): two loops agree all too well.
-            # Nothing is committed from it; more audio usually breaks the loop. Trimmed all the
-            # same: while the loop went on, the buffer grew past max_buffer_s without end (the
-            # stream's memory, and each update decoding all of it).
-            if not final:
-                return self._event(self._trim(segments), final, compute)
-            hypothesis = self._tentative
+        # (A decoding loop is not in the hypothesis: `_decode` decoded its audio in pieces.)
         if final:  # (older hypotheses too: after a `commit` the stream goes on)
             agreed, self._tentative, self._older = hypothesis, [], []
         else:
@@ -517,14 +535,40 @@ class StreamingTranscriber:
         most often leads Whisper into one (openai-whisper, too, stops conditioning on its
         previous text after a window that looped at the low temperatures): commits at short
         pauses left "modify. merge. publish." in the prompt, 27 s of speech came out as
-        "submit. submit. ...", a loop that is not used, and the stream's last 37 s had no words."""
+        "submit. submit. ...", a loop that is not used, and the stream's last 37 s had no words.
+        One that loops unprompted too is decoded in pieces (`_split`)."""
         prompt = self._prompt()
         segments, language = self._transcribe(self._buffer, prompt, self.language)
-        if prompt and _repetitive(self._hypothesis(segments), self.options.max_compression_ratio):
+        threshold = self.options.max_compression_ratio
+        if prompt and _repetitive(self._hypothesis(segments), threshold):
             segments, language = self._transcribe(self._buffer, None, self.language)
+        if _repetitive(self._hypothesis(segments), threshold):
+            segments = self._split(0, self._buffer.size)
         # The rest after the decode that is kept (a looping one's was decoded to be thrown away)
         segments += self._decode_rest(segments)
         return segments, language, self._hypothesis(segments)
+
+    def _split(self, start: int, stop: int) -> list[Segment]:
+        """Segments of the buffer's samples `start:stop`, whose decode repeats itself too much
+        (`max_compression_ratio`), decoded unprompted in two pieces cut at the quietest frame
+        of its middle half; a piece that repeats too is split again, down to `MIN_PIECE_S`,
+        under which its words are a decoding loop and left out. The text alone does not tell
+        a loop ("submit." 112 times over 17 s) from speech that really repeats: JFK's 11 s
+        said three times in 25 s gzips to 3.8, and was dropped with its audio (the stream
+        had no words at all). A loop is the decoder's, not the audio's: a cut 40 ms later had
+        none, while each piece of repeated speech decodes as itself. Offline keeps such a
+        window's words too (after its temperature fallback, the most probable decode)."""
+        cut = start + _quietest(self._buffer[start:stop])
+        pieces: list[Segment] = []
+        for a, b in ((start, cut), (cut, stop)):
+            found, _ = self._transcribe(self._buffer[a:b], None, self.language)
+            if _repetitive([w for s in found for w in s.words or []],
+                           self.options.max_compression_ratio):  # fmt: skip
+                found = self._split(a, b) if b - a >= 2 * MIN_PIECE_S * SAMPLE_RATE else []
+            else:
+                found = _shifted(found, a / SAMPLE_RATE)
+            pieces += found
+        return pieces
 
     def _decode_rest(self, segments: list[Segment]) -> list[Segment]:
         """Segments of the speech after the buffer's last word, where the decode stopped
@@ -548,13 +592,7 @@ class StreamingTranscriber:
             if level == -math.inf or level < peak_frame_db(self._buffer[:start]) - SPEECH_DB:
                 return rest  # silence or noise after the last word: nothing was left out
             more, _ = self._transcribe(after, None, self.language)
-            shift = start / SAMPLE_RATE
-            rest += [
-                replace(s, seek=s.seek + round(shift * 100), start=s.start + shift,
-                        end=s.end + shift, words=[replace(w, start=w.start + shift,
-                        end=w.end + shift) for w in s.words or []])
-                for s in more
-            ]  # fmt: skip
+            rest += _shifted(more, start / SAMPLE_RATE)
 
     def _hypothesis(self, segments: list[Segment]) -> list[Word]:
         """A decode's words after those committed, in stream time, less an unspoken tail."""
