@@ -538,6 +538,27 @@ def test_stream_command_on_a_file(model, capsys):
     assert plain_words(out) == "in being comparatively modern"
 
 
+def test_stream_command_translates_as_transcribe_does(base, monkeypatch, capsys):
+    """`stream` had no --task: a stream was never translated, though StreamingOptions can."""
+    monkeypatch.setattr(cli, "load_model", lambda args: base)
+    french = DEV_DIR / "speech_recognition__french.aiff"  # 2.5 s: "et c'est la dictée numéro 1"
+    command = ["stream", str(french), "--task", "translate", "--timestamps", "--min-chunk", "3"]
+    assert cli.main(command) == 0
+    out, err = capsys.readouterr()
+    assert "dictation" in out.lower() and "dictée" not in out
+    assert "warning: Word-level timestamps on translations may not be reliable." in err
+
+
+def test_stream_command_refuses_to_translate_on_an_english_only_model(model, capsys):
+    assert cli.main(["stream", str(SHORT), "--task", "translate"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.strip() == (
+        "error: this model is English-only and cannot translate; use a multilingual model such "
+        "as base"
+    )
+
+
 def test_stream_command_on_raw_pcm_from_stdin_in_real_time(model, capsys, monkeypatch):
     pcm = (load_audio(SHORT) * 32767).astype("<i2").tobytes()
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(pcm)))

@@ -291,6 +291,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_task_option(parser: Any, note: str = "") -> None:
+    """--task, as `transcribe`, `batch` and `stream` take it (`note`: added to its help)."""
+    parser.add_argument(
+        "--task",
+        default="transcribe",
+        choices=["transcribe", "translate"],
+        help="transcribe, or translate to English (default: %(default)s)" + note,
+    )
+
+
 def add_decoding_options(parser: argparse.ArgumentParser, batched: bool) -> Any:
     """The decoding options of `transcribe` and `batch` (`batched`: the corpus job, always on
     the batched pipeline), in two groups; returns the first. `batch` takes the options only
@@ -306,12 +316,7 @@ def add_decoding_options(parser: argparse.ArgumentParser, batched: bool) -> Any:
         help="spoken language as a code, name or locale (en, German, pt-BR, ...); detected per "
         "file when omitted or none" + own.format("language"),
     )
-    decode.add_argument(
-        "--task",
-        default="transcribe",
-        choices=["transcribe", "translate"],
-        help="transcribe, or translate to English (default: %(default)s)" + own.format("task"),
-    )
+    add_task_option(decode, own.format("task"))
     decode.add_argument(
         "--beam-size",
         metavar="N",
@@ -625,6 +630,7 @@ def _add_stream_parser(commands: Any) -> None:
         default=None,
         help="spoken language; detected once speech starts when omitted or none",
     )
+    add_task_option(s)
     s.add_argument(
         "--initial-prompt",
         metavar="TEXT",
@@ -1336,13 +1342,19 @@ def run_stream(args: argparse.Namespace) -> int:
         return 1
     try:
         options = StreamingOptions(
-            language=args.language, beam_size=args.beam_size, min_chunk_s=args.min_chunk,
+            language=args.language, task=args.task, beam_size=args.beam_size,
+            min_chunk_s=args.min_chunk,
             silence_db=args.silence_db, agreement=args.agreement,
             initial_prompt=args.initial_prompt,
         )  # fmt: skip
     except InvalidOptionError as error:
         raise _as_typed(error, STREAM_FLAGS) from None
     model = load_model(args)
+    model.check_task(args.task)  # an English-only model's translation: refused before any audio
+    if args.timestamps and args.task == "translate":
+        from .timing import TRANSLATED_WORD_TIMES
+
+        _warn(TRANSLATED_WORD_TIMES)
     start = time.monotonic()
     clock = (lambda: time.monotonic() - start) if args.realtime else None
     stream = StreamingTranscriber(model, options, clock=clock)
