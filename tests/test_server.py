@@ -278,6 +278,19 @@ def test_other_errors_and_the_server_keeps_serving(client):
     assert plain_wer(JFK_TEXT, post(client, {"model": "tiny.en"}, jfk_file()).json()["text"]) < 0.1
 
 
+def test_language_auto_or_none_is_detected_as_on_the_stream(client):
+    """language=auto (or none) was "unknown language 'auto'" here, though the stream's route
+    and the CLI's --language take both to detect it."""
+    detected = post(client, {"model": "tiny.en"}, jfk_file()).json()["text"]
+    for word in ("auto", "None"):
+        response = post(client, {"model": "tiny.en", "language": word}, jfk_file())
+        assert response.status_code == 200, response.text
+        assert response.json()["text"] == detected
+    # A temperature just over 1 was refused as "got 1": rounded to what is allowed.
+    over = post(client, {"model": "tiny.en", "temperature": "1.0000001"}, jfk_file())
+    assert assert_openai_error(over, 400, "temperature")["message"].endswith("got 1.0000001")
+
+
 def test_language_and_languages_spelling_one_language_agree(client):
     """language=en with languages[]=English or en-US (a name, a locale) is one language, not
     two: they were compared as spelt, and the request refused with a 400."""

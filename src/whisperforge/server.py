@@ -94,6 +94,8 @@ if TYPE_CHECKING:
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("word", "segment")
+# A request's language that asks for it to be detected (as the CLI's --language takes them).
+DETECT = ("none", "auto")
 # The form fields a request may send: OpenAI's (a list's as `name[]`, as the openai client sends
 # it), and `hotwords`, as faster-whisper-based servers take it. Others are refused by name, not
 # ignored as if they were heeded (a list's elements come as `name[]`; plain `name` is taken too).
@@ -427,7 +429,7 @@ class App:
             raise APIError(400, f"'temperature' must be a number, got {text!r}",
                            "temperature") from None  # fmt: skip
         if not 0.0 <= temperature <= 1.0:
-            raise APIError(400, f"'temperature' must be between 0 and 1, got {temperature:g}",
+            raise APIError(400, f"'temperature' must be between 0 and 1, got {text.strip()}",
                            "temperature")  # fmt: skip
 
         granularities = _list_field(form, "timestamp_granularities")
@@ -457,6 +459,8 @@ class App:
         # The spoken language; a translation's too (beyond OpenAI's fields there, as the CLI's
         # --task translate --language takes it), where it is otherwise detected.
         language = _text_field(form, "language") or None
+        if language is not None and language.strip().lower() in DETECT:
+            language = None  # as the stream's language=auto, and the CLI's --language none
         languages = _list_field(form, "languages")
         if language is not None:
             language = self._language(language, "language")
@@ -1039,7 +1043,7 @@ class App:
             raise APIError(404, f"the model {model!r} does not exist on this server; use "
                            f"{self.config.model_id!r}", "model", "model_not_found")  # fmt: skip
         language = params.get("language")
-        if language and language.strip().lower() not in ("none", "auto"):  # both: detect it
+        if language and language.strip().lower() not in DETECT:
             language = self._language(language, "language")
         else:
             language = None
