@@ -35,7 +35,7 @@ from .errors import (
     WhisperforgeError,
     is_out_of_memory,
 )
-from .tokenizer import LANGUAGES, normalize_language, parse_token_ids
+from .tokenizer import DETECT_LANGUAGE, LANGUAGES, normalize_language, parse_token_ids
 from .writers import (
     DETECTING_LANGUAGE,
     FORMATS,
@@ -103,7 +103,7 @@ def _language(text: str) -> str | None:
     auto, as whisper.cpp's -l and the server's stream take it). One no model knows is refused
     here, before a model loads (base took 7 s to say "xx" is unknown); whether the model knows
     it is checked where the model reads it."""
-    if text.strip().lower() in ("none", "auto"):
+    if text.strip().lower() in DETECT_LANGUAGE:
         return None
     try:
         normalize_language(text, tuple(LANGUAGES))

@@ -77,7 +77,7 @@ from .errors import (
 from .realtime import OPENAI_RATE, ServerVad, Session, SessionError, Turn, TurnDetector, updated
 from .results import Segment, TranscriptionInfo
 from .streaming import StreamingEvent, StreamingOptions, StreamingTranscriber
-from .tokenizer import LANGUAGES, normalize_language
+from .tokenizer import DETECT_LANGUAGE, LANGUAGES, normalize_language
 from .transcribe import PreparedAudio, TranscriptionOptions, temperature_ladder
 from .writers import write
 
@@ -94,8 +94,6 @@ if TYPE_CHECKING:
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("word", "segment")
-# A request's language that asks for it to be detected (as the CLI's --language takes them).
-DETECT = ("none", "auto")
 # The form fields a request may send: OpenAI's (a list's as `name[]`, as the openai client sends
 # it), and `hotwords`, as faster-whisper-based servers take it. Others are refused by name, not
 # ignored as if they were heeded (a list's elements come as `name[]`; plain `name` is taken too).
@@ -459,7 +457,7 @@ class App:
         # The spoken language; a translation's too (beyond OpenAI's fields there, as the CLI's
         # --task translate --language takes it), where it is otherwise detected.
         language = _text_field(form, "language") or None
-        if language is not None and language.strip().lower() in DETECT:
+        if language is not None and language.strip().lower() in DETECT_LANGUAGE:
             language = None  # as the stream's language=auto, and the CLI's --language none
         languages = _list_field(form, "languages")
         if language is not None:
@@ -1043,7 +1041,7 @@ class App:
             raise APIError(404, f"the model {model!r} does not exist on this server; use "
                            f"{self.config.model_id!r}", "model", "model_not_found")  # fmt: skip
         language = params.get("language")
-        if language and language.strip().lower() not in DETECT:
+        if language and language.strip().lower() not in DETECT_LANGUAGE:
             language = self._language(language, "language")
         else:
             language = None
