@@ -603,7 +603,11 @@ def written_aside(
         folder.mkdir(parents=True, exist_ok=True)
     except FileExistsError:  # a file
         raise InvalidOptionError(f"{folder} is a file; pass a new or empty folder") from None
-    lock = _lock_folder(folder)
+    busy = InvalidOptionError(
+        f"{folder}: another whisperforge run is writing it now; wait for it to end, or pass "
+        "another folder"
+    )
+    lock = lock_exclusive(folder, busy)
     staging = folder / STAGING
     moved: list[Path] = []
     done = False
@@ -629,16 +633,6 @@ def written_aside(
                 folder.rmdir()
         if lock is not None:
             os.close(lock)
-
-
-def _lock_folder(folder: Path) -> int | None:
-    """An exclusive flock on `folder`, taken without waiting: its descriptor to close, None
-    where `fcntl` is missing (Windows)."""
-    busy = InvalidOptionError(
-        f"{folder}: another whisperforge run is writing it now; wait for it to end, "
-        "or pass another folder"
-    )
-    return lock_exclusive(folder, busy)
 
 
 def check_no_dangling_link(folder: Path) -> None:

@@ -35,7 +35,7 @@ from .errors import (
     WhisperforgeError,
     is_out_of_memory,
 )
-from .tokenizer import DETECT_LANGUAGE, LANGUAGES, normalize_language, parse_token_ids
+from .tokenizer import LANGUAGES, asks_detection, normalize_language, parse_token_ids
 from .writers import (
     DETECTING_LANGUAGE,
     FORMATS,
@@ -103,7 +103,7 @@ def _language(text: str) -> str | None:
     auto, as whisper.cpp's -l and the server's stream take it). One no model knows is refused
     here, before a model loads (base took 7 s to say "xx" is unknown); whether the model knows
     it is checked where the model reads it."""
-    if text.strip().lower() in DETECT_LANGUAGE:
+    if asks_detection(text):
         return None
     try:
         normalize_language(text, tuple(LANGUAGES))
@@ -812,9 +812,9 @@ def _writer_options(args: argparse.Namespace, formats: list[str]) -> WriterOptio
     return options
 
 
-def warn_of_translated_word_times(args: argparse.Namespace) -> None:
+def warn_of_translated_word_times(word_times: bool, task: str) -> None:
     """openai-whisper's warning: word times follow the spoken words, not their translation."""
-    if args.word_timestamps and args.task == "translate":
+    if word_times and task == "translate":
         from .timing import TRANSLATED_WORD_TIMES
 
         _warn(TRANSLATED_WORD_TIMES)
@@ -970,7 +970,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
         )
     # These work on word timings; openai-whisper makes you ask for them as well.
     args.word_timestamps = bool(given) or bool(args.word_timestamps)
-    warn_of_translated_word_times(args)
+    warn_of_translated_word_times(args.word_timestamps, args.task)
     unbatched = sequential_only(args)
     if args.batch_size is not None and unbatched:
         raise InvalidOptionError(
@@ -1351,10 +1351,7 @@ def run_stream(args: argparse.Namespace) -> int:
         raise _as_typed(error, STREAM_FLAGS) from None
     model = load_model(args)
     model.check_task(args.task)  # an English-only model's translation: refused before any audio
-    if args.timestamps and args.task == "translate":
-        from .timing import TRANSLATED_WORD_TIMES
-
-        _warn(TRANSLATED_WORD_TIMES)
+    warn_of_translated_word_times(args.timestamps, args.task)
     start = time.monotonic()
     clock = (lambda: time.monotonic() - start) if args.realtime else None
     stream = StreamingTranscriber(model, options, clock=clock)

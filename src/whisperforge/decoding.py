@@ -803,13 +803,15 @@ def _decode(
     candidates, candidate_logprobs = search.finalize(
         tokens.reshape(n_audio, n_group, -1), sum_logprobs.reshape(n_audio, n_group)
     )
-    # Up to the first EOT after the prompt: one in the prompt (token ids given as the
-    # initial_prompt, as faster-whisper takes them) emptied every result (openai-whisper's too).
-    sampled = [
-        [seq[sample_begin:][: int((seq[sample_begin:] == tokenizer.eot).nonzero()[0, 0])]
-         for seq in group]
-        for group in candidates
-    ]  # fmt: skip
+
+    def until_eot(seq: Tensor) -> Tensor:
+        """Up to the first EOT after the prompt: one in the prompt (token ids given as the
+        initial_prompt, as faster-whisper takes them) emptied every result (openai-whisper's
+        too)."""
+        sampled = seq[sample_begin:]
+        return sampled[: int((sampled == tokenizer.eot).nonzero()[0, 0])]
+
+    sampled = [[until_eot(seq) for seq in group] for group in candidates]
     chosen = rank_by_likelihood(sampled, candidate_logprobs, options)
     results = []
     for i, best in enumerate(chosen):

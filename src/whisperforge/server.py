@@ -77,7 +77,7 @@ from .errors import (
 from .realtime import OPENAI_RATE, ServerVad, Session, SessionError, Turn, TurnDetector, updated
 from .results import Segment, TranscriptionInfo
 from .streaming import StreamingEvent, StreamingOptions, StreamingTranscriber
-from .tokenizer import DETECT_LANGUAGE, LANGUAGES, normalize_language
+from .tokenizer import LANGUAGES, asks_detection, normalize_language
 from .transcribe import PreparedAudio, TranscriptionOptions, temperature_ladder
 from .writers import write
 
@@ -457,7 +457,7 @@ class App:
         # The spoken language; a translation's too (beyond OpenAI's fields there, as the CLI's
         # --task translate --language takes it), where it is otherwise detected.
         language = _text_field(form, "language") or None
-        if language is not None and language.strip().lower() in DETECT_LANGUAGE:
+        if language is not None and asks_detection(language):
             language = None  # as the stream's language=auto, and the CLI's --language none
         languages = _list_field(form, "languages")
         if language is not None:
@@ -995,7 +995,7 @@ class App:
         if new.model != session.model and not self.config.serves(new.model):
             raise APIError(404, f"the model {new.model!r} does not exist on this server; use "
                            f"{self.config.model_id!r}", f"{where}.model", "model_not_found")  # fmt: skip
-        language = new.language and new.language.strip().lower() not in ("none", "auto")
+        language = new.language and not asks_detection(new.language)
         new = replace(new, language=self._language(new.language, f"{where}.language")
                       if language else None if self.model.is_multilingual else "en")  # fmt: skip
         changed = [name for name, before, after in (
@@ -1041,7 +1041,7 @@ class App:
             raise APIError(404, f"the model {model!r} does not exist on this server; use "
                            f"{self.config.model_id!r}", "model", "model_not_found")  # fmt: skip
         language = params.get("language")
-        if language and language.strip().lower() not in DETECT_LANGUAGE:
+        if language and not asks_detection(language):
             language = self._language(language, "language")
         else:
             language = None
@@ -1284,8 +1284,8 @@ def _client_text(text: str, rate: int) -> dict[str, Any]:
                          'events), {"type": "input_audio_buffer.commit"} to commit the words '
                          'heard so far, {"type": "input_audio_buffer.clear"} to drop the audio '
                          'not committed, {"type": "session.update", "session": {...}} to '
-                         'configure the session (at most 16384 characters), and "stop" (or '
-                         '{"type": "stop"}) to end the stream',
+                         f"configure the session (at most {MAX_SESSION_CHARS} characters), "
+                         'and "stop" (or {"type": "stop"}) to end the stream',
                          "type" if kind is not None else None)  # fmt: skip
     return {**message, "error": error}
 

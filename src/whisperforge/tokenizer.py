@@ -36,9 +36,13 @@ fo faroese|ht haitian creole|ps pashto|tk turkmen|nn nynorsk|mt maltese|sa sansk
 lb luxembourgish|my myanmar|bo tibetan|tl tagalog|mg malagasy|as assamese|tt tatar|
 haw hawaiian|ln lingala|ha hausa|ba bashkir|jw javanese|su sundanese|yue cantonese
 """
-# A language given as one of these asks for it to be detected (openai-whisper's --language None,
-# whisper.cpp's -l auto).
-DETECT_LANGUAGE = ("none", "auto")
+
+
+def asks_detection(language: str) -> bool:
+    """Whether a language given as text asks for it to be detected: none (openai-whisper's
+    --language None) or auto (whisper.cpp's -l auto)."""
+    return language.strip().lower() in ("none", "auto")
+
 
 LANGUAGES: dict[str, str] = dict(
     entry.strip().split(" ", 1) for entry in _LANGUAGE_TABLE.replace("\n", "").split("|")
